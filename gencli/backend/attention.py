@@ -1,0 +1,217 @@
+"""The one attention entry point every model family calls.
+
+``scaled_dot_product_attention`` covers self attention (optionally causal), padding masks, cross
+attention, grouped-query attention and incremental decoding with a preallocated KV cache, on top of
+``torch.nn.functional.scaled_dot_product_attention`` (flash / memory-efficient kernels where the
+backend has them). ``reference_attention`` is the plain softmax(QK^T/sqrt(d))V formula, used by the
+tests to check it and by callers that need the attention weights themselves (``return_weights``).
+
+Shapes: queries ``(B, H, Lq, D)``, keys and values ``(B, Hkv, Lk, D)`` with ``H % Hkv == 0``.
+Masks in this module are boolean with True = "may attend".
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+
+class LayerKVCache:
+    """One layer's slice of a :class:`KVCache`: appends new keys/values in place, no concatenation."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        self.keys = keys  # (B, Hkv, max_len, D) view into the cache storage
+        self.values = values
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[2]
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``k, v`` (B, Hkv, n, D) after the cached positions; return views over all of them."""
+        n = k.shape[2]
+        end = self.length + n
+        if end > self.capacity:
+            raise RuntimeError(f"KV cache overflow: {end} positions needed, capacity {self.capacity}")
+        self.keys[:, :, self.length : end].copy_(k)
+        self.values[:, :, self.length : end].copy_(v)
+        self.length = end
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+
+class KVCache:
+    """Keys and values of every layer, preallocated once for ``max_len`` positions.
+
+    Each new token costs one forward step: layers write their new keys/values into the next free
+    slots and attend over the views ``[:length]``.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        batch_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        max_len: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ):
+        shape = (num_layers, batch_size, num_kv_heads, max_len, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.layers = [LayerKVCache(self.keys[i], self.values[i]) for i in range(num_layers)]
+
+    def __getitem__(self, i: int) -> LayerKVCache:
+        return self.layers[i]
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    @property
+    def length(self) -> int:
+        """Positions already cached (what the next token's position offset is)."""
+        return self.layers[0].length if self.layers else 0
+
+    @property
+    def max_len(self) -> int:
+        return self.keys.shape[3]
+
+    def reset(self) -> None:
+        for layer in self.layers:
+            layer.length = 0
+
+
+def build_mask(
+    q_len: int,
+    k_len: int,
+    *,
+    causal: bool = False,
+    key_padding_mask: Optional[torch.Tensor] = None,
+    attn_mask: Optional[torch.Tensor] = None,
+    device: torch.device | str | None = None,
+) -> Optional[torch.Tensor]:
+    """Combine the causal rule, a key padding mask and an explicit mask into one boolean mask.
+
+    The causal rule is bottom-right aligned: query ``i`` sits at absolute position ``k_len - q_len + i``
+    and may attend keys at positions ``<=`` its own (so it also holds with a KV cache).
+    ``key_padding_mask`` is ``(B, k_len)`` with True for real tokens. ``attn_mask`` is boolean
+    (True = attend) or additive float, broadcastable to ``(B, H, q_len, k_len)``.
+    Returns None when nothing is masked, else a tensor broadcastable to ``(B, H, q_len, k_len)``
+    (boolean unless ``attn_mask`` was additive).
+    """
+    mask: Optional[torch.Tensor] = None
+    if causal and not (q_len == 1 and k_len >= 1):
+        offset = k_len - q_len
+        if offset < 0:
+            raise ValueError(f"causal attention with more queries ({q_len}) than keys ({k_len})")
+        qi = torch.arange(q_len, device=device).unsqueeze(1) + offset
+        kj = torch.arange(k_len, device=device).unsqueeze(0)
+        mask = (kj <= qi).view(1, 1, q_len, k_len)
+    if key_padding_mask is not None:
+        kpm = key_padding_mask.to(device=device, dtype=torch.bool)
+        if kpm.shape[-1] != k_len:
+            raise ValueError(f"key_padding_mask covers {kpm.shape[-1]} keys, attention has {k_len}")
+        kpm = kpm.view(kpm.shape[0], 1, 1, k_len)
+        mask = kpm if mask is None else (mask & kpm)
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            mask = attn_mask if mask is None else (mask & attn_mask)
+        else:
+            additive = attn_mask
+            if mask is not None:
+                additive = additive.masked_fill(~mask, float("-inf"))
+            return additive
+    if mask is not None:
+        # A query that may attend nothing (e.g. a left-padding position) would give NaN; let it
+        # attend everything instead: its output is never used, but it stays finite.
+        mask = mask | ~mask.any(dim=-1, keepdim=True)
+    return mask
+
+
+def _repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    if n_rep == 1:
+        return x
+    b, h, l, d = x.shape
+    return x[:, :, None].expand(b, h, n_rep, l, d).reshape(b, h * n_rep, l, d)
+
+
+def reference_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: Optional[torch.Tensor] = None,
+    scale: Optional[float] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(Q K^T * scale + mask) V, written out; returns (output, weights). Computed in fp32."""
+    n_rep = q.shape[1] // k.shape[1]
+    k = _repeat_kv(k, n_rep).float()
+    v = _repeat_kv(v, n_rep).float()
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = torch.matmul(q.float(), k.transpose(-1, -2)) * scale
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask.float()
+    weights = torch.softmax(scores, dim=-1)
+    return torch.matmul(weights, v).to(q.dtype), weights
+
+
+def scaled_dot_product_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    key_padding_mask: Optional[torch.Tensor] = None,
+    attn_mask: Optional[torch.Tensor] = None,
+    kv_cache: Optional[LayerKVCache] = None,
+    scale: Optional[float] = None,
+    dropout_p: float = 0.0,
+    return_weights: bool = False,
+):
+    """Attention for every family in gencli.
+
+    - self attention: ``q, k, v`` from the same sequence; ``causal=True`` for decoders;
+    - cross attention: ``k, v`` from a context sequence (``causal=False``), optionally with a
+      ``key_padding_mask`` over the context;
+    - incremental decoding: pass the layer's ``kv_cache``; ``k, v`` are then only the new positions,
+      they are appended to the cache and attention runs over every cached position (the causal rule
+      is aligned to the end, so a chunk of several new tokens also works);
+    - grouped-query attention: ``k, v`` may have fewer heads than ``q``.
+
+    Returns the output ``(B, H, Lq, D)``, or ``(output, weights)`` with ``return_weights=True``
+    (computed by the explicit formula, for interpretability).
+    """
+    if kv_cache is not None:
+        k, v = kv_cache.update(k, v)
+    q_len, k_len = q.shape[2], k.shape[2]
+    if q.shape[1] % k.shape[1] != 0:
+        raise ValueError(f"{q.shape[1]} query heads are not a multiple of {k.shape[1]} key/value heads")
+
+    if return_weights:
+        mask = build_mask(q_len, k_len, causal=causal, key_padding_mask=key_padding_mask, attn_mask=attn_mask, device=q.device)
+        out, weights = reference_attention(q, k, v, mask, scale)
+        if dropout_p > 0.0:
+            raise ValueError("return_weights is for inference; dropout is not applied on that path")
+        return out, weights
+
+    # Fast path: plain causal self attention over the whole sequence uses the kernel's own flag.
+    use_flag = causal and q_len == k_len and key_padding_mask is None and attn_mask is None
+    mask = None if use_flag else build_mask(q_len, k_len, causal=causal, key_padding_mask=key_padding_mask, attn_mask=attn_mask, device=q.device)
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.to(q.dtype)
+    gqa = q.shape[1] != k.shape[1]
+    if gqa and mask is not None:
+        # enable_gqa is not implemented by every kernel together with a mask: expand explicitly.
+        n_rep = q.shape[1] // k.shape[1]
+        k, v = _repeat_kv(k, n_rep), _repeat_kv(v, n_rep)
+        gqa = False
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=use_flag, scale=scale, enable_gqa=gqa
+    )

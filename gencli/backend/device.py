@@ -1,0 +1,150 @@
+"""Device, dtype and thread choice.
+
+Auto rules (what is fastest without measurable quality loss):
+- CUDA: bfloat16 where the GPU supports it, else float16 — for every family that runs in reduced
+  precision (``family_kind="transformer"``); float32 for the small numerically touchy families
+  (``"float"``: TFT, VAE/GAN) on every device.
+- CPU: bfloat16 for transformer/UNet families when the CPU multiplies bf16 natively (AMX or
+  AVX512-BF16 on x86, the BF16 extension on Arm); float32 otherwise. fp16 is never chosen on CPU:
+  without native fp16 matmul it is slower than fp32.
+- MPS: float16 for transformer families, float32 otherwise.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import re
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import torch
+
+from gencli.errors import UserError
+
+FamilyKind = Literal["transformer", "float"]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_has_native_bf16() -> bool:
+    """True when this CPU multiplies bf16 in hardware (so bf16 matmuls beat fp32 by a wide margin)."""
+    override = os.environ.get("GENCLI_CPU_BF16")
+    if override in ("0", "1"):
+        return override == "1"
+    machine = platform.machine().lower()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            text = fh.read(200_000)
+    except OSError:
+        text = ""
+    if text:
+        flags = set()
+        for line in text.splitlines():
+            if line.startswith(("flags", "Features")):
+                flags.update(line.split(":", 1)[1].split())
+                break
+        if machine in ("x86_64", "amd64"):
+            return bool({"amx_bf16", "avx512_bf16"} & flags)
+        if machine in ("aarch64", "arm64"):
+            return "bf16" in flags
+    if platform.system() == "Darwin" and machine == "arm64":
+        # Apple M2 and later implement the Arm BF16 extension.
+        try:
+            import subprocess
+
+            out = subprocess.run(["sysctl", "-n", "hw.optional.arm.FEAT_BF16"], capture_output=True, text=True, timeout=2)
+            return out.stdout.strip() == "1"
+        except Exception:  # noqa: BLE001
+            return False
+    return False
+
+
+_DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:(\d+))?)$")
+
+
+def resolve_device(spec: str = "auto") -> torch.device:
+    """Turn ``auto|cpu|cuda|cuda:N|mps`` into a torch.device that exists, or raise UserError."""
+    spec = (spec or "auto").strip().lower()
+    m = _DEVICE_RE.match(spec)
+    if not m:
+        raise UserError(f"unknown device '{spec}': use auto, cpu, cuda, cuda:N or mps")
+    if spec == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if spec == "cpu":
+        return torch.device("cpu")
+    if spec == "mps":
+        if getattr(torch.backends, "mps", None) is None or not torch.backends.mps.is_available():
+            raise UserError("device 'mps' requested but MPS is not available on this machine")
+        return torch.device("mps")
+    if not torch.cuda.is_available():
+        raise UserError(f"device '{spec}' requested but CUDA is not available on this machine")
+    index = int(m.group(3)) if m.group(3) is not None else torch.cuda.current_device()
+    if index >= torch.cuda.device_count():
+        raise UserError(f"device '{spec}' does not exist: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return torch.device("cuda", index)
+
+
+def resolve_dtype(spec: str, device: torch.device, family_kind: FamilyKind = "transformer") -> torch.dtype:
+    """Turn ``auto|float32|bfloat16|float16`` into a torch dtype for ``device`` (see module doc)."""
+    spec = (spec or "auto").strip().lower()
+    if spec != "auto":
+        if spec not in DTYPES:
+            raise UserError(f"unknown dtype '{spec}': use auto, float32, bfloat16 or float16")
+        dtype = DTYPES[spec]
+        if device.type == "mps" and dtype == torch.bfloat16 and not _mps_supports_bf16():
+            raise UserError("bfloat16 is not supported on this MPS device: use float16 or float32")
+        return dtype
+    if family_kind == "float":
+        return torch.float32
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if device.type == "mps":
+        return torch.float16
+    return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+
+
+def _mps_supports_bf16() -> bool:
+    try:
+        torch.zeros(1, dtype=torch.bfloat16, device="mps")
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def set_threads(threads: Optional[int]) -> None:
+    """Respect an explicit thread count (``--threads`` / ``$GENCLI_THREADS``)."""
+    if threads:
+        torch.set_num_threads(int(threads))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where and in which precision a model runs."""
+
+    device: torch.device
+    dtype: torch.dtype
+
+    def describe(self) -> str:
+        return f"device {self.device}, dtype {DTYPE_NAMES.get(self.dtype, str(self.dtype))}"
+
+
+def choose(device: str = "auto", dtype: str = "auto", family_kind: FamilyKind = "transformer", threads: Optional[int] = None) -> Placement:
+    """Resolve the user's ``--device/--dtype/--threads`` for one model family."""
+    set_threads(threads)
+    dev = resolve_device(device)
+    return Placement(dev, resolve_dtype(dtype, dev, family_kind))
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()

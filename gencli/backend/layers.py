@@ -1,0 +1,178 @@
+"""Normalisations and activations, written once for every family.
+
+Key names follow transformers/diffusers (``weight``/``bias``) so checkpoints map onto them directly.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm (Llama family): x / sqrt(mean(x^2) + eps) * weight, computed in fp32.
+
+    ``offset`` = 1 gives the Gemma variant (weight stored as ``w - 1``).
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-6, offset: float = 0.0):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+        self.offset = offset
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        weight = self.weight + self.offset if self.offset else self.weight
+        return weight * h.to(dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+class LayerNorm(nn.LayerNorm):
+    """LayerNorm over the last dimension (biased variance), optionally without bias.
+
+    Under reduced precision the statistics are computed in fp32 and the result cast back, so a
+    bf16 model normalises exactly like its fp32 original up to the final rounding.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-5, bias: bool = True, elementwise_affine: bool = True):
+        super().__init__(dim, eps=eps, elementwise_affine=elementwise_affine, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype in (torch.float16, torch.bfloat16):
+            w = self.weight.float() if self.weight is not None else None
+            b = self.bias.float() if self.bias is not None else None
+            return F.layer_norm(x.float(), self.normalized_shape, w, b, self.eps).to(x.dtype)
+        return super().forward(x)
+
+
+class GroupNorm(nn.GroupNorm):
+    """GroupNorm (UNet/VAE families); statistics in fp32 under reduced precision."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype in (torch.float16, torch.bfloat16):
+            w = self.weight.float() if self.weight is not None else None
+            b = self.bias.float() if self.bias is not None else None
+            return F.group_norm(x.float(), self.num_groups, w, b, self.eps).to(x.dtype)
+        return super().forward(x)
+
+
+def quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    """CLIP's GELU approximation x * sigmoid(1.702 x)."""
+    return x * torch.sigmoid(1.702 * x)
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GPT-2's GELU (tanh approximation), named gelu_new / gelu_pytorch_tanh in transformers."""
+    return F.gelu(x, approximate="tanh")
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU combination silu(gate) * up (Shazeer 2020)."""
+    return F.silu(gate) * up
+
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "gelu": F.gelu,
+    "gelu_new": gelu_tanh,
+    "gelu_fast": gelu_tanh,
+    "gelu_pytorch_tanh": gelu_tanh,
+    "quick_gelu": quick_gelu,
+    "silu": F.silu,
+    "swish": F.silu,
+    "relu": F.relu,
+    "elu": F.elu,
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+}
+
+
+def get_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The activation a config names (transformers' ``hidden_act`` vocabulary)."""
+    try:
+        return ACTIVATIONS[name]
+    except KeyError:
+        raise ValueError(f"unknown activation '{name}' (known: {', '.join(sorted(ACTIVATIONS))})") from None
+
+
+class Activation(nn.Module):
+    """An activation as a module, chosen by name."""
+
+    def __init__(self, name: str):
+        super().__init__()
+        self.name = name
+        self.fn = get_activation(name)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x)
+
+    def extra_repr(self) -> str:
+        return self.name
+
+
+class GatedMLP(nn.Module):
+    """The gated feed-forward block of Llama-family models: down(act(gate(x)) * up(x)).
+
+    With ``act="silu"`` this is SwiGLU. Key names are transformers' (gate_proj, up_proj, down_proj).
+    """
+
+    def __init__(self, hidden_size: int, intermediate_size: int, act: str = "silu", bias: bool = False):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.act = get_activation(act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class FeedForward(nn.Module):
+    """The position-wise feed-forward block W2 act(W1 x + b1) + b2 of the original transformer,
+    BERT, ViT and CLIP (key names ``fc1``/``fc2``)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, act: str = "gelu", bias: bool = True):
+        super().__init__()
+        self.fc1 = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.fc2 = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.act = get_activation(act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def init_normal_(module: nn.Module, std: float = 0.02) -> None:
+    """The usual transformer initialisation for training from scratch: N(0, std) weights, zero biases,
+    unit norms."""
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding, nn.Conv2d)):
+            nn.init.normal_(m.weight, std=std)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, (nn.LayerNorm, nn.GroupNorm, RMSNorm)):
+            if m.weight is not None:
+                nn.init.ones_(m.weight)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
+
+
+__all__ = [
+    "RMSNorm",
+    "LayerNorm",
+    "GroupNorm",
+    "quick_gelu",
+    "gelu_tanh",
+    "swiglu",
+    "get_activation",
+    "Activation",
+    "GatedMLP",
+    "FeedForward",
+    "init_normal_",
+]

@@ -1,0 +1,73 @@
+"""Seeded randomness that gives the same numbers on every device.
+
+Noise is drawn from a CPU ``torch.Generator`` in float32 and then moved to the target device and
+dtype, so ``--seed 7`` produces the same image or the same sampled tokens on CPU, CUDA and MPS
+(up to the model's own arithmetic differences).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence
+
+import torch
+
+
+def new_seed() -> int:
+    """A fresh random seed (reported back to the user so a run can be repeated)."""
+    return int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+
+
+def make_generator(seed: Optional[int]) -> tuple[torch.Generator, int]:
+    """A CPU generator seeded with ``seed`` (a fresh seed when None); returns ``(generator, seed)``."""
+    if seed is None:
+        seed = new_seed()
+    if seed < 0:
+        raise ValueError("seed must be non-negative")
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(int(seed))
+    return gen, int(seed)
+
+
+def randn(
+    shape: Sequence[int],
+    generator: Optional[torch.Generator],
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Standard normal noise drawn on the CPU in fp32, then moved to ``device`` and cast to ``dtype``."""
+    x = torch.randn(tuple(shape), generator=generator, dtype=torch.float32, device="cpu")
+    return x.to(device=device, dtype=dtype)
+
+
+def rand(
+    shape: Sequence[int],
+    generator: Optional[torch.Generator],
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Uniform [0, 1) noise, drawn like :func:`randn`."""
+    x = torch.rand(tuple(shape), generator=generator, dtype=torch.float32, device="cpu")
+    return x.to(device=device, dtype=dtype)
+
+
+def multinomial(probs: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
+    """One sample per row of ``probs (B, V)``, drawn with the CPU generator (device-independent)."""
+    sample = torch.multinomial(probs.detach().float().cpu(), num_samples=1, generator=generator)
+    return sample.to(probs.device)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed torch's global generators too (for training scripts)."""
+    torch.manual_seed(seed)
+    import random
+
+    random.seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed % (2**32))
+    except ImportError:  # pragma: no cover
+        pass

@@ -1,0 +1,276 @@
+"""Find the weights in what the user points at, and tell what they are — without torch.
+
+Layouts understood:
+- a single ``.safetensors`` file (any key naming; e.g. an original Stable Diffusion file);
+- a Hugging Face model folder: ``config.json`` + ``model.safetensors`` or a sharded
+  ``model.safetensors.index.json``; diffusers component folders use ``diffusion_pytorch_model.*``;
+- a diffusers pipeline folder: ``model_index.json`` with one sub-folder per component;
+- gencli's own families: ``config.json`` with ``"architecture"`` + ``model.safetensors``;
+- pickle checkpoints (``.bin``, ``.pt``, ``.pth``, ``.ckpt``): recognised, but refused unless the user
+  opts in with ``--allow-pickle``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from gencli.checkpoints.header import SafetensorsHeader, read_header
+from gencli.errors import CheckpointError, UserError
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
+SAFETENSORS_STEMS = ("model", "diffusion_pytorch_model")
+
+PICKLE_REFUSAL = (
+    "refusing to load '{path}': pickle checkpoints (.bin/.pt/.pth/.ckpt) can run arbitrary code when loaded. "
+    "Use a .safetensors version of the checkpoint, convert it once with "
+    "`python -c \"import torch,safetensors.torch as s; s.save_file(torch.load('IN', weights_only=True), 'OUT.safetensors')\"`, "
+    "or pass --allow-pickle to load it with torch.load(weights_only=True)"
+)
+
+
+@dataclass
+class CheckpointSource:
+    """Where a model's weights and configuration are."""
+
+    path: Path  # what the user gave
+    kind: str  # "safetensors" | "safetensors-sharded" | "pickle" | "pickle-sharded" | "diffusers-pipeline"
+    weight_files: list[Path] = field(default_factory=list)
+    weight_map: Optional[dict[str, str]] = None  # sharded: tensor name -> file name
+    folder: Optional[Path] = None
+    config: Optional[dict[str, Any]] = None
+    _headers: dict[Path, SafetensorsHeader] = field(default_factory=dict, repr=False)
+
+    @property
+    def is_pickle(self) -> bool:
+        return self.kind.startswith("pickle")
+
+    def headers(self) -> list[SafetensorsHeader]:
+        """Validated safetensors headers of every weight file (cached)."""
+        out = []
+        for f in self.weight_files:
+            if f not in self._headers:
+                self._headers[f] = read_header(f)
+            out.append(self._headers[f])
+        return out
+
+    def tensor_infos(self) -> dict[str, Any]:
+        """name -> TensorInfo across all shards (safetensors only), checking the index if sharded."""
+        infos: dict[str, Any] = {}
+        for h in self.headers():
+            for name, info in h.tensors.items():
+                if name in infos:
+                    raise CheckpointError(f"tensor '{name}' appears in more than one shard of '{self.path}'")
+                infos[name] = info
+        if self.weight_map is not None:
+            missing = [k for k in self.weight_map if k not in infos]
+            if missing:
+                raise CheckpointError(f"'{self.path}': the shard index lists tensor '{missing[0]}' but no shard contains it")
+        return infos
+
+    def metadata(self) -> dict[str, str]:
+        md: dict[str, str] = {}
+        if not self.is_pickle:
+            for h in self.headers():
+                md.update(h.metadata)
+        return md
+
+    def sub(self, name: str) -> "CheckpointSource":
+        """A component of a diffusers pipeline folder (``unet``, ``vae``, ``text_encoder``...)."""
+        if self.folder is None:
+            raise CheckpointError(f"'{self.path}' is not a folder")
+        sub = self.folder / name
+        if not sub.is_dir():
+            raise CheckpointError(f"'{self.folder}' has no '{name}' component folder")
+        return open_source(sub)
+
+
+def _load_json(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"'{path}' is not valid JSON: {exc.msg} at line {exc.lineno}") from None
+    except OSError as exc:
+        raise UserError(f"cannot read '{path}': {exc.strerror or exc}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"'{path}' must hold a JSON object")
+    return data
+
+
+def _sharded(folder: Path, index_file: Path, kind: str) -> tuple[list[Path], dict[str, str]]:
+    index = _load_json(index_file)
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"'{index_file}' has no weight_map")
+    files = []
+    for name in dict.fromkeys(weight_map.values()):
+        f = folder / name
+        if not f.is_file():
+            raise CheckpointError(f"shard '{name}' listed in '{index_file.name}' is missing from '{folder}'")
+        files.append(f)
+    return files, weight_map
+
+
+def _find_weights(folder: Path) -> tuple[str, list[Path], Optional[dict[str, str]]]:
+    for stem in SAFETENSORS_STEMS:
+        idx = folder / f"{stem}.safetensors.index.json"
+        if idx.is_file():
+            files, wm = _sharded(folder, idx, "safetensors")
+            return "safetensors-sharded", files, wm
+        single = folder / f"{stem}.safetensors"
+        if single.is_file():
+            return "safetensors", [single], None
+    st = sorted(folder.glob("*.safetensors"))
+    # variants such as model.fp16.safetensors, or a lone file with another name
+    if len(st) == 1:
+        return "safetensors", st, None
+    if len(st) > 1:
+        names = ", ".join(f.name for f in st[:5])
+        raise CheckpointError(f"'{folder}' holds several .safetensors files ({names}) and no index: point --model at one of them")
+    for stem in ("pytorch_model", "diffusion_pytorch_model"):
+        idx = folder / f"{stem}.bin.index.json"
+        if idx.is_file():
+            files, wm = _sharded(folder, idx, "pickle")
+            return "pickle-sharded", files, wm
+    pk = sorted(f for f in folder.iterdir() if f.suffix in PICKLE_SUFFIXES and f.is_file())
+    if len(pk) == 1:
+        return "pickle", pk, None
+    return "", [], None
+
+
+def open_source(path: str | os.PathLike, *, allow_pickle: bool = False) -> CheckpointSource:
+    """Resolve a file or folder into a CheckpointSource; raise a one-line UserError when it is not one.
+
+    Pickle checkpoints are refused unless ``allow_pickle``.
+    """
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise UserError(f"'{p}' does not exist")
+    if p.is_file():
+        if p.suffix == ".safetensors":
+            src = CheckpointSource(p, "safetensors", [p], folder=p.parent)
+            cfg = p.parent / "config.json"
+            if cfg.is_file() and (p.stem in SAFETENSORS_STEMS or len(list(p.parent.glob("*.safetensors"))) == 1):
+                src.config = _load_json(cfg)
+            src.headers()  # validate now: a truncated file fails here, cleanly
+            return src
+        if p.suffix in PICKLE_SUFFIXES:
+            if not allow_pickle:
+                raise CheckpointError(PICKLE_REFUSAL.format(path=p))
+            return CheckpointSource(p, "pickle", [p], folder=p.parent)
+        if p.name.endswith(".safetensors.index.json"):
+            return open_source(p.parent, allow_pickle=allow_pickle)
+        raise UserError(f"'{p}' is not a checkpoint: expected a .safetensors file or a model folder")
+    if (p / "model_index.json").is_file():
+        return CheckpointSource(p, "diffusers-pipeline", folder=p, config=_load_json(p / "model_index.json"))
+    kind, files, weight_map = _find_weights(p)
+    config = _load_json(p / "config.json") if (p / "config.json").is_file() else None
+    if not kind:
+        raise UserError(
+            f"no weights in '{p}': expected model.safetensors, a sharded model.safetensors.index.json, "
+            "diffusion_pytorch_model.safetensors, or a diffusers pipeline with model_index.json"
+        )
+    if kind.startswith("pickle") and not allow_pickle:
+        raise CheckpointError(PICKLE_REFUSAL.format(path=files[0] if len(files) == 1 else p))
+    src = CheckpointSource(p, kind, files, weight_map, folder=p, config=config)
+    if not src.is_pickle:
+        src.headers()
+    return src
+
+
+# -- architecture detection ------------------------------------------------------------------
+# Each detector looks at the set of tensor names (and the config, if any) and names the architecture.
+# Families register theirs; the order of registration is the order of checking.
+Detector = Callable[[set[str], Optional[dict[str, Any]]], Optional[str]]
+_DETECTORS: list[tuple[str, Detector]] = []
+
+
+def register_detector(name: str, detector: Detector) -> None:
+    _DETECTORS.append((name, detector))
+
+
+def _has_prefix(keys: set[str], *prefixes: str) -> bool:
+    return any(k.startswith(prefixes) for k in keys)
+
+
+def _builtin_detectors() -> None:
+    def sd_single_file(keys: set[str], _cfg):
+        if _has_prefix(keys, "model.diffusion_model."):
+            if _has_prefix(keys, "conditioner.embedders."):
+                return "stable-diffusion-xl (single file, original layout)"
+            if _has_prefix(keys, "cond_stage_model.model."):
+                return "stable-diffusion-v2 (single file, original layout)"
+            return "stable-diffusion-v1 (single file, original layout)"
+        return None
+
+    def gpt2(keys, _cfg):
+        if any(k.endswith("h.0.attn.c_attn.weight") for k in keys):
+            return "GPT2LMHeadModel"
+        return None
+
+    def llama(keys, _cfg):
+        if "model.layers.0.self_attn.q_proj.weight" in keys and "model.layers.0.mlp.gate_proj.weight" in keys:
+            if "model.layers.0.self_attn.q_proj.bias" in keys:
+                return "Qwen2ForCausalLM (Llama family with q/k/v bias)"
+            return "LlamaForCausalLM (Llama family)"
+        return None
+
+    def vit(keys, _cfg):
+        if _has_prefix(keys, "vit.embeddings.patch_embeddings."):
+            return "ViTForImageClassification" if _has_prefix(keys, "classifier.") else "ViTModel"
+        if _has_prefix(keys, "deit.embeddings."):
+            return "DeiTForImageClassification"
+        return None
+
+    def clip(keys, _cfg):
+        if _has_prefix(keys, "text_model.embeddings.token_embedding.") and _has_prefix(keys, "vision_model."):
+            return "CLIPModel"
+        if _has_prefix(keys, "text_model.embeddings.token_embedding."):
+            return "CLIPTextModel"
+        return None
+
+    def autoencoder_kl(keys, _cfg):
+        if _has_prefix(keys, "encoder.down_blocks.") and _has_prefix(keys, "decoder.up_blocks.") and ("quant_conv.weight" in keys or "post_quant_conv.weight" in keys):
+            return "AutoencoderKL"
+        return None
+
+    def unet(keys, _cfg):
+        if "conv_in.weight" in keys and _has_prefix(keys, "time_embedding.") and _has_prefix(keys, "down_blocks."):
+            return "UNet2DConditionModel"
+        return None
+
+    for name, det in [("sd-single-file", sd_single_file), ("gpt2", gpt2), ("llama", llama), ("vit", vit), ("clip", clip), ("autoencoder-kl", autoencoder_kl), ("unet", unet)]:
+        register_detector(name, det)
+
+
+_builtin_detectors()
+
+
+def detect_architecture(src: CheckpointSource, keys: Optional[set[str]] = None) -> Optional[str]:
+    """The architecture name: from the config (``architectures``, ``architecture``, ``_class_name``,
+    ``model_type``), the safetensors metadata, or else the tensor names."""
+    cfg = src.config or {}
+    if src.kind == "diffusers-pipeline":
+        return f"diffusers pipeline ({cfg.get('_class_name', 'unknown')})"
+    if isinstance(cfg.get("architectures"), list) and cfg["architectures"]:
+        return str(cfg["architectures"][0])
+    for field_name in ("architecture", "_class_name"):
+        if isinstance(cfg.get(field_name), str):
+            return cfg[field_name]
+    md = src.metadata()
+    if md.get("architecture"):
+        return md["architecture"]
+    if keys is None and not src.is_pickle:
+        keys = set(src.tensor_infos())
+    if keys:
+        for _name, det in _DETECTORS:
+            found = det(keys, src.config)
+            if found:
+                return found
+    if isinstance(cfg.get("model_type"), str):
+        return cfg["model_type"]
+    return None

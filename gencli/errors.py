@@ -1,0 +1,19 @@
+"""Error types shared by every layer (no heavy imports).
+
+``UserError`` and its subclasses mean the input was wrong (bad path, bad option value, bad data):
+the CLI prints one line and exits 2. Anything else is an internal error (exit 1).
+"""
+
+
+class UserError(Exception):
+    """Bad usage or bad input: reported as one line, exit code 2."""
+
+    exit_code = 2
+
+
+class CheckpointError(UserError):
+    """A checkpoint that cannot be read or does not fit the model it claims to be."""
+
+
+class NotBuiltError(UserError):
+    """A command of the contract whose model family has not landed yet."""

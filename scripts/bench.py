@@ -1,0 +1,166 @@
+#!/usr/bin/env python
+"""Side-by-side benchmarks: gencli against its reference implementation, in one run, same inputs.
+
+    python scripts/bench.py --list
+    python scripts/bench.py attention --device cpu --dtype float32
+    python scripts/bench.py load --json
+
+Each case lives in ``scripts/bench_cases/<name>.py`` and defines:
+
+    DESCRIPTION = "one line"
+    METRICS = {"tokens_per_s": "higher", "load_s": "lower", ...}   # what is better
+    def add_arguments(parser): ...          # optional, case-specific options
+    def setup(args, workdir): ...           # optional, once, in this process: shared inputs/checkpoints
+    def run(side, args, workdir) -> dict     # side is "reference" or "gencli"; returns metric values
+
+Each side runs in its own fresh subprocess (so peak memory and load time are its own) on the inputs
+``setup`` wrote into ``workdir``. The table shows both values and the ratio gencli / reference with
+the direction that is better. Speed targets are checked here, never by timed unit tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import pkgutil
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+SIDES = ("reference", "gencli")
+
+
+def available_cases() -> dict[str, object]:
+    import bench_cases
+
+    cases = {}
+    for info in pkgutil.iter_modules(bench_cases.__path__):
+        if not info.name.startswith("_"):
+            cases[info.name] = importlib.import_module(f"bench_cases.{info.name}")
+    return cases
+
+
+def build_parser(cases: dict[str, object]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--list", action="store_true", help="list the cases and exit")
+    sub = parser.add_subparsers(dest="case")
+    for name, mod in cases.items():
+        p = sub.add_parser(name, help=getattr(mod, "DESCRIPTION", ""))
+        p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps (default cpu)")
+        p.add_argument("--dtype", default="float32", help="float32, bfloat16, float16, or auto (gencli's choice; reference side uses float32)")
+        p.add_argument("--threads", type=int, default=None, help="torch threads for both sides")
+        p.add_argument("--repeat", type=int, default=3, help="timed repetitions (best is kept)")
+        p.add_argument("--only", choices=SIDES, help="run one side only")
+        p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+        p.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
+        p.add_argument("--workdir", help=argparse.SUPPRESS)
+        if hasattr(mod, "add_arguments"):
+            mod.add_arguments(p)
+    return parser
+
+
+def run_worker(mod, args) -> None:
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    result = mod.run(args.worker, args, Path(args.workdir))
+    result.setdefault("peak_rss_mb", _peak_rss_mb())
+    print("BENCH-RESULT " + json.dumps(result), flush=True)
+
+
+def _peak_rss_mb() -> float:
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024, 1)
+
+
+def run_side(side: str, argv: list[str], workdir: str) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--worker", side, "--workdir", workdir]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith("BENCH-RESULT "):
+            return json.loads(line[len("BENCH-RESULT ") :])
+    sys.stderr.write(proc.stdout + proc.stderr)
+    raise SystemExit(f"the {side} side failed (exit {proc.returncode})")
+
+
+def environment() -> dict:
+    import torch
+
+    env = {"torch": torch.__version__, "python": platform.python_version(), "cpu_threads": torch.get_num_threads(), "machine": platform.machine()}
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(0)
+    try:
+        import transformers
+
+        env["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    return env
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cases = available_cases()
+    parser = build_parser(cases)
+    args = parser.parse_args(argv)
+    if args.list or not args.case:
+        for name, mod in cases.items():
+            print(f"{name:<12} {getattr(mod, 'DESCRIPTION', '')}")
+        return
+    mod = cases[args.case]
+    if args.worker:
+        run_worker(mod, args)
+        return
+    metrics: dict[str, str] = getattr(mod, "METRICS", {})
+    with tempfile.TemporaryDirectory(prefix=f"gencli-bench-{args.case}-") as workdir:
+        if hasattr(mod, "setup"):
+            mod.setup(args, Path(workdir))
+        passthrough = [a for a in argv if a not in ("--json",)]
+        sides = [args.only] if args.only else list(SIDES)
+        results = {side: run_side(side, passthrough, workdir) for side in sides}
+    report = {"case": args.case, "device": args.device, "dtype": args.dtype, "environment": environment(), "results": results, "ratios": {}}
+    if len(results) == 2:
+        for key, better in {**metrics, "peak_rss_mb": "lower"}.items():
+            ref, ours = results["reference"].get(key), results["gencli"].get(key)
+            if isinstance(ref, (int, float)) and isinstance(ours, (int, float)) and ref:
+                report["ratios"][key] = round(ours / ref, 3)
+    if args.json:
+        print(json.dumps(report))
+        return
+    print(f"case {args.case}: {getattr(mod, 'DESCRIPTION', '')}")
+    print(f"device {args.device}, dtype {args.dtype}, " + ", ".join(f"{k} {v}" for k, v in report["environment"].items()))
+    keys = list(dict.fromkeys([*metrics, *(k for r in results.values() for k in r)]))
+    width = max(len(k) for k in keys) + 2
+    header = f"{'metric':<{width}}" + "".join(f"{s:>14}" for s in sides) + ("   gencli/reference" if len(sides) == 2 else "")
+    print(header)
+    for key in keys:
+        row = f"{key:<{width}}"
+        for side in sides:
+            v = results[side].get(key)
+            row += f"{_fmt(v):>14}"
+        if key in report["ratios"]:
+            better = metrics.get(key, "lower" if key == "peak_rss_mb" else "")
+            row += f"   {report['ratios'][key]:.2f}x" + (f" ({better} is better)" if better else "")
+        print(row)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "-" if v is None else str(v)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()

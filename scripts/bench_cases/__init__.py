@@ -1,0 +1,1 @@
+"""Benchmark cases for scripts/bench.py: one module per case (see bench.py for the interface)."""
