@@ -182,9 +182,14 @@ def model_config(args, vocab_size: int) -> LlamaConfig:
 
 
 def lr_at(step: int, args) -> float:
+    """Warmup, a constant phase, then a cosine decay over the last --decay-frac of the steps
+    (warmup-stable-decay: --steps may be changed on resume while the run is in the stable phase)."""
     if step < args.warmup:
         return args.lr * (step + 1) / args.warmup
-    progress = min(1.0, (step - args.warmup) / max(1, args.steps - args.warmup))
+    decay_start = int(args.steps * (1 - args.decay_frac))
+    if step < decay_start:
+        return args.lr
+    progress = min(1.0, (step - decay_start) / max(1, args.steps - decay_start))
     return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
@@ -316,6 +321,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5000)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--min-lr-ratio", type=float, default=0.05)
+    p.add_argument("--decay-frac", type=float, default=0.3, help="share of the steps spent decaying the learning rate")
     p.add_argument("--warmup", type=int, default=200)
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)

@@ -21,6 +21,7 @@ import torch.nn as nn
 from gencli.backend.attention import KVCache, LayerKVCache, scaled_dot_product_attention
 from gencli.backend.layers import GatedMLP, RMSNorm
 from gencli.backend.positional import RotaryEmbedding, apply_rotary
+from gencli.checkpoints.keymap import Drop, KeyMap
 from gencli.errors import CheckpointError
 from gencli.models.causal_lm import CausalLM
 
@@ -268,11 +269,7 @@ class LlamaForCausalLM(CausalLM):
         return self.model.norm(self.keep_last(x, logits_to_keep))
 
 
-def _keymap():
-    from gencli.checkpoints.keymap import Drop, KeyMap
 
-    # some exported checkpoints carry the rotary table, which is recomputed from the config
-    return KeyMap([Drop(r"rotary_emb\.inv_freq$")], "transformers-llama")
-
-
-HF_KEYMAP = _keymap()
+# transformers' checkpoints map onto this module unchanged; some exports carry the rotary table,
+# which is recomputed from the config.
+HF_KEYMAP = KeyMap([Drop(r"rotary_emb\.inv_freq$")], "transformers-llama")
