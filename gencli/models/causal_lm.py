@@ -18,7 +18,7 @@ from gencli.backend.attention import KVCache
 
 class CausalLM(nn.Module):
     """Base class: subclasses set the ``num_layers``, ``num_kv_heads``, ``head_dim``, ``context_length``
-    and ``vocab_size`` attributes and implement ``forward``."""
+    and ``vocab_size`` attributes, own an ``lm_head``, and implement ``backbone`` and ``final_norm``."""
 
     num_layers: int
     num_kv_heads: int
@@ -33,6 +33,44 @@ class CausalLM(nn.Module):
 
     def get_input_embeddings(self) -> nn.Embedding:
         raise NotImplementedError
+
+    def backbone(self, input_ids: torch.Tensor, position_ids: torch.Tensor, key_mask: Optional[torch.Tensor], kv_cache: Optional[KVCache]) -> torch.Tensor:
+        """Embeddings and decoder blocks: hidden states before the final norm."""
+        raise NotImplementedError
+
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        position_ids: Optional[torch.Tensor] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        kv_cache: Optional[KVCache] = None,
+        logits_to_keep: int = 0,
+    ) -> torch.Tensor:
+        """``input_ids (B, L)`` -> logits ``(B, L or logits_to_keep, V)``.
+
+        ``attention_mask (B, >= cached + L)`` is True for real tokens (left-padded batches)."""
+        return self.lm_head(
+            self.hidden_states(input_ids, position_ids=position_ids, attention_mask=attention_mask, kv_cache=kv_cache, logits_to_keep=logits_to_keep)
+        )
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        position_ids: Optional[torch.Tensor] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        kv_cache: Optional[KVCache] = None,
+        logits_to_keep: int = 0,
+    ) -> torch.Tensor:
+        """The final normalised hidden states (what the LM head multiplies)."""
+        pos = self.positions(input_ids, position_ids, kv_cache)
+        mask = self.key_mask(attention_mask, kv_cache, input_ids.shape[1])
+        hidden = self.backbone(input_ids, pos, mask, kv_cache)
+        return self.final_norm(self.keep_last(hidden, logits_to_keep))
 
     @staticmethod
     def positions(input_ids: torch.Tensor, position_ids: Optional[torch.Tensor], kv_cache: Optional[KVCache]) -> torch.Tensor:

@@ -20,7 +20,7 @@ from typing import Any, Optional
 import torch
 import torch.nn as nn
 
-from gencli.backend.attention import KVCache, LayerKVCache, scaled_dot_product_attention
+from gencli.backend.attention import LayerKVCache, scaled_dot_product_attention
 from gencli.backend.layers import LayerNorm, get_activation
 from gencli.checkpoints.keymap import Drop, KeyMap, Rename
 from gencli.errors import CheckpointError
@@ -141,7 +141,7 @@ class GPT2Model(nn.Module):
 
 
 class GPT2LMHeadModel(CausalLM):
-    """GPT-2 with its LM head; ``forward`` returns logits ``(B, L or logits_to_keep, V)``."""
+    """GPT-2 with its LM head (``forward`` and the KV-cache contract: :class:`CausalLM`)."""
 
     def __init__(self, cfg: GPT2Config):
         super().__init__()
@@ -161,22 +161,15 @@ class GPT2LMHeadModel(CausalLM):
     def get_input_embeddings(self) -> nn.Embedding:
         return self.transformer.wte
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        *,
-        position_ids: Optional[torch.Tensor] = None,
-        attention_mask: Optional[torch.Tensor] = None,
-        kv_cache: Optional[KVCache] = None,
-        logits_to_keep: int = 0,
-    ) -> torch.Tensor:
+    def backbone(self, input_ids, position_ids, key_mask, kv_cache):
         t = self.transformer
-        pos = self.positions(input_ids, position_ids, kv_cache)
-        x = t.wte(input_ids) + t.wpe(pos)
-        mask = self.key_mask(attention_mask, kv_cache, input_ids.shape[1])
+        x = t.wte(input_ids) + t.wpe(position_ids)
         for i, block in enumerate(t.h):
-            x = block(x, kv_cache[i] if kv_cache is not None else None, mask)
-        return self.lm_head(t.ln_f(self.keep_last(x, logits_to_keep)))
+            x = block(x, kv_cache[i] if kv_cache is not None else None, key_mask)
+        return x
+
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.transformer.ln_f(hidden)
 
 
 # transformers' checkpoints: the causal-mask buffers of old exports are dropped; the files saved from

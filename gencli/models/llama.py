@@ -18,7 +18,7 @@ from typing import Any, Optional
 import torch
 import torch.nn as nn
 
-from gencli.backend.attention import KVCache, LayerKVCache, scaled_dot_product_attention
+from gencli.backend.attention import LayerKVCache, scaled_dot_product_attention
 from gencli.backend.layers import GatedMLP, RMSNorm
 from gencli.backend.positional import RotaryEmbedding, apply_rotary
 from gencli.checkpoints.keymap import Drop, KeyMap
@@ -219,7 +219,7 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(CausalLM):
-    """Llama-family decoder with its LM head; ``forward`` returns logits ``(B, L or logits_to_keep, V)``."""
+    """Llama-family decoder with its LM head (``forward`` and the KV-cache contract: :class:`CausalLM`)."""
 
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
@@ -237,37 +237,15 @@ class LlamaForCausalLM(CausalLM):
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.embed_tokens
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        *,
-        position_ids: Optional[torch.Tensor] = None,
-        attention_mask: Optional[torch.Tensor] = None,
-        kv_cache: Optional[KVCache] = None,
-        logits_to_keep: int = 0,
-    ) -> torch.Tensor:
-        """``input_ids (B, L)`` -> logits. ``attention_mask (B, >= cached + L)`` is True for real tokens."""
-        x = self.hidden_states(input_ids, position_ids=position_ids, attention_mask=attention_mask, kv_cache=kv_cache, logits_to_keep=logits_to_keep)
-        return self.lm_head(x)
-
-    def hidden_states(
-        self,
-        input_ids: torch.Tensor,
-        *,
-        position_ids: Optional[torch.Tensor] = None,
-        attention_mask: Optional[torch.Tensor] = None,
-        kv_cache: Optional[KVCache] = None,
-        logits_to_keep: int = 0,
-    ) -> torch.Tensor:
-        """The final normalised hidden states (what the LM head multiplies)."""
+    def backbone(self, input_ids, position_ids, key_mask, kv_cache):
         x = self.model.embed_tokens(input_ids)
-        pos = self.positions(input_ids, position_ids, kv_cache)
-        cos, sin = self.model.rotary_emb(pos, x.dtype)
-        mask = self.key_mask(attention_mask, kv_cache, input_ids.shape[1])
+        cos, sin = self.model.rotary_emb(position_ids, x.dtype)
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, kv_cache[i] if kv_cache is not None else None, mask)
-        return self.model.norm(self.keep_last(x, logits_to_keep))
+            x = layer(x, cos, sin, kv_cache[i] if kv_cache is not None else None, key_mask)
+        return x
 
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.norm(hidden)
 
 
 # transformers' checkpoints map onto this module unchanged; some exports carry the rotary table,

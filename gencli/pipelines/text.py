@@ -8,7 +8,6 @@ through an incremental detokenizer, with stop strings held back and trimmed.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,11 +17,11 @@ import torch
 
 from gencli.backend.device import DTYPE_NAMES, Placement, choose
 from gencli.backend.random import make_generator
-from gencli.errors import CheckpointError, UserError
+from gencli.errors import UserError
 from gencli.models.causal_lm import CausalLM
 from gencli.pipelines.sampling import SamplingParams, next_tokens
 from gencli.tokenizers.stream import IncrementalDetokenizer, StopStringMatcher
-from gencli.tokenizers.text import TextTokenizer, load_tokenizer
+from gencli.tokenizers.text import TextTokenizer, load_tokenizer, read_json
 
 DEFAULT_MAX_NEW_TOKENS = 256
 SUPPORTED = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM"
@@ -93,7 +92,7 @@ def load_text_model(path: Path, *, device: str = "auto", dtype: str = "auto", th
         model = load_model(factory, reader, keymap, device=placement.device, dtype=placement.dtype, config=src.config)
     finally:
         reader.close()
-    gen_cfg = _read_generation_config(folder)
+    gen_cfg = read_json(folder / "generation_config.json")
     eos = _ids(gen_cfg.get("eos_token_id")) or _ids(src.config.get("eos_token_id"))
     if tokenizer.eos_id is not None and tokenizer.eos_id not in eos:
         eos.append(tokenizer.eos_id)
@@ -103,17 +102,6 @@ def load_text_model(path: Path, *, device: str = "auto", dtype: str = "auto", th
     if family == "llama" and isinstance(window, int) and window > 0 and src.config.get("use_sliding_window", True) and window < context:
         context = window  # within the window, full causal attention is exactly what the model computes
     return TextModel(model, tokenizer, placement, Path(path), arch, gen_cfg, eos, pad, context, time.perf_counter() - start)
-
-
-def _read_generation_config(folder: Path) -> dict[str, Any]:
-    p = folder / "generation_config.json"
-    if not p.is_file():
-        return {}
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"'{p}' is not valid JSON: {exc}") from None
-    return data if isinstance(data, dict) else {}
 
 
 # -- settings -------------------------------------------------------------------------------------

@@ -22,7 +22,8 @@ from gencli.errors import UserError
 TOKENIZER_FILES = "tokenizer.json, tokenizer.model, or vocab.json + merges.txt"
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from a checkpoint's side file; {} when the file is absent."""
     if not path.is_file():
         return {}
     try:
@@ -246,8 +247,8 @@ def load_tokenizer(folder: Path) -> TextTokenizer:
     folder = Path(folder)
     if folder.is_file():
         folder = folder.parent
-    tok_config = _read_json(folder / "tokenizer_config.json")
-    for key, value in _read_json(folder / "special_tokens_map.json").items():
+    tok_config = read_json(folder / "tokenizer_config.json")
+    for key, value in read_json(folder / "special_tokens_map.json").items():
         tok_config.setdefault(key, value)
     tokenizer: TextTokenizer
     if (folder / "tokenizer.json").is_file():
@@ -279,7 +280,7 @@ def _chat_template(folder: Path, tok_config: dict[str, Any]) -> Optional[str]:
     ``chat_template`` entry of tokenizer_config.json (a string, or a list of named templates)."""
     if (folder / "chat_template.jinja").is_file():
         return (folder / "chat_template.jinja").read_text(encoding="utf-8")
-    template: Any = _read_json(folder / "chat_template.json").get("chat_template") or tok_config.get("chat_template")
+    template: Any = read_json(folder / "chat_template.json").get("chat_template") or tok_config.get("chat_template")
     if isinstance(template, list):
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default") or next(iter(named.values()), None)
