@@ -16,9 +16,9 @@ DEFAULT_MODEL = "llama-pystdlib"
 @command(app, "generate")
 def generate(
     prompt: Annotated[Optional[str], typer.Argument(metavar="PROMPT", help="The prompt; - reads it from stdin.", show_default=False)] = None,
-    max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", "-n", help="Most new tokens per prompt [default: generation_config.json, else 256].", show_default=False)] = None,
-    temperature: Annotated[Optional[float], typer.Option("--temperature", "-t", help="Sampling temperature; 0 = greedy [default: generation_config.json, else greedy].", show_default=False)] = None,
-    top_k: Annotated[Optional[int], typer.Option("--top-k", help="Sample among the k most likely tokens; 0 = off [default: generation_config.json, else 50].", show_default=False)] = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", "-n", help="Most new tokens per prompt (default: generation_config.json, else 256).", show_default=False)] = None,
+    temperature: Annotated[Optional[float], typer.Option("--temperature", "-t", help="Sampling temperature; 0 = greedy (default: generation_config.json, else greedy).", show_default=False)] = None,
+    top_k: Annotated[Optional[int], typer.Option("--top-k", help="Sample among the k most likely tokens; 0 = off (default: generation_config.json, else 50).", show_default=False)] = None,
     top_p: Annotated[Optional[float], typer.Option("--top-p", help="Nucleus sampling mass in (0, 1]; 1 = off.", show_default=False)] = None,
     min_p: Annotated[Optional[float], typer.Option("--min-p", help="Drop tokens below min_p x the top token's probability; 0 = off.", show_default=False)] = None,
     repetition_penalty: Annotated[Optional[float], typer.Option("--repetition-penalty", help="Penalise tokens already present (> 1 discourages repeats; 1 = off).", show_default=False)] = None,
@@ -34,8 +34,16 @@ def generate(
 ) -> None:
     """Generate text with a GPT-2 or Llama-family model; tokens stream to stdout as they are produced.
 
-    Examples: gencli generate "def fibonacci(n):" · echo "import os" | gencli generate - ·
-    gencli generate --prompts-file prompts.txt --json · gencli generate -m ./Qwen2.5-0.5B-Instruct --chat "Hi"
+    Sampling settings not given as flags come from the checkpoint's generation_config.json.
+    Examples:
+
+    gencli generate "def fibonacci(n):"
+
+    echo "import os" | gencli generate - --max-new-tokens 64
+
+    gencli generate --prompts-file prompts.txt --json
+
+    gencli generate -m ./Qwen2.5-0.5B-Instruct --chat "Name three prime numbers."
     """
     from gencli.errors import UserError
     from gencli.pipelines.text import check_flags
