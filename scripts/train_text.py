@@ -8,8 +8,11 @@ Steps (each cached under --run-dir, so an interrupted run resumes where it stopp
 1. a sentencepiece BPE tokenizer (byte fallback, whitespace kept verbatim: code needs its indentation
    and newlines) trained on the training files;
 2. the training files encoded once into one token stream (``<s> file </s>`` per file);
-3. the model (gencli's own ``LlamaForCausalLM``) trained on random windows with AdamW, warmup +
-   cosine schedule, bf16 autocast on CPU; checkpoints every --ckpt-minutes;
+3. the model (gencli's own ``LlamaForCausalLM``) trained on random windows with AdamW, bf16 autocast
+   on CPU, a warmup-stable-decay schedule; windows come from every training file during the stable
+   phase and, during the decay phase, from the library modules only (the test suites, over half of
+   the source, are full of repetitive assertions; ending on library code makes a better completer);
+   checkpoints every --ckpt-minutes;
 4. export in the Hugging Face layout: config.json, model.safetensors (bf16), tokenizer.model,
    tokenizer_config.json, special_tokens_map.json, generation_config.json.
 
@@ -36,7 +39,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from gencli.backend.layers import init_normal_  # noqa: E402
-from gencli.data.pysource import HELDOUT_MODULES, heldout_files, read_source, training_files  # noqa: E402
+from gencli.data.pysource import HELDOUT_MODULES, heldout_files, is_test_file, read_source, stdlib_root, training_files  # noqa: E402
 from gencli.models.llama import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 UNK, BOS, EOS = 0, 1, 2
@@ -66,6 +69,9 @@ def train_tokenizer(texts: list[str], vocab_size: int, path: Path) -> None:
         remove_extra_whitespaces=False,  # indentation matters
         add_dummy_prefix=False,
         allow_whitespace_only_pieces=True,  # runs of indentation become single pieces
+        # a newline is always a token of its own: a prompt ending in "):" then continues exactly as
+        # the training text did ("):" "\n" ...), instead of meeting a rare "):" where "):\n" was learned
+        user_defined_symbols=["\n"],
         split_digits=True,
         byte_fallback=True,  # any text encodes; rare characters as UTF-8 bytes
         character_coverage=0.9999,
@@ -107,7 +113,9 @@ def prepare_data(run: Path, vocab_size: int):
         train_tokenizer(texts, vocab_size, tok_path)
     sp = spm.SentencePieceProcessor(model_file=str(tok_path))
     data = {}
-    for split, files in (("train", train_files), ("heldout", heldout_files())):
+    root = stdlib_root()
+    library = [f for f in train_files if not is_test_file(f.relative_to(root).as_posix())]
+    for split, files in (("train", train_files), ("library", library), ("heldout", heldout_files())):
         path = run / f"{split}_tokens.npy"
         if not path.exists():
             log(f"encoding {split} files")
@@ -242,13 +250,14 @@ def train(args, data, vocab_size: int) -> LlamaForCausalLM:
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params / 1e6:.2f}M parameters; {args.steps} steps of {args.batch}x{args.seq} tokens")
     model.train()
-    train_tokens, held = data["train"], data["heldout"]
+    train_tokens, library_tokens, held = data["train"], data["library"], data["heldout"]
+    decay_start = int(args.steps * (1 - args.decay_frac))
     last_ckpt = time.time()
     t0, tokens_done, loss_avg = time.time(), 0, None
     while step < args.steps:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args)
-        x, y = batch(train_tokens, step, args, args.seed)
+        x, y = batch(library_tokens if step >= decay_start else train_tokens, step, args, args.seed)
         loss = lm_loss(model, x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

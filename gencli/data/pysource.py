@@ -34,6 +34,15 @@ EXCLUDED_FILES = ("pydoc_data/topics.py",)
 GENERATED_MARKER = "Python Character Mapping Codec"
 
 
+TEST_DIRS = ("test", "tests", "idle_test")
+
+
+def is_test_file(rel: str) -> bool:
+    """True for the standard library's own test suites (``test/``, ``*/tests/``, ``test_*.py``)."""
+    parts = rel.split("/")
+    return any(p in TEST_DIRS for p in parts[:-1]) or parts[-1].startswith("test_")
+
+
 def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
