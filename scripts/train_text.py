@@ -283,6 +283,7 @@ def export(model: LlamaForCausalLM, tok_path: Path, out: Path, args) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     save_model(model, out / "model.safetensors", dtype=torch.bfloat16)
+    os.chmod(out / "model.safetensors", 0o644)  # written through a private temporary file
     cfg = model.config.to_hf()
     cfg["torch_dtype"] = "bfloat16"
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
@@ -308,6 +309,7 @@ def export(model: LlamaForCausalLM, tok_path: Path, out: Path, args) -> None:
         "temperature": args.gen_temperature,
         "top_p": args.gen_top_p,
         "top_k": args.gen_top_k,
+        "repetition_penalty": args.gen_repetition_penalty,
         "max_new_tokens": 200,
     }
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
@@ -338,9 +340,11 @@ def main() -> None:
     p.add_argument("--log-every", type=int, default=20)
     p.add_argument("--val-every", type=int, default=250)
     p.add_argument("--ckpt-minutes", type=float, default=5.0)
-    p.add_argument("--gen-temperature", type=float, default=0.4)
-    p.add_argument("--gen-top-p", type=float, default=0.95)
+    # sampling defaults written to generation_config.json (chosen by the share of completions that parse)
+    p.add_argument("--gen-temperature", type=float, default=0.3)
+    p.add_argument("--gen-top-p", type=float, default=0.9)
     p.add_argument("--gen-top-k", type=int, default=50)
+    p.add_argument("--gen-repetition-penalty", type=float, default=1.1)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     run = Path(args.run_dir)

@@ -14,10 +14,12 @@ from gencli.weights import weights_dir
 NAME = "llama-pystdlib"
 FOLDER = weights_dir() / NAME
 
-# Measured by scripts/eval_text.py --max-tokens 1024 (bf16, this sample): see the weights README.
-# The floor leaves a margin for the arithmetic differences between CPUs.
-LOSS_FLOOR = None  # set from the measurement below
+# Measured on this sample (the first 1024 tokens of each held-out module) with
+# `scripts/eval_text.py --max-tokens 1024` in bf16: loss 3.774 nats/token, 1.779 bits per byte (the
+# full held-out set: 3.42 and 1.573, see the weights README). The floors leave a small margin.
 SAMPLE_TOKENS = 1024
+LOSS_FLOOR = 3.87
+BPB_FLOOR = 1.83
 
 pytestmark = pytest.mark.skipif(not (FOLDER / "model.safetensors").is_file(), reason="embedded default not present")
 
@@ -41,37 +43,45 @@ def test_heldout_loss_under_floor(tm):
     assert score.tokens > 8000
     assert math.isfinite(score.loss)
     assert score.loss < LOSS_FLOOR, f"held-out loss {score.loss:.4f} >= floor {LOSS_FLOOR}"
-    assert score.bits_per_byte < LOSS_FLOOR / math.log(2) / 2.5  # ~3.4 bytes per token
+    assert score.bits_per_byte < BPB_FLOOR, f"{score.bits_per_byte:.4f} bits per byte >= floor {BPB_FLOOR}"
 
 
-def _function_source(prompt: str, completion: str) -> str:
-    """The prompt's function: the completion up to the first line back at column 0."""
+def _function_source(prompt: str, completion: str, complete: bool) -> str:
+    """The prompt's definition: the completion up to the first line back at column 0 (without the
+    last, possibly cut, line when generation stopped on its token budget)."""
     lines = (prompt + completion).split("\n")
     body = [lines[0]]
     for line in lines[1:]:
         if line.strip() and not line.startswith((" ", "\t")):
             break
         body.append(line)
+    else:
+        if not complete:
+            body = body[:-1]
     return "\n".join(body).rstrip() + "\n"
 
 
-def test_writes_syntactically_valid_python(tm):
-    from gencli.pipelines.sampling import SamplingParams
-    from gencli.pipelines.text import GenerationSettings, generate
+def test_writes_mostly_valid_python(tm):
+    """Completions with the checkpoint's own sampling defaults, cut at the end of the definition,
+    mostly parse (measured here: 6 of 6 in bf16, 4 of 6 in fp32; the floor of 3 leaves room for other
+    CPUs' arithmetic, which changes the samples; the default is a 9M-parameter model)."""
+    from gencli.backend.random import make_generator
+    from gencli.pipelines.text import generate, resolve_settings
 
-    valid = 0
-    prompts = ["def fibonacci(n):", "def is_prime(n):", "class Stack:", "def read_lines(path):"]
+    prompts = ["def fibonacci(n):", "def is_prime(n):", "class Stack:", "def read_lines(path):", "def parse_args(argv):", "def mean(values):"]
+    results = []
     for prompt in prompts:
-        settings = GenerationSettings(max_new_tokens=120, sampling=SamplingParams(temperature=0.0))
-        c = generate(tm, [(prompt, tm.tokenizer.encode(prompt))], settings)[0]
-        src = _function_source(prompt, c.text)
+        settings = resolve_settings(tm.generation_config, max_new_tokens=150, stop=["\ndef ", "\nclass ", "\n@"])
+        gen, _ = make_generator(0)
+        c = generate(tm, [(prompt, tm.tokenizer.encode(prompt))], settings, generator=gen)[0]
+        src = _function_source(prompt, c.text, c.finish_reason == "stop")
         assert len(src.splitlines()) >= 2, f"no body for {prompt!r}: {c.text!r}"
         try:
             ast.parse(src)
-            valid += 1
+            results.append(True)
         except SyntaxError:
-            pass
-    assert valid >= 3, f"only {valid}/{len(prompts)} completions parse"
+            results.append(False)
+    assert sum(results) >= 3, f"only {sum(results)}/{len(prompts)} completions parse"
 
 
 def test_loads_in_transformers_with_the_same_logits():
