@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from gencli.backend.attention import LayerKVCache, scaled_dot_product_attention
 from gencli.backend.layers import LayerNorm, get_activation
@@ -82,8 +83,8 @@ class Conv1D(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape[:-1] + (self.weight.shape[1],)
-        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(shape)
+        # x @ weight + bias: linear() over the transposed view runs the same addmm, without a copy
+        return F.linear(x, self.weight.t(), self.bias)
 
 
 class GPT2Attention(nn.Module):
@@ -101,8 +102,8 @@ class GPT2Attention(nn.Module):
     def forward(self, x: torch.Tensor, kv_cache: Optional[LayerKVCache] = None, key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         b, n, d = x.shape
         # (B, n, 3, H, D) -> three (B, H, n, D) views, no copies
-        qkv = self.c_attn(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        out = scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], causal=True, key_padding_mask=key_padding_mask, kv_cache=kv_cache, scale=self.scale)
+        q, k, v = self.c_attn(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        out = scaled_dot_product_attention(q, k, v, causal=True, key_padding_mask=key_padding_mask, kv_cache=kv_cache, scale=self.scale)
         return self.c_proj(out.transpose(1, 2).reshape(b, n, d))
 
 
