@@ -26,9 +26,16 @@ pytestmark = pytest.mark.skipif(not (FOLDER / "model.safetensors").is_file(), re
 
 @pytest.fixture(scope="module")
 def tm():
+    """The model, run on one thread: a 9M-parameter model gains nothing from more, and on a machine
+    whose cores are busy (CI runners, parallel test workers) intra-op threads wait on each other."""
     from gencli.pipelines.text import load_text_model
 
-    return load_text_model(FOLDER, device="cpu", dtype="auto")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield load_text_model(FOLDER, device="cpu", dtype="auto")
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.slow

@@ -41,21 +41,10 @@ class CausalLM(nn.Module):
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        *,
-        position_ids: Optional[torch.Tensor] = None,
-        attention_mask: Optional[torch.Tensor] = None,
-        kv_cache: Optional[KVCache] = None,
-        logits_to_keep: int = 0,
-    ) -> torch.Tensor:
-        """``input_ids (B, L)`` -> logits ``(B, L or logits_to_keep, V)``.
-
-        ``attention_mask (B, >= cached + L)`` is True for real tokens (left-padded batches)."""
-        return self.lm_head(
-            self.hidden_states(input_ids, position_ids=position_ids, attention_mask=attention_mask, kv_cache=kv_cache, logits_to_keep=logits_to_keep)
-        )
+    def forward(self, input_ids: torch.Tensor, **kwargs) -> torch.Tensor:
+        """``input_ids (B, L)`` -> logits ``(B, L or logits_to_keep, V)``; the keyword arguments are
+        those of :meth:`hidden_states`."""
+        return self.lm_head(self.hidden_states(input_ids, **kwargs))
 
     def hidden_states(
         self,
@@ -66,7 +55,10 @@ class CausalLM(nn.Module):
         kv_cache: Optional[KVCache] = None,
         logits_to_keep: int = 0,
     ) -> torch.Tensor:
-        """The final normalised hidden states (what the LM head multiplies)."""
+        """The final normalised hidden states (what the LM head multiplies).
+
+        ``attention_mask (B, >= cached + L)`` is True for real tokens (left-padded batches); only the
+        last ``logits_to_keep`` positions are kept (0 = all)."""
         pos = self.positions(input_ids, position_ids, kv_cache)
         mask = self.key_mask(attention_mask, kv_cache, input_ids.shape[1])
         hidden = self.backbone(input_ids, pos, mask, kv_cache)
