@@ -37,10 +37,12 @@ class LayerKVCache:
         end = self.length + n
         if end > self.capacity:
             raise RuntimeError(f"KV cache overflow: {end} positions needed, capacity {self.capacity}")
-        self.keys[:, :, self.length : end].copy_(k)
-        self.values[:, :, self.length : end].copy_(v)
+        # narrow() is one call into C++ where basic indexing parses a tuple of slices: it matters
+        # once per layer and token
+        self.keys.narrow(2, self.length, n).copy_(k)
+        self.values.narrow(2, self.length, n).copy_(v)
         self.length = end
-        return self.keys[:, :, :end], self.values[:, :, :end]
+        return self.keys.narrow(2, 0, end), self.values.narrow(2, 0, end)
 
 
 class KVCache:

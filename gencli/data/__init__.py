@@ -1,0 +1,1 @@
+"""Deterministic data used by training, tests and evaluations."""

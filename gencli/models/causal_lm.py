@@ -1,0 +1,86 @@
+"""What every decoder-only language model in gencli offers the generation loop.
+
+A model takes token ids ``(B, L)`` and returns next-token logits. With a :class:`KVCache` (from the
+backend, preallocated once for the whole generation) each call only processes the new positions:
+the prompt in one call (prefill), then one token per call (decode). Left-padded batches pass
+``attention_mask (B, cache capacity)`` with True for real tokens and explicit ``position_ids``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn as nn
+
+from gencli.backend.attention import KVCache
+
+
+class CausalLM(nn.Module):
+    """Base class: subclasses set the ``num_layers``, ``num_kv_heads``, ``head_dim``, ``context_length``
+    and ``vocab_size`` attributes, own an ``lm_head``, and implement ``backbone`` and ``final_norm``."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    context_length: int
+    vocab_size: int
+
+    def new_cache(self, batch_size: int, max_len: int) -> KVCache:
+        """A KV cache for ``batch_size`` sequences of up to ``max_len`` positions, in the model's dtype."""
+        ref = self.get_input_embeddings().weight
+        return KVCache(self.num_layers, batch_size, self.num_kv_heads, self.head_dim, max_len, dtype=ref.dtype, device=ref.device)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        raise NotImplementedError
+
+    def backbone(self, input_ids: torch.Tensor, position_ids: torch.Tensor, key_mask: Optional[torch.Tensor], kv_cache: Optional[KVCache]) -> torch.Tensor:
+        """Embeddings and decoder blocks: hidden states before the final norm."""
+        raise NotImplementedError
+
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, input_ids: torch.Tensor, **kwargs) -> torch.Tensor:
+        """``input_ids (B, L)`` -> logits ``(B, L or logits_to_keep, V)``; the keyword arguments are
+        those of :meth:`hidden_states`."""
+        return self.lm_head(self.hidden_states(input_ids, **kwargs))
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        position_ids: Optional[torch.Tensor] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        kv_cache: Optional[KVCache] = None,
+        logits_to_keep: int = 0,
+    ) -> torch.Tensor:
+        """The final normalised hidden states (what the LM head multiplies).
+
+        ``attention_mask (B, >= cached + L)`` is True for real tokens (left-padded batches); only the
+        last ``logits_to_keep`` positions are kept (0 = all)."""
+        pos = self.positions(input_ids, position_ids, kv_cache)
+        mask = self.key_mask(attention_mask, kv_cache, input_ids.shape[1])
+        hidden = self.backbone(input_ids, pos, mask, kv_cache)
+        return self.final_norm(self.keep_last(hidden, logits_to_keep))
+
+    @staticmethod
+    def positions(input_ids: torch.Tensor, position_ids: Optional[torch.Tensor], kv_cache: Optional[KVCache]) -> torch.Tensor:
+        """Explicit ``position_ids``, else consecutive positions after what the cache holds."""
+        if position_ids is not None:
+            return position_ids
+        start = kv_cache.length if kv_cache is not None else 0
+        return torch.arange(start, start + input_ids.shape[1], device=input_ids.device).unsqueeze(0).expand(input_ids.shape[0], -1)
+
+    @staticmethod
+    def key_mask(attention_mask: Optional[torch.Tensor], kv_cache: Optional[KVCache], new_len: int) -> Optional[torch.Tensor]:
+        """The padding mask over the keys the attention will see (cached ones plus the new ones)."""
+        if attention_mask is None:
+            return None
+        total = (kv_cache.length if kv_cache is not None else 0) + new_len
+        return attention_mask[:, :total]
+
+    @staticmethod
+    def keep_last(hidden: torch.Tensor, logits_to_keep: int) -> torch.Tensor:
+        """Only the last ``logits_to_keep`` positions go through the LM head (0 = all of them)."""
+        return hidden if logits_to_keep <= 0 else hidden[:, -logits_to_keep:]

@@ -1,0 +1,363 @@
+"""Text generation: load a GPT-2 / Llama-family checkpoint with its tokenizer, then generate.
+
+The loop prefills the prompt(s) in one forward pass, then decodes one token per step through a
+preallocated KV cache. Several prompts run as one left-padded batch; each row stops on its own (EOS,
+a stop string, its token budget, or the model's context). Text reaches the caller piece by piece
+through an incremental detokenizer, with stop strings held back and trimmed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from gencli.backend.device import DTYPE_NAMES, Placement, choose
+from gencli.backend.random import make_generator
+from gencli.errors import UserError
+from gencli.models.causal_lm import CausalLM
+from gencli.pipelines.sampling import SamplingParams, next_tokens
+from gencli.tokenizers.stream import IncrementalDetokenizer, StopStringMatcher
+from gencli.tokenizers.text import TextTokenizer, load_tokenizer, read_json
+
+DEFAULT_MAX_NEW_TOKENS = 256
+SUPPORTED = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM"
+
+
+# -- loading ------------------------------------------------------------------------------------
+@dataclass
+class TextModel:
+    model: CausalLM
+    tokenizer: TextTokenizer
+    placement: Placement
+    path: Path
+    architecture: str
+    generation_config: dict[str, Any]
+    eos_ids: list[int]
+    pad_id: int
+    context_length: int
+    load_seconds: float
+
+
+def _family(config: dict[str, Any]) -> tuple[str, str]:
+    """(family, architecture name) from config.json; an unknown architecture is a user error."""
+    from gencli.models import gpt2, llama
+
+    archs = config.get("architectures") or []
+    arch = archs[0] if isinstance(archs, list) and archs else None
+    model_type = config.get("model_type")
+    if arch in llama.ARCHITECTURES or (arch is None and model_type in llama.MODEL_TYPES):
+        return "llama", arch or f"{model_type}"
+    if arch in gpt2.ARCHITECTURES or (arch is None and model_type in gpt2.MODEL_TYPES):
+        return "gpt2", arch or "gpt2"
+    named = arch or model_type or "none given"
+    raise UserError(f"unsupported architecture '{named}' in config.json: gencli generate runs {SUPPORTED}")
+
+
+def _ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [int(v) for v in value if v is not None]
+    return [int(value)]
+
+
+def load_text_model(path: Path, *, device: str = "auto", dtype: str = "auto", threads: Optional[int] = None, allow_pickle: bool = False) -> TextModel:
+    from gencli.checkpoints.formats import open_source
+    from gencli.checkpoints.loader import load_model
+    from gencli.checkpoints.reader import open_reader
+    from gencli.models import gpt2, llama
+
+    start = time.perf_counter()
+    src = open_source(path, allow_pickle=allow_pickle)
+    if src.kind == "diffusers-pipeline":
+        raise UserError(f"'{path}' is a diffusers pipeline, not a text-generation model")
+    folder = src.folder or Path(path)
+    if src.config is None:
+        raise UserError(f"no config.json next to '{path}': a text model needs its config.json (the architecture and sizes)")
+    family, arch = _family(src.config)
+    if family == "llama":
+        cfg = llama.LlamaConfig.from_hf(src.config)
+        factory, keymap = (lambda: llama.LlamaForCausalLM(cfg)), llama.HF_KEYMAP
+    else:
+        cfg = gpt2.GPT2Config.from_hf(src.config)
+        factory, keymap = (lambda: gpt2.GPT2LMHeadModel(cfg)), gpt2.HF_KEYMAP
+    tokenizer = load_tokenizer(folder)  # before the weights: a missing tokenizer fails fast
+    placement = choose(device, dtype, "transformer", threads)
+    reader = open_reader(src, allow_pickle=allow_pickle)
+    try:
+        model = load_model(factory, reader, keymap, device=placement.device, dtype=placement.dtype, config=src.config)
+    finally:
+        reader.close()
+    gen_cfg = read_json(folder / "generation_config.json")
+    eos = _ids(gen_cfg.get("eos_token_id")) or _ids(src.config.get("eos_token_id"))
+    if tokenizer.eos_id is not None and tokenizer.eos_id not in eos:
+        eos.append(tokenizer.eos_id)
+    pad = next(iter(_ids(gen_cfg.get("pad_token_id")) + _ids(src.config.get("pad_token_id")) + _ids(tokenizer.pad_id) + eos), 0)
+    context = model.context_length
+    window = src.config.get("sliding_window")
+    if family == "llama" and isinstance(window, int) and window > 0 and src.config.get("use_sliding_window", True) and window < context:
+        context = window  # within the window, full causal attention is exactly what the model computes
+    return TextModel(model, tokenizer, placement, Path(path), arch, gen_cfg, eos, pad, context, time.perf_counter() - start)
+
+
+# -- settings -------------------------------------------------------------------------------------
+@dataclass
+class GenerationSettings:
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    seed: Optional[int] = None
+
+
+def check_flags(*, max_new_tokens=None, temperature=None, top_k=None, top_p=None, min_p=None, repetition_penalty=None) -> None:
+    """Reject out-of-range values before anything is loaded."""
+    if max_new_tokens is not None and max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
+    if temperature is not None and not temperature >= 0:
+        raise UserError(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
+    if top_k is not None and top_k < 0:
+        raise UserError(f"--top-k must be >= 0 (0 = off), got {top_k}")
+    if top_p is not None and not (0 < top_p <= 1):
+        raise UserError(f"--top-p must be in (0, 1], got {top_p}")
+    if min_p is not None and not (0 <= min_p <= 1):
+        raise UserError(f"--min-p must be in [0, 1], got {min_p}")
+    if repetition_penalty is not None and not repetition_penalty > 0:
+        raise UserError(f"--repetition-penalty must be > 0 (1 = off), got {repetition_penalty}")
+
+
+def resolve_settings(
+    gen_cfg: dict[str, Any],
+    *,
+    max_new_tokens: Optional[int] = None,
+    temperature: Optional[float] = None,
+    top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    min_p: Optional[float] = None,
+    repetition_penalty: Optional[float] = None,
+    stop: Sequence[str] = (),
+    ignore_eos: bool = False,
+    seed: Optional[int] = None,
+    warn: Callable[[str], None] = lambda m: None,
+) -> GenerationSettings:
+    """Flags override ``generation_config.json``, which overrides transformers' defaults.
+
+    As in transformers, a checkpoint samples only when its generation config says ``do_sample``;
+    otherwise decoding is greedy. A flag that only makes sense when sampling (--top-k/--top-p/--min-p)
+    turns sampling on at temperature 1 unless --temperature is given.
+    """
+    check_flags(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty)
+    do_sample = bool(gen_cfg.get("do_sample", False))
+    if temperature is None:
+        if do_sample:
+            temperature = float(gen_cfg.get("temperature", 1.0) or 0.0)
+        elif top_k is not None or top_p is not None or min_p is not None:
+            temperature = 1.0
+        else:
+            temperature = 0.0
+    elif temperature == 0.0 and (top_k or (top_p is not None and top_p < 1) or min_p):
+        warn("--top-k/--top-p/--min-p have no effect with --temperature 0 (greedy decoding)")
+    sampling = SamplingParams(
+        temperature=float(temperature),
+        top_k=int(top_k if top_k is not None else (gen_cfg.get("top_k") if gen_cfg.get("top_k") is not None else 50)),
+        top_p=float(top_p if top_p is not None else (gen_cfg.get("top_p") if gen_cfg.get("top_p") is not None else 1.0)),
+        min_p=float(min_p if min_p is not None else (gen_cfg.get("min_p") or 0.0)),
+        repetition_penalty=float(repetition_penalty if repetition_penalty is not None else (gen_cfg.get("repetition_penalty") or 1.0)),
+    )
+    if max_new_tokens is None:
+        max_new_tokens = int(gen_cfg.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS)
+    return GenerationSettings(max_new_tokens, sampling, [s for s in stop if s], ignore_eos, seed)
+
+
+# -- prompts ----------------------------------------------------------------------------------------
+def encode_prompt(tm: TextModel, prompt: str, *, chat: bool = False, system: Optional[str] = None) -> list[int]:
+    """Token ids of one prompt (through the chat template with ``chat``); checks it fits the context."""
+    from gencli.tokenizers.chat import build_messages, render_chat
+
+    if not prompt.strip():
+        raise UserError("the prompt is empty")
+    if chat:
+        text = render_chat(tm.tokenizer.chat_template, build_messages(prompt, system), tm.tokenizer.special_token_map(), where=str(tm.path))
+        ids = tm.tokenizer.encode(text, add_special_tokens=False)
+    else:
+        ids = tm.tokenizer.encode(prompt, add_special_tokens=True)
+    if not ids:
+        raise UserError("the prompt encodes to no tokens")
+    if len(ids) >= tm.context_length:
+        raise UserError(
+            f"the prompt is {len(ids)} tokens, the model's context is {tm.context_length} tokens: "
+            "shorten the prompt to leave room for new tokens"
+        )
+    return ids
+
+
+# -- generation ---------------------------------------------------------------------------------------
+@dataclass
+class Completion:
+    prompt: str
+    prompt_ids: list[int]
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: Optional[str] = None  # "stop" (EOS or stop string) | "length" (budget or context)
+    hit_context: bool = False
+    timing: dict[str, float] = field(default_factory=dict)
+
+    def as_json(self, model: str, seed: Optional[int]) -> dict[str, Any]:
+        out = {
+            "prompt": self.prompt,
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "finish_reason": self.finish_reason,
+            "usage": {"prompt_tokens": len(self.prompt_ids), "completion_tokens": len(self.token_ids)},
+            "timing": self.timing,
+            "model": model,
+        }
+        if seed is not None:
+            out["seed"] = seed
+        return out
+
+
+class _Row:
+    """One sequence of a batch: its detokenizer, stop matcher and budget."""
+
+    def __init__(self, tm: TextModel, completion: Completion, settings: GenerationSettings, budget: int):
+        self.c = completion
+        self.detok = IncrementalDetokenizer(tm.tokenizer, completion.prompt_ids)
+        self.stops = StopStringMatcher(settings.stop)
+        self.budget = budget
+        self.done = False
+        self.pieces: list[str] = []
+
+    def finish(self, reason: str) -> str:
+        self.done = True
+        self.c.finish_reason = reason
+        tail = ""
+        if self.stops.stopped is None:
+            tail = self.stops.feed(self.detok.flush())
+            tail += self.stops.finish() if self.stops.stopped is None else ""
+        self.pieces.append(tail)
+        self.c.text = "".join(self.pieces)
+        return tail
+
+
+@torch.inference_mode()
+def generate(
+    tm: TextModel,
+    prompts: Sequence[tuple[str, list[int]]],
+    settings: GenerationSettings,
+    *,
+    on_text: Optional[Callable[[int, str], None]] = None,
+    generator: Optional[torch.Generator] = None,
+) -> list[Completion]:
+    """Generate for ``prompts`` (``(text, ids)`` pairs) as one batch.
+
+    ``on_text(row, piece)`` receives text as soon as it is final (streaming). Returns one
+    :class:`Completion` per prompt, in order.
+    """
+    model, device = tm.model, tm.placement.device
+    params = settings.sampling
+    b = len(prompts)
+    lengths = [len(ids) for _, ids in prompts]
+    longest = max(lengths)
+    budgets = [min(settings.max_new_tokens, tm.context_length - n) for n in lengths]
+    steps = max(budgets)
+    capacity = longest + steps
+    rows = [_Row(tm, Completion(text, list(ids)), settings, budget) for (text, ids), budget in zip(prompts, budgets)]
+    eos = set() if settings.ignore_eos else set(tm.eos_ids)
+
+    # left-padded prompt batch; the mask and explicit positions only when the lengths differ
+    input_ids = torch.full((b, longest), tm.pad_id, dtype=torch.long)
+    for i, (_, ids) in enumerate(prompts):
+        input_ids[i, longest - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+    padded = any(n != longest for n in lengths)
+    attention_mask = position_ids = None
+    next_pos = torch.tensor(lengths, dtype=torch.long)
+    if padded:
+        attention_mask = torch.ones((b, capacity), dtype=torch.bool)
+        for i, n in enumerate(lengths):
+            attention_mask[i, : longest - n] = False
+        position_ids = (attention_mask[:, :longest].long().cumsum(-1) - 1).clamp(min=0)
+        attention_mask = attention_mask.to(device)
+        position_ids = position_ids.to(device)
+        next_pos = next_pos.to(device)
+    input_ids = input_ids.to(device)
+    seen = None
+    if params.repetition_penalty != 1.0:
+        # every token so far, per row; the padding repeats the row's first token (no effect)
+        seen = torch.empty((b, capacity), dtype=torch.long, device=device)
+        seen[:, :longest] = input_ids
+        for i, (_, ids) in enumerate(prompts):
+            seen[i, : longest - len(ids)] = ids[0]
+
+    cache = model.new_cache(b, capacity)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    t0 = time.perf_counter()
+    logits = model(input_ids, position_ids=position_ids, attention_mask=attention_mask, kv_cache=cache, logits_to_keep=1)[:, -1]
+    tokens = next_tokens(logits, params, generator, seen[:, :longest] if seen is not None else None)
+    host = tokens.tolist()
+    sync()
+    t_prefill = time.perf_counter() - t0
+    decode_steps = 0
+    t1 = time.perf_counter()
+    for step in range(steps):
+        for i, row in enumerate(rows):
+            if row.done:
+                continue
+            tok = host[i]
+            if tok in eos:
+                row.c.token_ids.append(tok)
+                piece = row.finish("stop")
+            else:
+                row.c.token_ids.append(tok)
+                piece = row.stops.feed(row.detok.add(tok))
+                row.pieces.append(piece)
+                if row.stops.stopped is not None:
+                    row.finish("stop")
+                elif len(row.c.token_ids) >= row.budget:
+                    row.c.hit_context = row.budget < settings.max_new_tokens
+                    piece += row.finish("length")
+            if piece and on_text is not None:
+                on_text(i, piece)
+        if all(r.done for r in rows) or step == steps - 1:
+            break
+        cur = longest + step
+        # rows that already finished keep stepping; their positions must stay inside the table
+        pos = (next_pos.view(b, 1) + step).clamp_(max=tm.context_length - 1) if padded else None
+        if seen is not None:
+            seen[:, cur] = tokens
+        logits = model(tokens.view(b, 1), position_ids=pos, attention_mask=attention_mask, kv_cache=cache, logits_to_keep=1)[:, -1]
+        tokens = next_tokens(logits, params, generator, seen[:, : cur + 1] if seen is not None else None)
+        host = tokens.tolist()
+        decode_steps += 1
+    sync()
+    t_decode = time.perf_counter() - t1
+    prompt_tokens = sum(lengths)
+    timing = {
+        "load_s": round(tm.load_seconds, 4),
+        "prefill_s": round(t_prefill, 4),
+        "decode_s": round(t_decode, 4),
+        "prefill_tokens_per_s": round(prompt_tokens / t_prefill, 2) if t_prefill > 0 else None,
+        "decode_tokens_per_s": round(decode_steps * b / t_decode, 2) if t_decode > 0 and decode_steps else None,
+        "batch_size": b,
+    }
+    for row in rows:
+        if not row.done:  # pragma: no cover - every row ends by its budget at the latest
+            row.finish("length")
+        row.c.timing = dict(timing)
+    return [r.c for r in rows]
+
+
+def describe(tm: TextModel) -> str:
+    return f"{tm.architecture} from '{tm.path}', {DTYPE_NAMES.get(tm.placement.dtype, tm.placement.dtype)} on {tm.placement.device}, context {tm.context_length} tokens"
+
+
+def make_sampler_generator(settings: GenerationSettings) -> tuple[Optional[torch.Generator], Optional[int]]:
+    """A seeded generator when sampling (a fresh seed, reported back, when none was given)."""
+    if settings.sampling.greedy:
+        return None, None
+    gen, seed = make_generator(settings.seed)
+    return gen, seed

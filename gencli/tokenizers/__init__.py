@@ -1,0 +1,1 @@
+"""Tokenizers: sentencepiece, tokenizer.json (the tokenizers library), byte-level and CLIP BPE."""

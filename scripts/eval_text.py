@@ -1,0 +1,57 @@
+#!/usr/bin/env python
+"""Measure the default text model on the held-out standard-library modules.
+
+    python scripts/eval_text.py                          # weights/llama-pystdlib, --dtype auto
+    python scripts/eval_text.py --model PATH --dtype float32 --json
+
+Reports loss per token (nats), perplexity and bits per byte over the modules listed in
+gencli.data.pysource.HELDOUT_MODULES (never trained on), scored with a sliding window (see
+gencli.pipelines.lm_eval). These are the figures recorded in the weights README and the main README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="llama-pystdlib", help="a model folder or an embedded default's name")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--stride", type=int, default=None, help="window advance in tokens (default: half the context)")
+    p.add_argument("--max-tokens", type=int, default=None, help="score only the first N tokens of each module")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+
+    from gencli.data.pysource import heldout_files, read_source, stdlib_root
+    from gencli.pipelines.lm_eval import evaluate_texts
+    from gencli.pipelines.text import describe, load_text_model
+    from gencli.weights import resolve_model
+
+    tm = load_text_model(resolve_model(args.model), device=args.device, dtype=args.dtype, threads=args.threads)
+    root = stdlib_root()
+    docs = [(f.relative_to(root).as_posix(), read_source(f)) for f in heldout_files(root)]
+    docs = [(name, text) for name, text in docs if text]
+    start = time.perf_counter()
+    score = evaluate_texts(tm, docs, stride=args.stride, max_tokens=args.max_tokens)
+    report = {"model": describe(tm), "python": sys.version.split()[0], "modules": len(docs), **score.as_dict(), "seconds": round(time.perf_counter() - start, 1)}
+    if args.json:
+        print(json.dumps(report))
+        return
+    print(f"{report['model']}; Python {report['python']} standard library, {len(docs)} held-out modules")
+    for name, d in score.per_document.items():
+        print(f"  {name:<24} {d['tokens']:>7} tokens  loss {d['loss']:.3f}  {d['bits_per_byte']:.3f} bits/byte")
+    print(f"total: {score.tokens} tokens, {score.bytes} bytes; loss {score.loss:.4f} nats/token, perplexity {score.perplexity:.2f}, {score.bits_per_byte:.4f} bits per byte")
+
+
+if __name__ == "__main__":
+    main()
