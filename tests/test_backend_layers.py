@@ -137,8 +137,15 @@ def test_resolve_dtype_rules(monkeypatch):
     monkeypatch.setenv("GENCLI_CPU_BF16", "1")
     assert devmod.resolve_dtype("auto", cpu, "transformer") == torch.bfloat16
     assert devmod.resolve_dtype("auto", cpu, "float") == torch.float32
+    # decoders: fp32 on CPU (bf16 matrix-vector products are not faster), bf16 when fp32 would not fit
+    assert devmod.resolve_dtype("auto", cpu, "decoder", n_params=10_000_000) == torch.float32
+    assert devmod.resolve_dtype("auto", cpu, "decoder") == torch.float32
+    huge = devmod._physical_memory_bytes() // 4  # fp32 copy = all of the memory
+    assert devmod.resolve_dtype("auto", cpu, "decoder", n_params=huge) == torch.bfloat16
+    assert devmod.resolve_dtype("bfloat16", cpu, "decoder") == torch.bfloat16
     devmod.cpu_has_native_bf16.cache_clear()
     monkeypatch.setenv("GENCLI_CPU_BF16", "0")
+    assert devmod.resolve_dtype("auto", cpu, "decoder", n_params=huge) == torch.float32
     assert devmod.resolve_dtype("auto", cpu, "transformer") == torch.float32
     devmod.cpu_has_native_bf16.cache_clear()
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
@@ -146,6 +153,7 @@ def test_resolve_dtype_rules(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     assert devmod.resolve_dtype("auto", torch.device("cuda", 0), "transformer") == torch.bfloat16
     assert devmod.resolve_dtype("auto", torch.device("cuda", 0), "float") == torch.float32
+    assert devmod.resolve_dtype("auto", torch.device("cuda", 0), "decoder") == torch.bfloat16
 
 
 def test_threads_respected():

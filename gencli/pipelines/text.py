@@ -86,7 +86,8 @@ def load_text_model(path: Path, *, device: str = "auto", dtype: str = "auto", th
         cfg = gpt2.GPT2Config.from_hf(src.config)
         factory, keymap = (lambda: gpt2.GPT2LMHeadModel(cfg)), gpt2.HF_KEYMAP
     tokenizer = load_tokenizer(folder)  # before the weights: a missing tokenizer fails fast
-    placement = choose(device, dtype, "transformer", threads)
+    n_params = None if src.is_pickle else sum(t.numel for t in src.tensor_infos().values())
+    placement = choose(device, dtype, "decoder", threads, n_params=n_params)
     reader = open_reader(src, allow_pickle=allow_pickle)
     try:
         model = load_model(factory, reader, keymap, device=placement.device, dtype=placement.dtype, config=src.config)
