@@ -242,7 +242,8 @@ def run(req: ForecastRequest, opts) -> None:
         opts.warn(f"context {context} is longer than the {fc.context_length} steps this model was trained with")
     min_length = max(1, req.min_length)
     failures = Failures(opts, opts.json)
-    records = _records(table, layout, RecordOptions(horizon=horizon, min_length=min_length), failures, opts.warn)
+    rec_opts = RecordOptions(horizon=horizon, min_length=min_length, need_future_known=not req.backtest)
+    records = _records(table, layout, rec_opts, failures, opts.warn)
 
     if req.backtest:
         _run_backtest(req, opts, fc, binding, records, horizon, context, failures)
@@ -392,6 +393,7 @@ def explain_csv_rows(res):
             yield (sid, kind, name, f"{w:.6g}")
     for lag, w in enumerate(ex["attention_by_lag"], start=1):
         yield (sid, "attention", f"t-{lag}", f"{w:.6g}")
+    yield (sid, "attention", "horizon", f"{1.0 - ex['attention_on_history']:.6g}")  # earlier forecast steps
 
 
 def _plot_item(res, times, fc, context):

@@ -32,7 +32,7 @@ from gencli.pipelines.forecast.features import SeriesRecord, impute_linear
 TIME_NAMES = ("time", "date", "datetime", "timestamp", "ds", "period", "month", "week", "year", "day", "hour", "dt", "date_time", "time_stamp")
 ID_NAMES = ("id", "series", "series_id", "unique_id", "item_id", "item", "key", "sku", "name", "symbol", "ticker", "store", "country", "region", "group", "entity")
 TARGET_NAMES = ("target", "y", "value", "values", "sales", "demand", "volume", "count", "qty", "quantity", "amount", "load", "close", "observation", "obs")
-STREAM_BYTES = 256 * 2**20  # CSV files larger than this are streamed when their ids are contiguous
+STREAM_BYTES = 32 * 2**20  # CSV files larger than this are streamed when their ids are contiguous
 SAMPLE_ROWS = 20000
 MAX_MISSING_FRACTION = 0.5
 
@@ -301,7 +301,7 @@ def infer_layout(
                 id_col = cands[0]
             elif len(cands) > 1:
                 raise UserError(f"cannot tell which column identifies the series among {_list(cands)}: pass --id-col")
-            elif time_repeats:
+            elif time_repeats and text_rest:
                 raise UserError(f"timestamps repeat but no column identifies the series (columns: {_list(cols)}): pass --id-col")
         if id_col is not None:
             notes.append(f"series id column '{id_col}' (inferred)")
@@ -388,27 +388,61 @@ def iter_groups(table: Table, layout: Layout, warn=None) -> Iterator[tuple[str, 
     memory does not grow with the number of series.
     """
     if layout.wide:
-        df = table.read()
-        df.columns = [str(c) for c in df.columns]
-        tcols = [layout.time_col] if layout.time_col else []
+        df = _prepare(table.read(), layout)
+        tcols = [layout.time_col, TIME_PARSED] if layout.time_col else []
         for c in layout.series_cols:
             sub = df[tcols + [c]].rename(columns={c: "__target__"})
             yield str(c), sub
         return
     if layout.id_col is None:
-        df = table.read()
-        df.columns = [str(c) for c in df.columns]
-        yield str(layout.target_col), df
+        yield str(layout.target_col), _prepare(table.read(), layout)
         return
     if table.streamable and _ids_contiguous(table, layout.id_col):
         yield from _stream_groups(table, layout)
         return
     if table.streamable and warn is not None:
         warn(f"the rows of each series are not contiguous in '{table.name}': reading it whole (sort it by {layout.id_col} to stream it)")
-    df = table.read()
-    df.columns = [str(c) for c in df.columns]
+    df = _prepare(table.read(), layout)
     for key, sub in df.groupby(layout.id_col, sort=False, dropna=False):
         yield _key(key), sub
+
+
+TIME_PARSED = "__time_parsed__"
+
+
+def _prepare(df, layout: Layout):
+    """Column names as strings and the time column parsed once for the whole frame (into
+    ``TIME_PARSED``; unparseable values become NaT/NaN and are reported per series)."""
+    import warnings
+
+    import pandas as pd
+
+    df.columns = [str(c) for c in df.columns]
+    if layout.time_col is None or layout.time_col not in df.columns:
+        return df
+    col = df[layout.time_col]
+    if layout.time_kind == "datetime":
+        if pd.api.types.is_datetime64_any_dtype(col):
+            parsed = col
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                try:
+                    parsed = pd.to_datetime(col, errors="raise")
+                except (ValueError, TypeError, OverflowError):
+                    parsed = pd.to_datetime(col, errors="coerce", format="mixed")
+        if getattr(parsed.dt, "tz", None) is not None:
+            parsed = parsed.dt.tz_localize(None)
+        df[TIME_PARSED] = parsed.astype("datetime64[ns]")
+    elif layout.time_kind == "year":
+        years = pd.to_numeric(col, errors="coerce")
+        ok = years.notna() & (years >= 1678) & (years <= 2261)
+        out = pd.Series(pd.NaT, index=col.index, dtype="datetime64[ns]")
+        out[ok] = pd.to_datetime(years[ok].astype(int).astype(str), format="%Y")
+        df[TIME_PARSED] = out
+    else:
+        df[TIME_PARSED] = pd.to_numeric(col, errors="coerce")
+    return df
 
 
 def _key(key) -> str:
@@ -454,10 +488,10 @@ def _stream_groups(table: Table, layout: Layout) -> Iterator[tuple[str, object]]
         while tail_start > 0 and ids[tail_start - 1] == last_id:
             tail_start -= 1
         complete, pending = chunk.iloc[:tail_start], chunk.iloc[tail_start:]
-        for key, sub in complete.groupby(layout.id_col, sort=False, dropna=False):
+        for key, sub in _prepare(complete.copy(), layout).groupby(layout.id_col, sort=False, dropna=False):
             yield _key(key), sub
     if pending is not None and len(pending):
-        for key, sub in pending.groupby(layout.id_col, sort=False, dropna=False):
+        for key, sub in _prepare(pending.copy(), layout).groupby(layout.id_col, sort=False, dropna=False):
             yield _key(key), sub
 
 
@@ -471,33 +505,21 @@ def _fmt_time(v) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
-def _parse_times(values, kind: str, sid: str):
-    import pandas as pd
-
-    if kind == "row":
+def _parse_times(frame, layout: Layout, sid: str):
+    """The series' time values: datetime64[ns] or float, from the column parsed by :func:`_prepare`."""
+    if layout.time_kind == "row":
         return None
-    if kind == "datetime":
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                t = pd.to_datetime(values, errors="coerce", format="mixed")
-            except (ValueError, TypeError, OverflowError) as exc:
-                raise SeriesError(f"series '{sid}': unreadable timestamps ({exc})") from None
-        if getattr(t.dt, "tz", None) is not None:
-            t = t.dt.tz_localize(None)
-        if t.isna().any():
-            bad = values[t.isna()]
-            raise SeriesError(f"series '{sid}': unreadable or missing timestamp '{bad.iloc[0]}'")
-        return t.to_numpy(dtype="datetime64[ns]")
-    v = pd.to_numeric(values, errors="coerce")
-    if v.isna().any():
-        raise SeriesError(f"series '{sid}': missing or non-numeric time value '{values[v.isna()].iloc[0]}'")
-    v = v.to_numpy(dtype=np.float64)
-    if kind == "year":
-        return np.array([np.datetime64(f"{int(y):04d}-01-01", "ns") for y in v]) if len(v) else np.array([], dtype="datetime64[ns]")
-    return v
+    if TIME_PARSED not in frame.columns:
+        frame = _prepare(frame.copy(), layout)
+    parsed = frame[TIME_PARSED]
+    bad = parsed.isna().to_numpy()
+    if bad.any():
+        raw = frame[layout.time_col].iloc[int(np.flatnonzero(bad)[0])]
+        what = "missing" if raw is None or (isinstance(raw, float) and np.isnan(raw)) else f"unreadable ('{raw}')"
+        raise SeriesError(f"series '{sid}': {what} time value in column '{layout.time_col}'")
+    if layout.time_kind in ("datetime", "year"):
+        return parsed.to_numpy(dtype="datetime64[ns]")
+    return parsed.to_numpy(dtype=np.float64)
 
 
 @dataclass
@@ -519,7 +541,7 @@ def build_record(sid: str, frame, layout: Layout, opts: RecordOptions) -> Series
     y_all = y_all.to_numpy(dtype=np.float64, copy=True)
     y_all[~np.isfinite(y_all)] = np.nan
     n_rows = len(y_all)
-    times = _parse_times(frame[layout.time_col].reset_index(drop=True), layout.time_kind, sid) if layout.time_col else None
+    times = _parse_times(frame, layout, sid) if layout.time_col else None
 
     # grid positions: duplicates and order first, then the frequency
     if times is None:
@@ -572,7 +594,14 @@ def build_record(sid: str, frame, layout: Layout, opts: RecordOptions) -> Series
         n_future = int(np.argmin(fut_pos == expected)) if not (fut_pos == expected).all() else fut_rows.size
 
     known: dict[str, np.ndarray] = {}
-    if layout.known and opts.horizon > 0:
+    if layout.known and not opts.need_future_known:
+        # backtests only look inside the history: no future rows needed
+        for c in layout.known:
+            v = pd.to_numeric(frame[c], errors="coerce").to_numpy(dtype=np.float64)
+            hist = np.full(t_len, np.nan)
+            hist[hist_pos] = v[first : last + 1]
+            known[c] = impute_linear(hist)[0] if np.isfinite(hist).any() else np.zeros(t_len)
+    elif layout.known and opts.horizon > 0:
         if n_future < opts.horizon:
             if n_future == 0:
                 raise SeriesError(
