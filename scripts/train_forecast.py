@@ -5,7 +5,7 @@
     python scripts/train_forecast.py --out runs/forecast --export weights/tft-forecast   # write the default
 
 Every batch is freshly generated (seed = (--seed, step)), so the corpus never repeats and a resumed
-run continues exactly where it stopped. Each batch draws one history length (16-256 steps, half of
+run continues exactly where it stopped. Each batch draws one history length (16-256 steps, 30% of
 the batches at the full 256) and one horizon (1-64); series are scaled per window (mean/std of the
 history) and the loss is the pinball loss averaged over the quantile grid, on the scaled target.
 Checkpoints (model + optimiser + step) are written every --save-every steps, atomically.
@@ -46,6 +46,12 @@ def default_config(hidden: int = 64, variable_size: int = 16, heads: int = 4, dr
         static_categoricals={"frequency": 8, **{f"static_cat_{k}": 64 for k in range(1, NUM_STATIC_CAT_SLOTS + 1)}},
         observed_reals=["target", "target_observed"] + [f"observed_{k}" for k in range(1, NUM_OBSERVED_SLOTS + 1)],
         known_reals=["relative_time", *CALENDAR_FEATURES] + [f"known_{k}" for k in range(1, NUM_KNOWN_SLOTS + 1)],
+        variable_groups={
+            "target history": ["target", "target_observed"],
+            "hour of day": ["hour_sin", "hour_cos"],
+            "day of week": ["weekday_sin", "weekday_cos"],
+            "time of year": ["year_sin", "year_cos"],
+        },
         extra={"context_length": CONTEXT, "max_horizon": MAX_HORIZON, "scaling": "window mean/std", "task": "forecast"},
     )
 
@@ -69,7 +75,7 @@ def sample_batch(config, binding, seed: int, step: int, batch_size: int):
     from gencli.pipelines.forecast.features import INPUT_CLIP, make_batch
 
     rng = np.random.default_rng([seed, step, 7])
-    context = CONTEXT if rng.random() < 0.5 else int(rng.integers(16, CONTEXT + 1))
+    context = CONTEXT if rng.random() < 0.3 else int(rng.integers(16, CONTEXT + 1))
     horizon = int(rng.choice([int(rng.integers(1, MAX_HORIZON + 1)), int(rng.integers(4, 25))]))
     records = [generate([seed, step, i], context + horizon) for i in range(batch_size)]
     batch = make_batch(records, config, binding, context, horizon, origins=[context] * batch_size, with_future_target=True)
@@ -107,7 +113,7 @@ def save_checkpoint(path: Path, model, optimizer, step: int, extra: dict) -> Non
     import torch
 
     tmp = path.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, **extra}, tmp)
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "config": json.dumps(model.config.to_dict()), **extra}, tmp)
     os.replace(tmp, path)
 
 
@@ -142,20 +148,23 @@ def main(argv=None) -> None:
 
     import torch
 
-    from gencli.models.tft import TemporalFusionTransformer, quantile_loss
+    from gencli.models.tft import TemporalFusionTransformer, TFTConfig, quantile_loss
 
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ckpt_path = out / "checkpoint.pt"
     config = default_config(args.hidden, args.variable_size, args.heads, args.dropout)
+    state = torch.load(ckpt_path, map_location="cpu", weights_only=True) if ckpt_path.exists() else None
+    if state is not None and "config" in state:
+        # a resumed run keeps the architecture it started with, whatever the flags say now
+        config = TFTConfig.from_dict(json.loads(state["config"]))
     torch.manual_seed(args.seed)
     model = TemporalFusionTransformer(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-4)
     step = 0
     best = float("inf")
-    if ckpt_path.exists():
-        state = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         step = int(state["step"])

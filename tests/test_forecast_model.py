@@ -253,3 +253,24 @@ def test_without_static_inputs_and_gradients_flow():
     assert q.shape == (2, 3, 3)
     quantile_loss(q, torch.randn(2, 3), cfg.quantiles).backward()
     assert all(p.grad is not None for n, p in model.named_parameters() if "flattened" not in n)
+
+
+def test_variable_groups_are_one_linear_map_and_one_selected_variable():
+    cfg = TFTConfig(
+        hidden_size=8, variable_size=4, num_attention_heads=2,
+        observed_reals=["target", "target_observed"], known_reals=["relative_time", "hour_sin", "hour_cos"],
+        variable_groups={"target history": ["target", "target_observed"], "hour of day": ["hour_sin", "hour_cos"]},
+    )
+    assert cfg.input_names("known") == ["relative_time", "hour of day"] and cfg.input_names("observed") == ["target history"]
+    model = TemporalFusionTransformer(cfg).eval()
+    emb = model.known_embedding
+    x = torch.randn(3, 3)
+    out = emb(x, None)
+    assert out.shape == (3, 2, 4)
+    # the group is Linear(2, 4): x_sin * w_sin + x_cos * w_cos + b
+    expected = x[:, 1:2] * emb.real_weight[1] + x[:, 2:3] * emb.real_weight[2] + emb.real_bias[1]
+    assert torch.allclose(out[:, 1], expected, atol=1e-6)
+    q, det = model(torch.randn(2, 6, 2), torch.randn(2, 9, 3), return_details=True)
+    assert det["encoder_weights"].shape == (2, 6, 3) and det["decoder_weights"].shape == (2, 3, 2)
+    with pytest.raises(ValueError, match="one role"):
+        TFTConfig(observed_reals=["target"], known_reals=["t"], variable_groups={"g": ["target", "t"]})

@@ -84,6 +84,9 @@ class TFTConfig:
     observed_categoricals: dict[str, int] = field(default_factory=dict)
     known_reals: list[str] = field(default_factory=lambda: ["relative_time"])
     known_categoricals: dict[str, int] = field(default_factory=dict)
+    # Several real columns that form one variable (e.g. the sine and cosine of the hour of day):
+    # {variable name: [columns]}; each group is transformed by one linear map and selected as one.
+    variable_groups: dict[str, list[str]] = field(default_factory=dict)
     # Anything else a pipeline wants to keep with the weights (scaling, context length, ...).
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -100,15 +103,32 @@ class TFTConfig:
             raise ValueError("a TFT needs at least one known (future) input, e.g. a relative time index")
         if not self.observed_reals and not self.observed_categoricals:
             raise ValueError("a TFT needs at least one observed (past) input: the target history")
-        names = self.input_names("static") + self.input_names("observed") + self.input_names("known")
+        names = [c for role in ("static", "observed", "known") for c in list(getattr(self, f"{role}_reals")) + list(getattr(self, f"{role}_categoricals"))]
+        names += list(self.variable_groups)
         dup = {n for n in names if names.count(n) > 1}
         if dup:
-            raise ValueError(f"input names must be unique across roles: {sorted(dup)}")
+            raise ValueError(f"input names must be unique across roles and groups: {sorted(dup)}")
+        for group, cols in self.variable_groups.items():
+            roles = {role for role in ("static", "observed", "known") for c in cols if c in getattr(self, f"{role}_reals")}
+            if len(roles) != 1 or any(not any(c in getattr(self, f"{r}_reals") for r in roles) for c in cols):
+                raise ValueError(f"variable group '{group}' must list real inputs of one role")
+
+    def real_groups(self, role: str) -> tuple[list[str], list[int]]:
+        """The real-valued variables of a role (group names or column names) and, per real column,
+        the index of the variable it belongs to."""
+        owner = {c: g for g, cols in self.variable_groups.items() for c in cols}
+        names: list[str] = []
+        index: list[int] = []
+        for col in getattr(self, f"{role}_reals"):
+            name = owner.get(col, col)
+            if name not in names:
+                names.append(name)
+            index.append(names.index(name))
+        return names, index
 
     def input_names(self, role: str) -> list[str]:
-        reals = getattr(self, f"{role}_reals")
-        cats = getattr(self, f"{role}_categoricals")
-        return list(reals) + list(cats)
+        """The variables of a role as the selection networks see them: real ones then categorical."""
+        return self.real_groups(role)[0] + list(getattr(self, f"{role}_categoricals"))
 
     @property
     def past_input_names(self) -> list[str]:
@@ -304,15 +324,18 @@ class VariableSelectionNetwork(nn.Module):
 
 
 class InputEmbedding(nn.Module):
-    """The paper's input transformations: a linear map per real-valued variable, an entity
-    embedding per categorical one; output ``(..., n_reals + n_cats, variable_size)``."""
+    """The paper's input transformations: a linear map per real-valued variable (a group of real
+    columns shares one ``Linear(k, e)``), an entity embedding per categorical one; output
+    ``(..., n_real_variables + n_cats, variable_size)``."""
 
-    def __init__(self, num_reals: int, cardinalities: Sequence[int], variable_size: int):
+    def __init__(self, group_index: Sequence[int], cardinalities: Sequence[int], variable_size: int):
         super().__init__()
-        self.num_reals = num_reals
-        # one Linear(1, e) per real variable, stored stacked: weight (n, e), bias (n, e)
-        self.real_weight = nn.Parameter(torch.empty(num_reals, variable_size)) if num_reals else None
-        self.real_bias = nn.Parameter(torch.empty(num_reals, variable_size)) if num_reals else None
+        self.group_index = [int(g) for g in group_index]
+        self.num_real_variables = max(self.group_index) + 1 if self.group_index else 0
+        n_cols = len(self.group_index)
+        # real column c contributes x_c * real_weight[c]; variable v adds real_bias[v]
+        self.real_weight = nn.Parameter(torch.empty(n_cols, variable_size)) if n_cols else None
+        self.real_bias = nn.Parameter(torch.empty(self.num_real_variables, variable_size)) if n_cols else None
         self.embeddings = nn.ModuleList(nn.Embedding(int(c), variable_size) for c in cardinalities)
         self.reset_parameters()
 
@@ -323,12 +346,16 @@ class InputEmbedding(nn.Module):
 
     @property
     def num_inputs(self) -> int:
-        return self.num_reals + len(self.embeddings)
+        return self.num_real_variables + len(self.embeddings)
 
     def forward(self, reals: Optional[torch.Tensor], cats: Optional[torch.Tensor]) -> torch.Tensor:
         parts = []
-        if self.num_reals:
-            parts.append(reals.unsqueeze(-1) * self.real_weight + self.real_bias)
+        if self.real_weight is not None:
+            cols = reals.unsqueeze(-1) * self.real_weight
+            if self.num_real_variables != len(self.group_index):
+                index = torch.tensor(self.group_index, device=cols.device)
+                cols = cols.new_zeros(*cols.shape[:-2], self.num_real_variables, cols.shape[-1]).index_add(-2, index, cols)
+            parts.append(cols + self.real_bias)
         if len(self.embeddings):
             parts.append(torch.stack([emb(cats[..., j]) for j, emb in enumerate(self.embeddings)], dim=-2))
         return torch.cat(parts, dim=-2) if len(parts) > 1 else parts[0]
@@ -409,9 +436,9 @@ class TemporalFusionTransformer(nn.Module):
         cards_s = list(config.static_categoricals.values())
         cards_o = list(config.observed_categoricals.values())
         cards_k = list(config.known_categoricals.values())
-        self.static_embedding = InputEmbedding(len(config.static_reals), cards_s, e) if config.input_names("static") else None
-        self.observed_embedding = InputEmbedding(len(config.observed_reals), cards_o, e)
-        self.known_embedding = InputEmbedding(len(config.known_reals), cards_k, e)
+        self.static_embedding = InputEmbedding(config.real_groups("static")[1], cards_s, e) if config.input_names("static") else None
+        self.observed_embedding = InputEmbedding(config.real_groups("observed")[1], cards_o, e)
+        self.known_embedding = InputEmbedding(config.real_groups("known")[1], cards_k, e)
         n_static = len(config.input_names("static"))
         n_known = len(config.input_names("known"))
         n_observed = len(config.input_names("observed"))
@@ -464,7 +491,7 @@ class TemporalFusionTransformer(nn.Module):
         """
         known = known_reals if known_reals is not None else known_categoricals
         obs = observed_reals if observed_reals is not None else observed_categoricals
-        b, l_total = known.shape[0], known.shape[1]
+        l_total = known.shape[1]
         l_past = obs.shape[1]
         horizon = l_total - l_past
         if horizon < 1:

@@ -17,35 +17,13 @@ summarised by the geometric mean over series.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import numpy as np
 
-from gencli.pipelines.forecast.metrics import geometric_mean, mase, quantile_loss_sum, seasonal_naive, z_scores
+from gencli.pipelines.forecast.metrics import Score, geometric_mean, mase, quantile_loss_sum, seasonal_naive, z_scores
 
 LEVELS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
-
-
-@dataclass
-class Score:
-    ql: np.ndarray
-    abs_sum: float = 0.0
-    mase: list = field(default_factory=list)
-
-    def add(self, ql, abs_sum, m):
-        self.ql = self.ql + ql
-        self.abs_sum += abs_sum
-        self.mase.append(m)
-
-    @property
-    def wql(self) -> float:
-        return float(np.mean(self.ql) / self.abs_sum) if self.abs_sum > 0 else float("nan")
-
-    @property
-    def mean_mase(self) -> float:
-        v = [x for x in self.mase if np.isfinite(x)]
-        return float(np.mean(v)) if v else float("nan")
 
 
 def ets_quantiles(history: np.ndarray, season: int, horizon: int, levels: Sequence[float], max_history: int = 600) -> np.ndarray:
@@ -105,7 +83,7 @@ def evaluate(
             continue
         origins = [rec.length - (n_win - k) * h for k in range(n_win)]
         res = fc.forecast([rec] * n_win, Binding(), h, levels, context, origins=origins)
-        scores = {k: Score(np.zeros(len(levels))) for k in ("tft", "naive", "naive_band", "ets")}
+        scores = {k: Score(len(levels)) for k in ("tft", "naive", "naive_band", "ets")}
         for o, r in zip(origins, res):
             y = rec.target[o : o + h]
             mask = rec.observed_mask[o : o + h]
@@ -129,7 +107,7 @@ def evaluate(
             if key == "ets" and not with_ets:
                 continue
             row[f"{key}_wql"] = s.wql
-            row[f"{key}_mase"] = s.mean_mase
+            row[f"{key}_mase"] = s.mase
         rows.append(row)
         if log:
             log(

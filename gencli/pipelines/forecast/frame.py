@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import io
-import os
 import re
 import sys
 from dataclasses import dataclass, field

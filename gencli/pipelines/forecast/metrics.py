@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Optional, Sequence
 
@@ -109,3 +110,32 @@ def geometric_mean(values: Sequence[float], floor: float = 1e-6) -> float:
     if not v.size:
         return float("nan")
     return float(np.exp(np.mean(np.log(np.maximum(v, floor)))))
+
+
+@dataclass
+class Score:
+    """One forecaster's errors on one series, accumulated over windows: the weighted quantile loss
+    pools the windows (sums of pinball losses and of |y|), MASE averages the per-window values."""
+
+    n_levels: int
+    ql: np.ndarray = None
+    abs_sum: float = 0.0
+    mase_values: list = field(default_factory=list)
+
+    def add(self, ql: np.ndarray, abs_sum: float, mase_value: float) -> None:
+        self.ql = np.asarray(ql, dtype=np.float64) if self.ql is None else self.ql + ql
+        self.abs_sum += abs_sum
+        self.mase_values.append(mase_value)
+
+    @property
+    def windows(self) -> int:
+        return len(self.mase_values)
+
+    @property
+    def wql(self) -> float:
+        return float(np.mean(self.ql) / self.abs_sum) if self.ql is not None and self.abs_sum > 0 else float("nan")
+
+    @property
+    def mase(self) -> float:
+        v = [x for x in self.mase_values if np.isfinite(x)]
+        return float(np.mean(v)) if v else float("nan")

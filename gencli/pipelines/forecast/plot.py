@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-import numpy as np
 
 from gencli.io import atomic_path
 
@@ -21,7 +20,12 @@ def _bands(levels: Sequence[float], grid_levels: Sequence[float]):
 
 
 def fan_chart(items: list[dict], levels: Sequence[float], path: str, force: bool = False) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        from gencli.errors import UserError
+
+        raise UserError("--plot needs matplotlib: pip install 'gencli[plot]' (or pip install matplotlib)") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

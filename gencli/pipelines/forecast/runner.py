@@ -6,7 +6,7 @@ import copy
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -17,9 +17,9 @@ from gencli.checkpoints.loader import load_model, save_model
 from gencli.checkpoints.reader import open_reader
 from gencli.errors import CheckpointError, UserError
 from gencli.models.tft import ARCHITECTURE, TemporalFusionTransformer, TFTConfig, quantile_loss
-from gencli.pipelines.forecast.calendar import CALENDAR_FEATURES
 from gencli.pipelines.forecast.features import INPUT_CLIP, Batch, Binding, SeriesRecord, make_batch, unscale
 from gencli.pipelines.forecast.metrics import (
+    Score,
     geometric_mean,
     interpolate_quantiles,
     mase,
@@ -124,6 +124,8 @@ class Forecaster:
         """A display name for an input, or None for an unused slot."""
         if name == "target":
             return "target history"
+        if name in self.config.variable_groups:
+            return name
         if name in BUILTIN_LABELS:
             return BUILTIN_LABELS[name]
         bound = getattr(binding, role).get(name)
@@ -152,7 +154,6 @@ class Forecaster:
     def _explanation(self, i: int, det: dict, batch: Batch, rec: SeriesRecord, binding: Binding) -> dict:
         cfg = self.config
         n = int(batch.encoder_lengths[i])
-        lmax = batch.observed_reals.shape[1]
         static = {}
         if det["static_weights"] is not None:
             names = cfg.input_names("static")
@@ -218,55 +219,37 @@ class Forecaster:
 
 @dataclass
 class SeriesScore:
+    """A series' backtest: the model's and seasonal naive's scores on the same windows."""
+
     id: str
     n_levels: int
-    ql: np.ndarray = None
-    naive_ql: np.ndarray = None
-    abs_sum: float = 0.0
-    mase_values: list = field(default_factory=list)
-    naive_mase_values: list = field(default_factory=list)
+    model: Score = None
+    naive: Score = None
+
+    def __post_init__(self) -> None:
+        self.model = Score(self.n_levels)
+        self.naive = Score(self.n_levels)
 
     def add(self, ql, naive_ql, abs_sum, m, nm) -> None:
-        self.ql = ql if self.ql is None else self.ql + ql
-        self.naive_ql = naive_ql if self.naive_ql is None else self.naive_ql + naive_ql
-        self.abs_sum += abs_sum
-        self.mase_values.append(m)
-        self.naive_mase_values.append(nm)
-
-    @property
-    def wql(self) -> float:
-        return float(np.mean(self.ql) / self.abs_sum) if self.abs_sum > 0 else float("nan")
-
-    @property
-    def naive_wql(self) -> float:
-        return float(np.mean(self.naive_ql) / self.abs_sum) if self.abs_sum > 0 else float("nan")
-
-    @property
-    def mase(self) -> float:
-        v = [x for x in self.mase_values if np.isfinite(x)]
-        return float(np.mean(v)) if v else float("nan")
-
-    @property
-    def naive_mase(self) -> float:
-        v = [x for x in self.naive_mase_values if np.isfinite(x)]
-        return float(np.mean(v)) if v else float("nan")
+        self.model.add(ql, abs_sum, m)
+        self.naive.add(naive_ql, abs_sum, nm)
 
     @property
     def relative_wql(self) -> float:
-        return self.wql / self.naive_wql if self.naive_wql > 0 else float("nan")
+        return self.model.wql / self.naive.wql if self.naive.wql > 0 else float("nan")
 
     @property
     def relative_mase(self) -> float:
-        return self.mase / self.naive_mase if self.naive_mase > 0 else float("nan")
+        return self.model.mase / self.naive.mase if self.naive.mase > 0 else float("nan")
 
     def to_dict(self) -> dict:
         return {
             "id": self.id,
-            "windows": len(self.mase_values),
-            "wql": _r(self.wql),
-            "mase": _r(self.mase),
-            "seasonal_naive_wql": _r(self.naive_wql),
-            "seasonal_naive_mase": _r(self.naive_mase),
+            "windows": self.model.windows,
+            "wql": _r(self.model.wql),
+            "mase": _r(self.model.mase),
+            "seasonal_naive_wql": _r(self.naive.wql),
+            "seasonal_naive_mase": _r(self.naive.mase),
             "relative_wql": _r(self.relative_wql),
             "relative_mase": _r(self.relative_mase),
         }
@@ -285,21 +268,21 @@ class BacktestReport:
     skipped: list = field(default_factory=list)
 
     def summary(self) -> dict:
-        ok = [s for s in self.series if s.abs_sum > 0]
-        total_ql = sum((s.ql for s in ok), np.zeros(len(self.levels)))
-        total_naive = sum((s.naive_ql for s in ok), np.zeros(len(self.levels)))
-        total_abs = sum(s.abs_sum for s in ok)
+        ok = [s for s in self.series if s.model.abs_sum > 0]
+        total_ql = sum((s.model.ql for s in ok), np.zeros(len(self.levels)))
+        total_naive = sum((s.naive.ql for s in ok), np.zeros(len(self.levels)))
+        total_abs = sum(s.model.abs_sum for s in ok)
         wql = float(np.mean(total_ql) / total_abs) if total_abs > 0 else float("nan")
         naive_wql = float(np.mean(total_naive) / total_abs) if total_abs > 0 else float("nan")
         return {
             "series": len(self.series),
-            "windows": sum(len(s.mase_values) for s in self.series),
+            "windows": sum(s.model.windows for s in self.series),
             "horizon": self.horizon,
             "wql": _r(wql),
             "seasonal_naive_wql": _r(naive_wql),
             "relative_wql": _r(wql / naive_wql if naive_wql > 0 else float("nan")),
-            "mase": _r(geometric_mean([s.mase for s in self.series])),
-            "seasonal_naive_mase": _r(geometric_mean([s.naive_mase for s in self.series])),
+            "mase": _r(geometric_mean([s.model.mase for s in self.series])),
+            "seasonal_naive_mase": _r(geometric_mean([s.naive.mase for s in self.series])),
             "relative_wql_gmean": _r(geometric_mean([s.relative_wql for s in self.series])),
             "relative_mase_gmean": _r(geometric_mean([s.relative_mase for s in self.series])),
         }
