@@ -19,6 +19,24 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The model's matrices are small: one thread is as fast, and immune to a busy machine (torch's
+    OpenMP threads spin-wait badly when the cores are oversubscribed). Restored afterwards."""
+    import os
+
+    import torch
+
+    before, env = torch.get_num_threads(), os.environ.get("GENCLI_THREADS")
+    os.environ["GENCLI_THREADS"] = "1"
+    yield
+    torch.set_num_threads(before)
+    if env is None:
+        os.environ.pop("GENCLI_THREADS", None)
+    else:
+        os.environ["GENCLI_THREADS"] = env
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
     import torch

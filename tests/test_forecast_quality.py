@@ -22,9 +22,13 @@ MAX_RELATIVE_MASE = 0.95
 
 @pytest.fixture(scope="module")
 def forecaster():
+    import torch
+
     from gencli.pipelines.forecast.runner import Forecaster
 
-    return Forecaster(MODEL, device="cpu")
+    before = torch.get_num_threads()
+    yield Forecaster(MODEL, device="cpu", threads=1)
+    torch.set_num_threads(before)
 
 
 def test_default_model_files():
@@ -54,7 +58,7 @@ def test_forecast_with_the_default_model(tmp_path):
     y = 50 + 0.3 * t + 10 * np.sin(2 * np.pi * t / 12)
     path = tmp_path / "m.csv"
     path.write_text("month,y\n" + "\n".join(f"{1990 + i // 12}-{i % 12 + 1:02d}-01,{v:.3f}" for i, v in enumerate(y)))
-    r = CliRunner().invoke(app, ["forecast", str(path), "--horizon", "12", "--json"])
+    r = CliRunner().invoke(app, ["forecast", str(path), "--horizon", "12", "--json", "--threads", "1"])
     assert r.exit_code == 0, r.stderr
     rec = json.loads(r.stdout.splitlines()[0])
     median = np.array(rec["median"])
