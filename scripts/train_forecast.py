@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 QUANTILE_GRID = [0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99]
 CONTEXT = 256
 MAX_HORIZON = 64
+PRE = 128
 
 
 def default_config(hidden: int = 64, variable_size: int = 16, heads: int = 4, dropout: float = 0.1):
@@ -45,7 +46,7 @@ def default_config(hidden: int = 64, variable_size: int = 16, heads: int = 4, dr
         static_reals=["target_loc"] + [f"static_real_{k}" for k in range(1, NUM_STATIC_REAL_SLOTS + 1)],
         static_categoricals={"frequency": 8, **{f"static_cat_{k}": 64 for k in range(1, NUM_STATIC_CAT_SLOTS + 1)}},
         observed_reals=["target", "target_observed"] + [f"observed_{k}" for k in range(1, NUM_OBSERVED_SLOTS + 1)],
-        known_reals=["relative_time", *CALENDAR_FEATURES] + [f"known_{k}" for k in range(1, NUM_KNOWN_SLOTS + 1)],
+        known_reals=["relative_time", "seasonal_lag", *CALENDAR_FEATURES] + [f"known_{k}" for k in range(1, NUM_KNOWN_SLOTS + 1)],
         variable_groups={
             "target history": ["target", "target_observed"],
             "hour of day": ["hour_sin", "hour_cos"],
@@ -77,8 +78,9 @@ def sample_batch(config, binding, seed: int, step: int, batch_size: int):
     rng = np.random.default_rng([seed, step, 7])
     context = CONTEXT if rng.random() < 0.3 else int(rng.integers(16, CONTEXT + 1))
     horizon = int(rng.choice([int(rng.integers(1, MAX_HORIZON + 1)), int(rng.integers(4, 25))]))
-    records = [generate([seed, step, i], context + horizon) for i in range(batch_size)]
-    batch = make_batch(records, config, binding, context, horizon, origins=[context] * batch_size, with_future_target=True)
+    # PRE steps before the window give the seasonal lag feature a history, as a user's series has
+    records = [generate([seed, step, i], PRE + context + horizon) for i in range(batch_size)]
+    batch = make_batch(records, config, binding, context, horizon, origins=[PRE + context] * batch_size, with_future_target=True)
     y = np.clip((batch.target_future - batch.loc[:, None]) / batch.scale[:, None], -INPUT_CLIP, INPUT_CLIP)
     y = np.nan_to_num(y, nan=0.0)
     return batch.tensors(), torch.from_numpy(y.astype(np.float32)), torch.from_numpy(batch.future_mask)
@@ -143,6 +145,7 @@ def main(argv=None) -> None:
     p.add_argument("--save-every", type=int, default=250)
     p.add_argument("--eval-every", type=int, default=1000)
     p.add_argument("--export", help="write the trained model (config.json + model.safetensors) to this folder and exit")
+    p.add_argument("--export-from", choices=["best", "last"], default="best", help="which checkpoint --export writes (best: lowest synthetic validation loss)")
     p.add_argument("--time-steps", type=int, default=0, help="time this many steps and exit (no checkpoint)")
     args = p.parse_args(argv)
 
@@ -172,7 +175,7 @@ def main(argv=None) -> None:
         print(f"resumed at step {step}", flush=True)
     if args.export:
         best_path = out / "best.pt"
-        src = best_path if best_path.exists() else ckpt_path
+        src = best_path if best_path.exists() and args.export_from == "best" else ckpt_path
         state = torch.load(src, map_location="cpu", weights_only=True)
         model.load_state_dict(state["model"])
         model.eval()

@@ -18,7 +18,7 @@ _EVAL = "Backtest and fine-tuning"
 def forecast(
     data: Annotated[str, typer.Argument(metavar="DATA", help="A CSV file (long or wide), a Parquet file, or - for CSV on stdin.", show_default=False)],
     horizon: Annotated[Optional[int], typer.Option("--horizon", "-H", help="Steps to forecast (default: the future rows of known covariates, else the usual horizon of the frequency).")] = None,
-    quantiles: Annotated[str, typer.Option("--quantiles", help="Comma-separated quantile levels in (0, 1).")] = "0.1,0.5,0.9",
+    quantiles: Annotated[str, typer.Option("--quantiles", help="Comma-separated quantile levels in (0, 1); levels between the model's own grid (0.01, 0.05, 0.1, ..., 0.9, 0.95, 0.99 for the default) are interpolated monotonically.")] = "0.1,0.5,0.9",
     context: Annotated[Optional[int], typer.Option("--context", help="History steps the model sees (default: the model's context length).")] = None,
     time_col: Annotated[Optional[str], typer.Option("--time-col", help="Timestamp column (inferred when omitted).", rich_help_panel=_DATA)] = None,
     target_col: Annotated[Optional[str], typer.Option("--target-col", help="Column to forecast (inferred when omitted).", rich_help_panel=_DATA)] = None,

@@ -296,3 +296,39 @@ def generate(seed, length: int, frequency: Optional[str] = None, covariates: boo
         imputed=int((~mask).sum()),
         nonnegative=bool((y >= 0).all()),
     )
+
+
+def demo_sales(n_stores: int = 3, days: int = 120, horizon: int = 14, seed: int = 7):
+    """A small long-format demo table: daily sales of a few stores with a known promotion
+    calendar (including the next ``horizon`` days, target empty), store size and area."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    dates = pd.date_range("2024-01-01", periods=days + horizon, freq="D")
+    rows = []
+    for k in range(n_stores):
+        weekly = np.array([0.9, 0.95, 1.0, 1.05, 1.2, 1.45, 0.6])[dates.weekday]
+        promo = (rng.random(len(dates)) < 0.12).astype(int)
+        level = 80 + 40 * k
+        trend = 1 + 0.002 * np.arange(len(dates))
+        sales = level * weekly * trend * (1 + 0.35 * promo) * np.exp(rng.normal(0, 0.06, len(dates)))
+        for i, d in enumerate(dates):
+            rows.append(
+                {
+                    "store": f"store_{k + 1}",
+                    "date": d.strftime("%Y-%m-%d"),
+                    "sales": round(float(sales[i]), 1) if i < days else None,
+                    "promo": int(promo[i]),
+                    "size_m2": 250 + 90 * k,
+                    "area": ["urban", "suburban", "rural"][k % 3],
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+if __name__ == "__main__":
+    import sys
+
+    out = sys.argv[1] if len(sys.argv) > 1 else "sales.csv"
+    demo_sales().to_csv(out, index=False)
+    print(f"wrote {out}")

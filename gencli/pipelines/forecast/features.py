@@ -12,9 +12,11 @@ Inputs are matched to a model's config by name:
 - observed: ``target`` (the scaled history), ``target_observed`` (1 = observed, 0 = imputed); any
   other name is a user column (bound by exact name, else to the next free generic slot
   ``observed_<n>``);
-- known: ``relative_time`` (steps from the origin / 100), the calendar features
-  (:data:`~gencli.pipelines.forecast.calendar.CALENDAR_FEATURES`); other names are user columns
-  (generic slots ``known_<n>``);
+- known: ``relative_time`` (steps from the origin / 100), ``seasonal_lag`` (the scaled target one
+  season earlier, ``m`` = the frequency's season length; over the horizon the last observed value of
+  the same phase, i.e. the seasonal-naive forecast, which is known at forecast time), the calendar
+  features (:data:`~gencli.pipelines.forecast.calendar.CALENDAR_FEATURES`); other names are user
+  columns (generic slots ``known_<n>``);
 - static real: ``target_loc`` (asinh(loc / scale): where the series sits relative to zero); other
   names are user columns (``static_real_<n>``); static categorical: ``frequency``, else user columns
   (``static_cat_<n>``, values hashed into the embedding's buckets).
@@ -41,7 +43,7 @@ RELATIVE_TIME_SCALE = 100.0
 INPUT_CLIP = 50.0
 SPECIAL = {
     "observed": ("target", "target_observed"),
-    "known": ("relative_time", *CALENDAR_FEATURES),
+    "known": ("relative_time", "seasonal_lag", *CALENDAR_FEATURES),
     "static_real": ("target_loc",),
     "static_cat": ("frequency",),
 }
@@ -202,6 +204,19 @@ class Batch:
         }
 
 
+def seasonal_lag_index(start: int, origin: int, horizon: int, season: int) -> np.ndarray:
+    """For positions ``[start, origin + horizon)``, the index of the value one season earlier; over the
+    horizon, the last observed index of the same phase (seasonal naive). With less than one season
+    of history the season is taken as 1 (the last value); positions before the first season point
+    at themselves."""
+    m = season if origin >= season else 1
+    past = np.arange(start, origin)
+    past_src = np.where(past >= m, past - m, past)
+    h = np.arange(horizon)
+    future_src = origin - m + (h % m)
+    return np.concatenate([past_src, future_src])
+
+
 def make_batch(
     records: Sequence[SeriesRecord],
     config,
@@ -262,6 +277,9 @@ def make_batch(
         for j, name in enumerate(known_names):
             if name == "relative_time":
                 known[i, rows, j] = np.arange(-n, horizon, dtype=np.float32) / RELATIVE_TIME_SCALE
+            elif name == "seasonal_lag":
+                lag = seasonal_lag_index(start, origin, horizon, rec.freq.season_length())
+                known[i, rows, j] = np.clip((rec.target[lag] - lo) / sc, -INPUT_CLIP, INPUT_CLIP)
             elif name in binding.known:
                 col = rec.known.get(binding.known[name])
                 if col is not None:

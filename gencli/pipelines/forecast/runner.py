@@ -32,6 +32,7 @@ PAIRS = {("hour_sin", "hour_cos"): "hour of day", ("weekday_sin", "weekday_cos")
 BUILTIN_LABELS = {
     "target_observed": "observed flag",
     "relative_time": "time index",
+    "seasonal_lag": "seasonal lag",
     "target_loc": "series level",
     "frequency": "frequency",
 }
