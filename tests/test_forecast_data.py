@@ -131,3 +131,15 @@ def test_metrics():
     assert np.isclose(geometric_mean([0.5, 2.0]), 1.0)
     f = Frequency("monthly", anchor="start")
     assert f.default_horizon() == 18 and f.label == "M"
+
+
+def test_seasonal_lag_is_seasonal_naive_over_the_horizon():
+    from gencli.pipelines.forecast.features import seasonal_lag_index
+
+    idx = seasonal_lag_index(0, 10, 5, 4)
+    assert list(idx[:10]) == [0, 1, 2, 3, 0, 1, 2, 3, 4, 5]  # one season back (itself before the first season)
+    assert list(idx[10:]) == [6, 7, 8, 9, 6]  # the last observed value of the same phase
+    assert list(seasonal_lag_index(5, 10, 3, 1)[-3:]) == [9, 9, 9]  # no season: the last value
+    assert list(seasonal_lag_index(0, 3, 2, 12)[-2:]) == [2, 2]  # less than a season of history
+    hist = np.arange(10.0)
+    assert np.allclose(hist[idx[10:]], seasonal_naive(hist, 4, 5))

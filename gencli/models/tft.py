@@ -319,7 +319,7 @@ class VariableSelectionNetwork(nn.Module):
             weights = inputs.new_ones(*lead, 1)
             return self.variable_grns(flat.transpose(0, 1))[0].reshape(*lead, -1), weights
         weights = torch.softmax(self.flattened_grn(inputs.flatten(-2), context), dim=-1)
-        combined = self.variable_grns.combine(flat.transpose(0, 1), weights.reshape(-1, m))
+        combined = self.variable_grns.combine(flat.transpose(0, 1).contiguous(), weights.reshape(-1, m))
         return combined.reshape(*lead, -1), weights
 
 
