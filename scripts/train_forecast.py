@@ -45,15 +45,15 @@ def default_config(hidden: int = 64, variable_size: int = 16, heads: int = 4, dr
         quantiles=QUANTILE_GRID,
         static_reals=["target_loc"] + [f"static_real_{k}" for k in range(1, NUM_STATIC_REAL_SLOTS + 1)],
         static_categoricals={"frequency": 8, **{f"static_cat_{k}": 64 for k in range(1, NUM_STATIC_CAT_SLOTS + 1)}},
-        observed_reals=["target", "target_observed"] + [f"observed_{k}" for k in range(1, NUM_OBSERVED_SLOTS + 1)],
+        observed_reals=["target", "target_observed"] + [f"observed_{k}" for k in range(1, NUM_OBSERVED_SLOTS + 1)] + ["target_diff"],
         known_reals=["relative_time", "seasonal_lag", *CALENDAR_FEATURES] + [f"known_{k}" for k in range(1, NUM_KNOWN_SLOTS + 1)],
         variable_groups={
-            "target history": ["target", "target_observed"],
+            "target history": ["target", "target_observed", "target_diff"],
             "hour of day": ["hour_sin", "hour_cos"],
             "day of week": ["weekday_sin", "weekday_cos"],
             "time of year": ["year_sin", "year_cos"],
         },
-        extra={"context_length": CONTEXT, "max_horizon": MAX_HORIZON, "scaling": "window mean/std", "task": "forecast"},
+        extra={"context_length": CONTEXT, "max_horizon": MAX_HORIZON, "scaling": "last", "task": "forecast"},
     )
 
 
@@ -145,6 +145,8 @@ def main(argv=None) -> None:
     p.add_argument("--save-every", type=int, default=250)
     p.add_argument("--eval-every", type=int, default=1000)
     p.add_argument("--export", help="write the trained model (config.json + model.safetensors) to this folder and exit")
+    p.add_argument("--init-from", help="start a new run from this run folder's checkpoint (tensors of matching shape are copied)")
+    p.add_argument("--warmup", type=int, default=500)
     p.add_argument("--export-from", choices=["best", "last"], default="best", help="which checkpoint --export writes (best: lowest synthetic validation loss)")
     p.add_argument("--time-steps", type=int, default=0, help="time this many steps and exit (no checkpoint)")
     args = p.parse_args(argv)
@@ -173,6 +175,18 @@ def main(argv=None) -> None:
         step = int(state["step"])
         best = float(state.get("best", best))
         print(f"resumed at step {step}", flush=True)
+    if state is None and args.init_from and not args.export:
+        src = torch.load(Path(args.init_from) / "checkpoint.pt", map_location="cpu", weights_only=True)["model"]
+        own = model.state_dict()
+        copied = 0
+        for k, v in src.items():
+            if k in own and own[k].shape == v.shape:
+                own[k].copy_(v)
+                copied += 1
+            elif k in own and own[k].dim() == v.dim() and all(a >= b for a, b in zip(own[k].shape, v.shape)):
+                own[k][tuple(slice(0, n) for n in v.shape)].copy_(v)  # grown input tables: old rows kept
+                copied += 1
+        print(f"initialised {copied} of {len(own)} tensors from {args.init_from}", flush=True)
     if args.export:
         best_path = out / "best.pt"
         src = best_path if best_path.exists() and args.export_from == "best" else ckpt_path
@@ -193,7 +207,7 @@ def main(argv=None) -> None:
     seen = 0
     running = None
     while step < args.steps:
-        lr = lr_at(step, args.steps, args.lr)
+        lr = lr_at(step, args.steps, args.lr, warmup=args.warmup)
         for group in optimizer.param_groups:
             group["lr"] = lr
         inputs, y, mask = sample_batch(config, binding, args.seed, step, args.batch_size)

@@ -143,3 +143,17 @@ def test_seasonal_lag_is_seasonal_naive_over_the_horizon():
     assert list(seasonal_lag_index(0, 3, 2, 12)[-2:]) == [2, 2]  # less than a season of history
     hist = np.arange(10.0)
     assert np.allclose(hist[idx[10:]], seasonal_naive(hist, 4, 5))
+
+
+def test_last_value_anchor_scaling_and_differences():
+    cfg = TFTConfig(
+        hidden_size=8, variable_size=4, num_attention_heads=2, quantiles=[0.1, 0.5, 0.9],
+        observed_reals=["target", "target_diff"], known_reals=["relative_time"], extra={"scaling": "last"},
+    )
+    rec = generate(5, 50, frequency="monthly", covariates=False, missing=False)
+    batch = make_batch([rec], cfg, bind_columns(cfg), context=40, horizon=3)
+    _, scale = series_scale(rec.target[-40:])
+    assert np.isclose(batch.loc[0], rec.target[-1]) and np.isclose(batch.scale[0], scale)
+    assert batch.observed_reals[0, -1, 0] == 0.0  # "no change" is exactly 0
+    d = np.diff(rec.target[-40:], prepend=rec.target[-40])
+    assert np.allclose(batch.observed_reals[0, :, 1], np.clip(d / d.std(), -10, 10), atol=1e-4)

@@ -9,7 +9,8 @@ series and lays every model input out as arrays.
 
 Inputs are matched to a model's config by name:
 
-- observed: ``target`` (the scaled history), ``target_observed`` (1 = observed, 0 = imputed); any
+- observed: ``target`` (the scaled history), ``target_observed`` (1 = observed, 0 = imputed),
+  ``target_diff`` (the first differences of the history over their standard deviation); any
   other name is a user column (bound by exact name, else to the next free generic slot
   ``observed_<n>``);
 - known: ``relative_time`` (steps from the origin / 100), ``seasonal_lag`` (the scaled target one
@@ -21,9 +22,11 @@ Inputs are matched to a model's config by name:
   names are user columns (``static_real_<n>``); static categorical: ``frequency``, else user columns
   (``static_cat_<n>``, values hashed into the embedding's buckets).
 
-Scaling: ``loc`` and ``scale`` are the mean and standard deviation of the observed target values in
-the window's history (scale floored at 1e-4 |loc| and 1e-8); the model forecasts in that scale and
-:func:`unscale` maps quantiles back. User covariates are standardised per series over the history
+Scaling: ``scale`` is the standard deviation of the observed target values in the window's history
+(floored at 1e-4 |mean| and 1e-8); ``loc`` is their mean, or with ``"scaling": "last"`` in the
+config's ``extra`` the last observed value (then "no change" is exactly 0 for the model, which
+keeps smooth series' levels precise). The model forecasts in that scale and :func:`unscale` maps
+quantiles back. User covariates are standardised per series over the history
 part of the window; static real covariates go through ``sign(x) log1p(|x|)``.
 """
 
@@ -41,8 +44,9 @@ from gencli.pipelines.forecast.calendar import CALENDAR_FEATURES, Frequency, cal
 
 RELATIVE_TIME_SCALE = 100.0
 INPUT_CLIP = 50.0
+DIFF_CLIP = 10.0
 SPECIAL = {
-    "observed": ("target", "target_observed"),
+    "observed": ("target", "target_observed", "target_diff"),
     "known": ("relative_time", "seasonal_lag", *CALENDAR_FEATURES),
     "static_real": ("target_loc",),
     "static_cat": ("frequency",),
@@ -251,6 +255,7 @@ def make_batch(
     scale = np.ones(b)
     fut = np.full((b, horizon), np.nan) if with_future_target else None
     fmask = np.zeros((b, horizon), dtype=bool) if with_future_target else None
+    anchor_last = (getattr(config, "extra", None) or {}).get("scaling") == "last"
     cal_idx = [known_names.index(c) for c in CALENDAR_FEATURES if c in known_names]
     cal_cols = [CALENDAR_FEATURES.index(c) for c in CALENDAR_FEATURES if c in known_names]
 
@@ -259,7 +264,8 @@ def make_batch(
         start = origin - n
         y = rec.target[start:origin]
         m = rec.observed_mask[start:origin]
-        lo, sc = series_scale(y, m)
+        mean, sc = series_scale(y, m)
+        lo = float(y[m][-1]) if anchor_last and m.any() else mean
         loc[i], scale[i] = lo, sc
         ys = np.clip((y - lo) / sc, -INPUT_CLIP, INPUT_CLIP)
         for j, name in enumerate(obs_names):
@@ -267,6 +273,10 @@ def make_batch(
                 obs[i, :n, j] = ys
             elif name == "target_observed":
                 obs[i, :n, j] = m
+            elif name == "target_diff":
+                d = np.diff(ys, prepend=ys[0])
+                sd = float(d.std())
+                obs[i, :n, j] = np.clip(d / (sd if sd > 1e-9 else 1.0), -DIFF_CLIP, DIFF_CLIP)
             elif name in binding.observed:
                 col = rec.observed.get(binding.observed[name])
                 if col is not None:
@@ -296,7 +306,7 @@ def make_batch(
             known[i, rows[:, None], np.array(cal_idx)[None, :]] = cal[:, cal_cols]
         for j, name in enumerate(sr_names):
             if name == "target_loc":
-                sreal[i, j] = np.arcsinh(lo / sc)
+                sreal[i, j] = np.arcsinh(mean / sc)
             elif name in binding.static_real:
                 sreal[i, j] = _signed_log(float(rec.static_reals.get(binding.static_real[name], 0.0)))
         for j, name in enumerate(sc_names):
