@@ -31,7 +31,7 @@ MAX_HORIZON = 64
 PRE = 128
 
 
-def default_config(hidden: int = 64, variable_size: int = 16, heads: int = 4, dropout: float = 0.1):
+def default_config(hidden: int = 64, variable_size: int = 16, heads: int = 4, dropout: float = 0.1, scaling: str = "last", target_diff: bool = True):
     from gencli.data.series import NUM_KNOWN_SLOTS, NUM_OBSERVED_SLOTS, NUM_STATIC_CAT_SLOTS, NUM_STATIC_REAL_SLOTS
     from gencli.models.tft import TFTConfig
     from gencli.pipelines.forecast.calendar import CALENDAR_FEATURES
@@ -45,15 +45,15 @@ def default_config(hidden: int = 64, variable_size: int = 16, heads: int = 4, dr
         quantiles=QUANTILE_GRID,
         static_reals=["target_loc"] + [f"static_real_{k}" for k in range(1, NUM_STATIC_REAL_SLOTS + 1)],
         static_categoricals={"frequency": 8, **{f"static_cat_{k}": 64 for k in range(1, NUM_STATIC_CAT_SLOTS + 1)}},
-        observed_reals=["target", "target_observed"] + [f"observed_{k}" for k in range(1, NUM_OBSERVED_SLOTS + 1)] + ["target_diff"],
+        observed_reals=["target", "target_observed"] + [f"observed_{k}" for k in range(1, NUM_OBSERVED_SLOTS + 1)] + (["target_diff"] if target_diff else []),
         known_reals=["relative_time", "seasonal_lag", *CALENDAR_FEATURES] + [f"known_{k}" for k in range(1, NUM_KNOWN_SLOTS + 1)],
         variable_groups={
-            "target history": ["target", "target_observed", "target_diff"],
+            "target history": ["target", "target_observed"] + (["target_diff"] if target_diff else []),
             "hour of day": ["hour_sin", "hour_cos"],
             "day of week": ["weekday_sin", "weekday_cos"],
             "time of year": ["year_sin", "year_cos"],
         },
-        extra={"context_length": CONTEXT, "max_horizon": MAX_HORIZON, "scaling": "last", "task": "forecast"},
+        extra={"context_length": CONTEXT, "max_horizon": MAX_HORIZON, "scaling": scaling, "task": "forecast"},
     )
 
 
@@ -145,6 +145,9 @@ def main(argv=None) -> None:
     p.add_argument("--save-every", type=int, default=250)
     p.add_argument("--eval-every", type=int, default=1000)
     p.add_argument("--export", help="write the trained model (config.json + model.safetensors) to this folder and exit")
+    p.add_argument("--scaling", choices=["last", "mean"], default="last", help="window loc: the last observed value (default) or the mean")
+    p.add_argument("--no-target-diff", action="store_true", help="leave out the target-differences input")
+    p.add_argument("--stop-at", type=int, default=0, help="stop (with a checkpoint) at this step, keeping the --steps schedule")
     p.add_argument("--init-from", help="start a new run from this run folder's checkpoint (tensors of matching shape are copied)")
     p.add_argument("--warmup", type=int, default=500)
     p.add_argument("--export-from", choices=["best", "last"], default="best", help="which checkpoint --export writes (best: lowest synthetic validation loss)")
@@ -159,7 +162,7 @@ def main(argv=None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ckpt_path = out / "checkpoint.pt"
-    config = default_config(args.hidden, args.variable_size, args.heads, args.dropout)
+    config = default_config(args.hidden, args.variable_size, args.heads, args.dropout, args.scaling, not args.no_target_diff)
     state = torch.load(ckpt_path, map_location="cpu", weights_only=True) if ckpt_path.exists() else None
     if state is not None and "config" in state:
         # a resumed run keeps the architecture it started with, whatever the flags say now
@@ -206,7 +209,8 @@ def main(argv=None) -> None:
     t0 = time.time()
     seen = 0
     running = None
-    while step < args.steps:
+    end = min(args.steps, args.stop_at) if args.stop_at else args.steps
+    while step < end:
         lr = lr_at(step, args.steps, args.lr, warmup=args.warmup)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -241,7 +245,7 @@ def main(argv=None) -> None:
             if v < best:
                 best = v
                 save_checkpoint(out / "best.pt", model, optimizer, step, {"best": best})
-        if step % args.save_every == 0 or step == args.steps:
+        if step % args.save_every == 0 or step == end:
             save_checkpoint(ckpt_path, model, optimizer, step, {"best": best})
 
 

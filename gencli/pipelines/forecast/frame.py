@@ -501,7 +501,9 @@ def _fmt_time(v) -> str:
     if isinstance(v, (np.datetime64, pd.Timestamp)):
         ts = pd.Timestamp(v)
         return ts.strftime("%Y-%m-%d") if ts == ts.normalize() else str(ts)
-    return f"{v:g}" if isinstance(v, float) else str(v)
+    if isinstance(v, (float, np.floating)):
+        return str(int(v)) if float(v).is_integer() else repr(float(v))
+    return str(v)
 
 
 def _parse_times(frame, layout: Layout, sid: str):
