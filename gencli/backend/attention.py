@@ -147,17 +147,21 @@ def reference_attention(
     mask: Optional[torch.Tensor] = None,
     scale: Optional[float] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(Q K^T * scale + mask) V, written out; returns (output, weights). Computed in fp32."""
+    """softmax(Q K^T * scale + mask) V, written out; returns (output, weights).
+
+    Computed in at least fp32 (fp64 inputs stay fp64); the output is cast back to ``q.dtype``.
+    """
+    work = torch.promote_types(q.dtype, torch.float32)
     n_rep = q.shape[1] // k.shape[1]
-    k = _repeat_kv(k, n_rep).float()
-    v = _repeat_kv(v, n_rep).float()
+    k = _repeat_kv(k, n_rep).to(work)
+    v = _repeat_kv(v, n_rep).to(work)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = torch.matmul(q.float(), k.transpose(-1, -2)) * scale
+    scores = torch.matmul(q.to(work), k.transpose(-1, -2)) * scale
     if mask is not None:
         if mask.dtype == torch.bool:
             scores = scores.masked_fill(~mask, float("-inf"))
         else:
-            scores = scores + mask.float()
+            scores = scores + mask.to(work)
     weights = torch.softmax(scores, dim=-1)
     return torch.matmul(weights, v).to(q.dtype), weights
 

@@ -133,7 +133,7 @@ class Split(Rule):
 
 @dataclass
 class Fuse(Rule):
-    """Concatenate tensors that differ only in one name component, e.g.
+    r"""Concatenate tensors that differ only in one name component, e.g.
     ``Fuse(r"\.{part}_proj\.", ["q", "k", "v"], ".qkv_proj.")``."""
 
     pattern: str  # contains "{part}" where the part name stands

@@ -1,0 +1,24 @@
+"""Shared test fixtures. Tests never need a GPU and never assert on wall-clock time."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def run_cli(*args: str, input: str | None = None, env: dict | None = None, cwd: str | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m gencli ARGS`` in a fresh process (what a user's shell does)."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "gencli", *args], capture_output=True, text=True, input=input, env=full_env, cwd=cwd, timeout=600)
+
+
+@pytest.fixture
+def cli():
+    return run_cli

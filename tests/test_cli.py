@@ -1,0 +1,245 @@
+"""CLI behaviour: help without torch, exit codes, one-line errors, JSON shape, atomic outputs."""
+
+import json
+import re
+import sys
+
+import pytest
+import torch
+import typer
+from safetensors.torch import save_file
+from typer.testing import CliRunner
+
+from gencli.cli.common import RunOptions, command, emit_json
+from gencli.errors import UserError
+from gencli.io import atomic_open, atomic_path, ensure_writable, expand_inputs
+
+CONTRACT = ["generate", "classify", "zeroshot", "forecast", "sample", "reconstruct", "txt2img", "info", "models"]
+
+
+def imported_modules(result_stderr: str) -> set[str]:
+    """Module names from `python -X importtime` output."""
+    mods = set()
+    for line in result_stderr.splitlines():
+        m = re.match(r"import time:\s+\d+ \|\s+\d+ \|\s+(\S.*)$", line)
+        if m:
+            mods.add(m.group(1).strip())
+    return mods
+
+
+def test_help_lists_every_command_without_importing_torch(cli):
+    import subprocess
+
+    from conftest import ROOT
+
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "gencli", "--help"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0
+    for name in CONTRACT:
+        assert re.search(rf"│ {name}\s", proc.stdout), f"{name} missing from --help"
+    mods = imported_modules(proc.stderr)
+    assert "typer" in mods, "importtime output not parsed"
+    heavy = {m for m in mods if m.split(".")[0] in ("torch", "numpy", "safetensors", "PIL", "transformers", "sentencepiece", "tokenizers")}
+    assert not heavy, f"--help imported {sorted(heavy)[:5]}"
+
+
+@pytest.mark.parametrize("name", CONTRACT)
+def test_every_command_help_is_torch_free(name):
+    import subprocess
+
+    from conftest import ROOT
+
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "gencli", name, "--help"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-500:]
+    assert not any(m.split(".")[0] == "torch" for m in imported_modules(proc.stderr))
+
+
+def test_version_and_completion(cli):
+    r = cli("--version")
+    assert r.returncode == 0 and r.stdout.startswith("gencli ")
+    r = cli("--show-completion", "bash")
+    assert r.returncode == 0 and "complete" in r.stdout
+
+
+def test_unknown_command_and_option_exit_2(cli):
+    assert cli("frobnicate").returncode == 2
+    assert cli("info", "--bogus-flag", "x").returncode == 2
+
+
+def test_info_on_file_table_and_json(cli, tmp_path):
+    save_file({"transformer.h.0.attn.c_attn.weight": torch.zeros(4, 12), "transformer.wte.weight": torch.zeros(10, 4, dtype=torch.float16)}, tmp_path / "m.safetensors")
+    r = cli("info", str(tmp_path / "m.safetensors"))
+    assert r.returncode == 0, r.stderr
+    assert "GPT2LMHeadModel" in r.stdout and "transformer.wte.weight" in r.stdout and "88" in r.stdout
+    r = cli("info", str(tmp_path / "m.safetensors"), "--json", "--match", "wte")
+    assert r.returncode == 0
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 1
+    d = json.loads(lines[0])
+    assert {"path", "format", "architecture", "parameters", "dtypes", "tensors"} <= set(d)
+    assert d["parameters"] == 88 and d["dtypes"]["float16"]["tensors"] == 1
+    assert [t["name"] for t in d["tensors"]] == ["transformer.wte.weight"]
+
+
+@pytest.mark.parametrize(
+    "setup, message",
+    [
+        (lambda p: p / "does-not-exist", "does not exist"),
+        (lambda p: (p / "empty").mkdir() or p / "empty", "no weights in"),
+        (lambda p: (p / "t.safetensors").write_bytes((100).to_bytes(8, "little") + b"{}") and p / "t.safetensors", "not a valid safetensors file"),
+        (lambda p: (p / "m.bin").write_bytes(b"x") and p / "m.bin", "refusing to load"),
+    ],
+)
+def test_info_bad_input_is_one_line_exit_2(cli, tmp_path, setup, message):
+    target = setup(tmp_path)
+    r = cli("info", str(target))
+    assert r.returncode == 2
+    assert message in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_truncated_file_is_clean_error(cli, tmp_path):
+    save_file({"a": torch.zeros(100, 100)}, tmp_path / "full.safetensors")
+    data = (tmp_path / "full.safetensors").read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(data[: len(data) // 2])
+    r = cli("info", str(tmp_path / "cut.safetensors"))
+    assert r.returncode == 2 and "truncated: tensor 'a'" in r.stderr and "Traceback" not in r.stderr
+    r = cli("info", str(tmp_path / "cut.safetensors"), "--debug")
+    assert r.returncode == 2 and "Traceback" in r.stderr
+
+
+def test_not_built_commands_exit_2_with_one_line(cli):
+    for name in ["sample", "txt2img", "reconstruct"]:
+        r = cli(name, "vae", "--steps", "3")
+        assert r.returncode == 2, (name, r.stderr)
+        assert "not built yet" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_models_lists_defaults(cli, tmp_path):
+    w = tmp_path / "weights"
+    (w / "tiny-thing").mkdir(parents=True)
+    (w / "tiny-thing" / "README.md").write_text("# Tiny thing\n\ntask: generate\n\nA tiny model trained on X. Held-out loss 1.23.\n\n## More\nDetails.\n")
+    (w / "tiny-thing" / "model.safetensors").write_bytes(b"0" * 1000)
+    r = cli("models", "--json", env={"GENCLI_WEIGHTS": str(w)})
+    assert r.returncode == 0
+    row = json.loads(r.stdout.strip().splitlines()[0])
+    assert row["name"] == "tiny-thing" and row["task"] == "generate" and row["summary"].startswith("A tiny model") and row["size_bytes"] > 1000
+    r = cli("models", env={"GENCLI_WEIGHTS": str(w)})
+    assert "tiny-thing" in r.stdout and "Held-out loss" in r.stdout
+    r = cli("info", "tiny-thing", env={"GENCLI_WEIGHTS": str(w)})
+    assert r.returncode == 2 and "tiny-thing" in r.stderr  # resolved by name; its fake weights are not safetensors
+
+
+# -- the shared command decorator on a throwaway app --------------------------------------
+def make_app():
+    app = typer.Typer()
+
+    @command(app, "run")
+    def run(count: int = 1, *, opts: RunOptions) -> None:
+        from gencli.backend.device import choose
+
+        if count < 0:
+            raise UserError("--count must be >= 0")
+        if count == 99:
+            raise RuntimeError("boom")
+        placement = choose(opts.device, opts.dtype, threads=opts.threads)
+        opts.debug_log(f"chose {placement.describe()}")
+        for i in range(count):
+            if opts.json:
+                emit_json({"i": i, "device": str(placement.device), "dtype": str(placement.dtype)})
+
+    @command(app, "other", model_options=False)
+    def other(*, opts: RunOptions) -> None:
+        assert opts.model is None
+
+    return app
+
+
+runner = CliRunner()
+
+
+def test_common_options_and_json_lines():
+    r = runner.invoke(make_app(), ["run", "--count", "3", "--json", "--device", "cpu", "--dtype", "float32"])
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in r.stdout.strip().splitlines()]
+    assert [row["i"] for row in rows] == [0, 1, 2] and rows[0]["dtype"] == "torch.float32"
+
+
+def test_verbose_prints_the_choice_on_stderr():
+    r = runner.invoke(make_app(), ["run", "--device", "cpu", "--dtype", "bfloat16", "--verbose"])
+    assert r.exit_code == 0 and "chose device cpu, dtype bfloat16" in r.stderr
+    assert r.stdout == ""
+
+
+@pytest.mark.parametrize("args, needle", [(["--device", "tpu"], "tpu"), (["--dtype", "fp8"], "fp8"), (["--count", "-1"], "--count must be >= 0"), (["--threads", "0"], "at least 1")])
+def test_bad_usage_exit_2(args, needle):
+    r = runner.invoke(make_app(), ["run", *args])
+    assert r.exit_code == 2, r.output
+    assert needle in r.output
+
+
+def test_unavailable_cuda_is_exit_2(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    r = runner.invoke(make_app(), ["run", "--device", "cuda"])
+    assert r.exit_code == 2 and "CUDA is not available" in r.stderr
+
+
+def test_internal_error_exit_1_without_traceback_unless_debug():
+    r = runner.invoke(make_app(), ["run", "--count", "99"])
+    assert r.exit_code == 1 and "internal error: RuntimeError: boom" in r.stderr and "Traceback" not in r.stderr
+    r = runner.invoke(make_app(), ["run", "--count", "99", "--debug"])
+    assert r.exit_code == 1 and "Traceback" in r.stderr
+
+
+def test_output_only_commands_have_no_model_options():
+    r = runner.invoke(make_app(), ["other", "--model", "x"])
+    assert r.exit_code == 2
+
+
+# -- output files ---------------------------------------------------------------------------
+def test_ensure_writable_refuses_existing_without_force(tmp_path):
+    f = tmp_path / "out.png"
+    f.write_text("keep me")
+    with pytest.raises(UserError, match="already exists.*--force"):
+        ensure_writable(f)
+    assert ensure_writable(f, force=True) == f
+    with pytest.raises(UserError, match="does not exist"):
+        ensure_writable(tmp_path / "no" / "dir" / "x.png")
+    with pytest.raises(UserError, match="is a directory"):
+        ensure_writable(tmp_path)
+
+
+def test_atomic_write_never_leaves_half_files(tmp_path):
+    target = tmp_path / "result.csv"
+    with pytest.raises(RuntimeError):
+        with atomic_open(target, "w") as fh:
+            fh.write("half a")
+            raise RuntimeError("crash mid-write")
+    assert not target.exists()
+    assert list(tmp_path.iterdir()) == [], "the temporary file is cleaned up"
+    with atomic_open(target, "w") as fh:
+        fh.write("done")
+    assert target.read_text() == "done"
+    target.write_text("original")
+    with pytest.raises(UserError):
+        with atomic_path(target):
+            pass
+    assert target.read_text() == "original"
+    with atomic_open(target, "w", force=True) as fh:
+        fh.write("replaced")
+    assert target.read_text() == "replaced"
+
+
+def test_expand_inputs(tmp_path, monkeypatch):
+    (tmp_path / "a.png").write_bytes(b"x")
+    (tmp_path / "b.txt").write_bytes(b"x")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "c.PNG").write_bytes(b"x")
+    assert expand_inputs([str(tmp_path)], extensions=[".png"]) == [str(tmp_path / "a.png")]
+    assert expand_inputs([str(tmp_path)], recursive=True, extensions=[".png"]) == [str(tmp_path / "a.png"), str(tmp_path / "sub" / "c.PNG")]
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("x.png\n\n  y.png \n"))
+    assert expand_inputs(["first.png", "-"]) == ["first.png", "x.png", "y.png"]
+    with pytest.raises(UserError, match="no inputs"):
+        expand_inputs([])

@@ -1,0 +1,114 @@
+"""The checked worked examples of ../shared/seed-examples.md, sections 4-6, through the shared code.
+
+The texts use column vectors (a token matrix is d x n); PyTorch rows are tokens, so matrices are
+transposed on the way in and out.
+"""
+
+import math
+
+import torch
+
+from gencli.backend.attention import build_mask, scaled_dot_product_attention
+from gencli.backend.layers import FeedForward, LayerNorm
+from gencli.backend.positional import sinusoidal_position_encoding
+
+T = lambda rows: torch.tensor(rows, dtype=torch.float64)  # noqa: E731
+
+E = T([[0.1, 0.2, 1.3], [1.2, 1.09, 1.39], [0.302, 0.502, 0.304]])  # d x n
+W_Q = T([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]])
+W_K = T([[0.15, 0.25, 0.35], [0.45, 0.55, 0.65]])
+W_VDOWN = T([[0.2, 0.3, 0.4], [0.5, 0.6, 0.7]])
+W_VUP = T([[0.25, 0.55], [0.35, 0.65], [0.45, 0.75]])
+
+
+def head():
+    tokens = E.T  # n x d
+    q = tokens @ W_Q.T
+    k = tokens @ W_K.T
+    v = tokens @ W_VDOWN.T @ W_VUP.T
+    return q, k, v
+
+
+def test_section4_projections():
+    q, k, v = head()
+    assert torch.allclose(q.T, T([[0.341, 0.389, 0.499], [0.821, 0.926, 1.397]]), atol=2e-3)
+    assert torch.allclose(k.T, T([[0.421, 0.478, 0.649], [0.901, 1.016, 1.547]]), atol=2e-3)
+    assert torch.allclose(v.T, T([[0.665, 0.750, 1.133], [0.813, 0.917, 1.383], [0.961, 1.084, 1.632]]), atol=2e-3)
+    scores = k @ q.T  # rows keys, cols queries
+    assert torch.allclose(scores, T([[0.883, 0.998, 1.469], [0.997, 1.127, 1.658], [1.491, 1.685, 2.485]]), atol=2e-3)
+
+
+def _attend(scale):
+    q, k, v = head()
+    out, w = scaled_dot_product_attention(q[None, None], k[None, None], v[None, None], scale=scale, return_weights=True)
+    fast = scaled_dot_product_attention(q[None, None], k[None, None], v[None, None], scale=scale)
+    assert torch.allclose(out, fast, atol=1e-9)
+    return out[0, 0], w[0, 0]
+
+
+def test_section4_attention_formula_scale():
+    out, w = _attend(1 / math.sqrt(2))
+    # weights: the text's columns are queries -> our rows
+    assert torch.allclose(w, T([[0.2762, 0.2993, 0.4245], [0.2688, 0.2943, 0.4369], [0.2384, 0.2724, 0.4891]]), atol=2e-3)
+    assert torch.allclose(out.T, T([[0.8890, 0.8944, 0.9170], [1.0860, 1.0925, 1.1200], [1.2829, 1.2906, 1.3230]]), atol=2e-3)
+
+
+def test_section4_attention_text_scale():
+    _, w = _attend(1 / math.sqrt(3))
+    assert torch.allclose(w, T([[0.2867, 0.3061, 0.4072], [0.2806, 0.3022, 0.4172], [0.2555, 0.2850, 0.4595]]), atol=2e-3)
+
+
+def test_section4_causal_mask_softmax():
+    ninf = float("-inf")
+    scores = T([  # rows keys, cols queries
+        [3.53, 0.80, 1.96, 4.48, 3.74, -1.95],
+        [ninf, -0.30, -0.21, 0.82, 0.29, 2.91],
+        [ninf, ninf, 0.89, 0.67, 2.99, -0.41],
+        [ninf, ninf, ninf, 1.31, 1.73, -1.48],
+        [ninf, ninf, ninf, ninf, 3.07, 2.94],
+        [ninf, ninf, ninf, ninf, ninf, 0.31],
+    ])  # fmt: skip
+    finite = torch.nan_to_num(scores.T, neginf=0.0)  # (queries, keys), the masked entries are the mask's job
+    mask = build_mask(6, 6, causal=True)[0, 0]
+    w = torch.softmax(finite.masked_fill(~mask, float("-inf")), dim=-1).T
+    expected = T([
+        [1.00, 0.75, 0.69, 0.92, 0.46, 0.00],
+        [0.00, 0.25, 0.08, 0.02, 0.01, 0.46],
+        [0.00, 0.00, 0.24, 0.02, 0.22, 0.02],
+        [0.00, 0.00, 0.00, 0.04, 0.06, 0.01],
+        [0.00, 0.00, 0.00, 0.00, 0.24, 0.48],
+        [0.00, 0.00, 0.00, 0.00, 0.00, 0.03],
+    ])  # fmt: skip
+    assert torch.allclose(w, expected, atol=6e-3)
+    assert torch.allclose(w[:, 5], T([0.0036, 0.4627, 0.0167, 0.0057, 0.4768, 0.0344]), atol=1e-4)
+
+
+def test_section5_add_and_norm():
+    d_e = T([[1.485, 1.308, 1.225], [0.971, 1.279, 1.515], [2.962, 2.735, 2.303]])
+    total = E + d_e
+    assert torch.allclose(total, T([[1.585, 1.508, 2.525], [2.171, 2.369, 2.905], [3.264, 3.237, 2.607]]), atol=1e-9)
+    norm = LayerNorm(3, eps=1e-8).double()
+    with torch.no_grad():
+        norm.weight.fill_(0.5)
+        norm.bias.fill_(0.6)
+    out = norm(total.T).T
+    assert torch.allclose(out, T([[0.0574, -0.0115, 0.1284], [0.4786, 0.5983, 1.2921], [1.2640, 1.2132, 0.3795]]), atol=2e-3)
+
+
+def test_section5_feed_forward():
+    ffn = FeedForward(3, 4, act="relu", bias=False).double()
+    with torch.no_grad():
+        ffn.fc1.weight.copy_(T([[0.033, 0.313, -0.012], [-0.128, 0.552, 1.312], [1.872, -0.876, 1.231], [1.277, -0.438, -0.279]]))
+        ffn.fc2.weight.copy_(T([[0.542, -0.313, -0.989, -0.222], [-0.982, 1.121, -0.876, 1.122], [1.523, 0.665, 0.872, 1.878]]))
+    x = T([[0.057, 0.478, 1.263], [-0.011, 0.598, 1.213], [0.128, 1.292, 0.379]])
+    hidden = ffn.fc1(x)
+    assert torch.allclose(hidden, T([[0.136, 1.914, 1.243, -0.489], [0.172, 1.923, 0.949, -0.614], [0.404, 1.194, -0.426, -0.508]]), atol=2e-3)
+    assert torch.allclose(ffn(x), T([[-1.755, 0.923, 2.564], [-1.447, 1.155, 2.368], [-0.155, 0.942, 1.409]]), atol=3e-3)
+
+
+def test_section6_sinusoidal_encoding_paper_form():
+    pe = sinusoidal_position_encoding(torch.tensor([1, 2]), 3)
+    assert torch.allclose(pe, torch.tensor([[0.8415, 0.5403, 0.0022], [0.9093, -0.4161, 0.0043]]), atol=1e-4)
+    # not the k/d variant one text used
+    assert abs(pe[0, 1].item() - 0.9989) > 0.1
+    assert torch.allclose(sinusoidal_position_encoding(4, 8)[0], torch.tensor([0.0, 1.0] * 4))
