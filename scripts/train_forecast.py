@@ -6,8 +6,9 @@
 
 Every batch is freshly generated (seed = (--seed, step)), so the corpus never repeats and a resumed
 run continues exactly where it stopped. Each batch draws one history length (16-256 steps, 30% of
-the batches at the full 256) and one horizon (1-64); series are scaled per window (mean/std of the
-history) and the loss is the pinball loss averaged over the quantile grid, on the scaled target.
+the batches at the full 256) and one horizon (1-64); series are scaled per window (the std of the
+history, anchored at its last observed value; --scaling mean anchors at the mean) and the loss is the
+pinball loss averaged over the quantile grid, on the scaled target.
 Checkpoints (model + optimiser + step) are written every --save-every steps, atomically.
 """
 
@@ -150,9 +151,13 @@ def main(argv=None) -> None:
     p.add_argument("--stop-at", type=int, default=0, help="stop (with a checkpoint) at this step, keeping the --steps schedule")
     p.add_argument("--init-from", help="start a new run from this run folder's checkpoint (tensors of matching shape are copied)")
     p.add_argument("--warmup", type=int, default=500)
-    p.add_argument("--export-from", choices=["best", "last"], default="best", help="which checkpoint --export writes (best: lowest synthetic validation loss)")
+    p.add_argument("--export-from", choices=["best", "last", "average"], default="best", help="which weights --export writes: best (lowest synthetic validation loss), last, or average (of the snapshots in --snapshots from step --average-from on, if its synthetic validation loss is not worse than best's)")
+    p.add_argument("--snapshots", help="folder of checkpoint copies taken during training (for --export-from average)")
+    p.add_argument("--average-from", type=int, default=0)
     p.add_argument("--time-steps", type=int, default=0, help="time this many steps and exit (no checkpoint)")
     args = p.parse_args(argv)
+    if args.export_from == "average" and not args.snapshots:
+        p.error("--export-from average needs --snapshots FOLDER")
 
     import torch
 
@@ -192,12 +197,30 @@ def main(argv=None) -> None:
         print(f"initialised {copied} of {len(own)} tensors from {args.init_from}", flush=True)
     if args.export:
         best_path = out / "best.pt"
-        src = best_path if best_path.exists() and args.export_from == "best" else ckpt_path
+        src = best_path if best_path.exists() and args.export_from in ("best", "average") else ckpt_path
         state = torch.load(src, map_location="cpu", weights_only=True)
         model.load_state_dict(state["model"])
         model.eval()
-        export(model, Path(args.export), {"trained_steps": int(state["step"]), "train_batch_size": args.batch_size, "train_seed": args.seed})
-        print(f"exported step {state['step']} from {src.name} to {args.export}")
+        meta = {"trained_steps": int(state["step"]), "train_batch_size": args.batch_size, "train_seed": args.seed}
+        if args.export_from == "average":
+            val = fixed_validation(config, identity_binding(config))
+            best_val = evaluate(model, val)
+            snaps = [torch.load(f, map_location="cpu", weights_only=True) for f in sorted(Path(args.snapshots).glob("*.pt"))]
+            snaps = [x for x in snaps if int(x["step"]) >= args.average_from]
+            if not snaps:
+                raise SystemExit(f"no checkpoint in {args.snapshots} from step {args.average_from} on")
+            steps = sorted({int(x["step"]) for x in snaps})
+            snaps = [next(x for x in snaps if int(x["step"]) == st) for st in steps]
+            avg = {k: sum(x["model"][k].float() for x in snaps) / len(snaps) for k in snaps[0]["model"]}
+            model.load_state_dict(avg)
+            avg_val = evaluate(model, val)
+            print(f"best.pt (step {state['step']}) validation {best_val:.4f}; average of steps {steps} validation {avg_val:.4f}")
+            if avg_val <= best_val:
+                meta.update({"trained_steps": steps[-1], "weights": f"average of the checkpoints at steps {', '.join(map(str, steps))}"})
+            else:
+                model.load_state_dict(state["model"])
+        export(model, Path(args.export), meta)
+        print(f"exported to {args.export}: {meta}")
         return
 
     binding = identity_binding(config)

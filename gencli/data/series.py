@@ -306,8 +306,8 @@ def demo_sales(n_stores: int = 3, days: int = 120, horizon: int = 14, seed: int 
     rng = np.random.default_rng(seed)
     dates = pd.date_range("2024-01-01", periods=days + horizon, freq="D")
     rows = []
+    weekly = np.array([0.9, 0.95, 1.0, 1.05, 1.2, 1.45, 0.6])[dates.day_of_week]
     for k in range(n_stores):
-        weekly = np.array([0.9, 0.95, 1.0, 1.05, 1.2, 1.45, 0.6])[dates.weekday]
         promo = (rng.random(len(dates)) < 0.12).astype(int)
         level = 80 + 40 * k
         trend = 1 + 0.002 * np.arange(len(dates))
