@@ -120,11 +120,13 @@ def save_checkpoint(path: Path, model, optimizer, step: int, extra: dict) -> Non
     os.replace(tmp, path)
 
 
-def export(model, out: Path, meta: dict) -> None:
+def export(model, out: Path, meta: dict, dtype: str = "float32") -> None:
+    import torch
+
     from gencli.checkpoints.loader import save_model
 
     out.mkdir(parents=True, exist_ok=True)
-    save_model(model, out / "model.safetensors", metadata={"architecture": "TemporalFusionTransformer"})
+    save_model(model, out / "model.safetensors", dtype=getattr(torch, dtype), metadata={"architecture": "TemporalFusionTransformer"})
     cfg = model.config.to_dict()
     cfg["extra"] = {**cfg.get("extra", {}), **meta}
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
@@ -154,6 +156,7 @@ def main(argv=None) -> None:
     p.add_argument("--export-from", choices=["best", "last", "average"], default="best", help="which weights --export writes: best (lowest synthetic validation loss), last, or average (of the snapshots in --snapshots from step --average-from on, if its synthetic validation loss is not worse than best's)")
     p.add_argument("--snapshots", help="folder of checkpoint copies taken during training (for --export-from average)")
     p.add_argument("--average-from", type=int, default=0)
+    p.add_argument("--export-dtype", choices=["float32", "float16"], default="float32", help="tensor dtype of the exported safetensors (loaded back in the run's dtype)")
     p.add_argument("--time-steps", type=int, default=0, help="time this many steps and exit (no checkpoint)")
     args = p.parse_args(argv)
     if args.export_from == "average" and not args.snapshots:
@@ -182,7 +185,8 @@ def main(argv=None) -> None:
         optimizer.load_state_dict(state["optimizer"])
         step = int(state["step"])
         best = float(state.get("best", best))
-        print(f"resumed at step {step}", flush=True)
+        if not args.export:
+            print(f"resumed at step {step}", flush=True)
     if state is None and args.init_from and not args.export:
         src = torch.load(Path(args.init_from) / "checkpoint.pt", map_location="cpu", weights_only=True)["model"]
         own = model.state_dict()
@@ -219,7 +223,7 @@ def main(argv=None) -> None:
                 meta.update({"trained_steps": steps[-1], "weights": f"average of the checkpoints at steps {', '.join(map(str, steps))}"})
             else:
                 model.load_state_dict(state["model"])
-        export(model, Path(args.export), meta)
+        export(model, Path(args.export), meta, args.export_dtype)
         print(f"exported to {args.export}: {meta}")
         return
 

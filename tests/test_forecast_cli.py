@@ -203,6 +203,8 @@ def test_missing_values_are_imputed_and_counted(tmp_path, model_dir):
     assert r.exit_code == 0, r.stderr
     rec = json.loads(r.stdout.splitlines()[0])
     assert rec["imputed"] == 3 and rec["history_length"] == 40 and rec["frequency"] == "W"
+    assert "note: 3 missing history values imputed (3 in series 'y')" in r.stderr
+    assert "missing" not in run(path, "-m", model_dir, "-H", "2", "-q").stderr
 
 
 def test_explain_outputs(tmp_path, model_dir):

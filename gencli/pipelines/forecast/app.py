@@ -279,6 +279,7 @@ def _run_forecast(req, opts, fc, binding, records, horizon, context, failures: F
     csv_to_stdout = req.out is None and not opts.json
     plots: list = []
     explain_rows = 0
+    imputed: list[tuple[str, int]] = []
     done = 0
     printed_explain = 0
     with contextlib.ExitStack() as stack:
@@ -317,6 +318,8 @@ def _run_forecast(req, opts, fc, binding, records, horizon, context, failures: F
                                 explain_rows += 1
                 if req.plot and len(plots) < req.plot_max:
                     plots.append(_plot_item(res, times, fc, context))
+                if res.record.imputed:
+                    imputed.append((res.record.id, res.record.imputed))
                 done += 1
             if csv_fh is sys.stdout:
                 sys.stdout.flush()
@@ -324,6 +327,8 @@ def _run_forecast(req, opts, fc, binding, records, horizon, context, failures: F
         if req.explain and printed_explain == 20 and done > 20:
             _say(opts, f"(explanations shown for the first 20 of {done} series; --explain-out FILE writes all of them)")
         failures.finish(done, req.strict)
+        if imputed:
+            _say(opts, imputed_note(imputed))
         if req.plot:
             from gencli.pipelines.forecast.plot import fan_chart
 
@@ -336,6 +341,16 @@ def _run_forecast(req, opts, fc, binding, records, horizon, context, failures: F
     opts.log(f"forecast {done} series x {horizon} steps" + (f"; {len(failures.items)} skipped" if failures.items else "") + (f" -> {req.out}" if req.out else ""))
     if req.plot:
         opts.log(f"plot -> {req.plot}")
+
+
+def imputed_note(imputed: list[tuple[str, int]]) -> str:
+    """One line on the missing history values that were filled in (per series, or a total)."""
+    total = sum(n for _, n in imputed)
+    how = "by linear interpolation between observed neighbours (the model also sees which values were missing)"
+    if len(imputed) <= 3:
+        where = ", ".join(f"{n} in series '{sid}'" for sid, n in imputed)
+        return f"note: {total} missing history value{'s' if total != 1 else ''} imputed ({where}) {how}"
+    return f"note: {total} missing history values in {len(imputed)} series imputed {how}; --json gives the count per series"
 
 
 def _csv_field(x) -> str:
