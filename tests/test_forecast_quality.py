@@ -14,10 +14,11 @@ from gencli.weights import weights_dir
 
 MODEL = weights_dir() / "tft-forecast"
 
-# Floors set from the measurement on this sample (see weights/tft-forecast/README.md for the full
-# evaluation); seasonal naive with a Gaussian band scores about 0.8 here.
-MAX_RELATIVE_WQL = 0.80
-MAX_RELATIVE_MASE = 0.95
+# Floors set from the measurement on this sample: the default model scores 0.689 (wQL) and 0.853
+# (MASE) here, seasonal naive with a Gaussian band 0.787 and 1.0 (see weights/tft-forecast/README.md
+# for the full evaluation); the margin only absorbs numerical differences between machines.
+MAX_RELATIVE_WQL = 0.72
+MAX_RELATIVE_MASE = 0.88
 
 
 @pytest.fixture(scope="module")
