@@ -461,7 +461,10 @@ def _run_backtest(req, opts, fc, binding, records, horizon, context, failures: F
             advance(len(batch))
     failures.finish(done, req.strict)
     summary = report.summary()
-    label = "TFT" if fitted is None else f"TFT fine-tuned ({req.fit_steps} steps)"
+    if fitted is None:
+        label = "TFT"
+    else:
+        label = f"TFT fine-tuned ({req.fit_steps} steps)" if fitted[1].kept else "TFT (fine-tuning not kept)"
     if req.out:
         with atomic_open(req.out, "w", req.force, newline="") as fh:
             cols = ["id", "windows", "wql", "mase", "seasonal_naive_wql", "seasonal_naive_mase", "relative_wql", "relative_mase"]
