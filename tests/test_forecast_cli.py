@@ -1,0 +1,289 @@
+"""`gencli forecast` end to end, with a small randomly initialised TFT in the default model's input layout
+(the behaviour of the command does not depend on the weights; quality is tested separately)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from gencli.cli import app
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The model's matrices are small: one thread is as fast, and immune to a busy machine (torch's
+    OpenMP threads spin-wait badly when the cores are oversubscribed). Restored afterwards."""
+    import os
+
+    import torch
+
+    before, env = torch.get_num_threads(), os.environ.get("GENCLI_THREADS")
+    os.environ["GENCLI_THREADS"] = "1"
+    yield
+    torch.set_num_threads(before)
+    if env is None:
+        os.environ.pop("GENCLI_THREADS", None)
+    else:
+        os.environ["GENCLI_THREADS"] = env
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    import torch
+    from train_forecast import default_config, export
+
+    from gencli.models.tft import TemporalFusionTransformer
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("tft") / "tiny"
+    export(TemporalFusionTransformer(default_config(hidden=16, variable_size=8, heads=2, dropout=0.0)).eval(), out, {"note": "random test model"})
+    return str(out)
+
+
+def run(*args, input=None):
+    return CliRunner().invoke(app, ["forecast", *map(str, args)], input=input)
+
+
+def one_error_line(result, *needles):
+    assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr)
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]
+
+
+def store_table(n_hist=60, horizon=3, stores=("north", "south", "east"), seed=0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    rows = []
+    dates = pd.date_range("2023-01-02", periods=n_hist + horizon, freq="D")
+    for k, s in enumerate(stores):
+        promo = (rng.random(n_hist + horizon) < 0.2).astype(int)
+        for i, d in enumerate(dates):
+            sales = 100 + 10 * k + 15 * np.sin(2 * np.pi * i / 7) + 20 * promo[i] + rng.normal(0, 3)
+            rows.append(
+                {
+                    "store": s,
+                    "date": d.strftime("%Y-%m-%d"),
+                    "sales": round(sales, 2) if i < n_hist else None,
+                    "promo": promo[i],
+                    "visits": round(sales * 3 + rng.normal(0, 5), 1) if i < n_hist else None,
+                    "size": 300 + 20 * k,
+                    "area": "urban" if k % 2 == 0 else "rural",
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def test_long_table_with_covariates_inferred(tmp_path, model_dir):
+    path = tmp_path / "stores.csv"
+    store_table().to_csv(path, index=False)
+    r = run(path, "-m", model_dir, "--verbose")
+    assert r.exit_code == 0, r.stderr
+    out = pd.read_csv(pd.io.common.StringIO(r.stdout))
+    assert list(out.columns) == ["id", "time", "q0.1", "q0.5", "q0.9"]
+    assert list(out["id"].unique()) == ["north", "south", "east"] and len(out) == 9
+    assert list(out["time"][:3]) == ["2023-03-03", "2023-03-04", "2023-03-05"]
+    assert (out["q0.1"] <= out["q0.5"]).all() and (out["q0.5"] <= out["q0.9"]).all()
+    for note in ("series id column 'store'", "'promo' used as a known", "'visits' used as a past-only", "'size' used as a static", "'area' used as a static", "horizon 3"):
+        assert note in r.stderr, r.stderr
+
+
+def test_wide_table_from_stdin_and_quantile_interpolation(model_dir):
+    t = pd.date_range("2020-01-01", periods=40, freq="MS")
+    df = pd.DataFrame({"month": t.strftime("%Y-%m"), "a": np.arange(40.0), "b": np.sin(np.arange(40)) + 5})
+    r = run("-", "-m", model_dir, "--horizon", "4", "--quantiles", "0.05,0.5,0.95,0.3", "--json", input=df.to_csv(index=False))
+    assert r.exit_code == 0, r.stderr
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [x["id"] for x in lines[:2]] == ["a", "b"] and "summary" in lines[2]
+    rec = lines[0]
+    assert rec["frequency"] == "M" and rec["time"][0] == "2023-05-01" and len(rec["time"]) == 4
+    assert list(rec["quantiles"]) == ["0.05", "0.3", "0.5", "0.95"]
+    q = np.array([rec["quantiles"][k] for k in rec["quantiles"]])
+    assert (np.diff(q, axis=0) >= 0).all()
+    assert rec["quantiles"]["0.5"] == rec["median"]
+
+
+def test_single_column_without_time_and_output_file(tmp_path, model_dir):
+    path = tmp_path / "y.csv"
+    pd.DataFrame({"demand": np.abs(np.sin(np.arange(30))) * 10}).to_csv(path, index=False)
+    out = tmp_path / "fc.csv"
+    r = run(path, "-m", model_dir, "-H", "5", "--out", out)
+    assert r.exit_code == 0, r.stderr
+    df = pd.read_csv(out)
+    assert list(df["time"]) == [30, 31, 32, 33, 34] and (df["id"] == "demand").all()
+    assert (df["q0.1"] >= 0).all()  # never-negative history: forecasts clipped at 0
+    one_error_line(run(path, "-m", model_dir, "-H", "5", "--out", out), "already exists", "--force")
+    assert run(path, "-m", model_dir, "-H", "5", "--out", out, "--force").exit_code == 0
+
+
+def _write(tmp_path, text, name="d.csv"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def _series(n=20, start="2021-01-01", freq="D"):
+    return "\n".join(f"{d.date()},{i % 5 + 1}" for i, d in enumerate(pd.date_range(start, periods=n, freq=freq)))
+
+
+@pytest.mark.parametrize(
+    "content,args,needles",
+    [
+        ("", [], ["is empty"]),
+        ("date,name\n2021-01-01,a\n2021-01-02,b\n", [], ["no numeric column"]),
+        ("date,y\n" + _series(), ["--target-col", "sales"], ["unknown column 'sales'", "date, y"]),
+        ("date,y\n" + _series(), ["--horizon", "0"], ["--horizon"]),
+        ("date,y\n" + _series(), ["--quantiles", "0.1,1.5"], ["--quantiles", "1.5"]),
+        ("date,y\n" + _series(), ["--quantiles", "0,0.5"], ["--quantiles"]),
+        ("date,y\n2021-01-01,1\n2021-01-03,2\n2021-01-02,3\n" + _series(10, "2021-01-04"), [], ["not in increasing order"]),
+        ("date,y\n2021-01-01,1\n2021-01-01,2\n" + _series(10, "2021-01-02"), [], ["duplicate timestamp 2021-01-01"]),
+        ("date,y\n2021-01-01,1\n2021-01-02,2\n2021-01-03 12:00,3\n2021-01-05,4\n" + _series(10, "2021-01-06"), [], ["irregular"]),
+        ("date,y\n" + _series(5), [], ["too short"]),
+        ("date,y,promo\n" + "\n".join(f"{d.date()},{'' if i >= 20 else i},{'' if i == 22 else 1}" for i, d in enumerate(pd.date_range("2021-01-01", periods=23))), ["--known-cols", "promo", "-H", "3"], ["known covariate 'promo' is missing at 2021-01-23"]),
+        ("date,y,promo\n" + _series(), ["--known-cols", "promo", "-H", "3"], ["need the future"]),
+        ("store,date,a,b\n" + "\n".join(f"s{i % 2},{d.date()},{i},{i * 2}" for i, d in enumerate(pd.date_range("2021-01-01", periods=20))), [], ["target", "a, b", "--target-col"]),
+        ("date,time,y\n2021-01-01,2021-01-01,1\n", [], ["--time-col"]),
+    ],
+)
+def test_bad_input_is_one_clear_line(tmp_path, model_dir, content, args, needles):
+    one_error_line(run(_write(tmp_path, content), "-m", model_dir, *args), *needles)
+
+
+def test_missing_file_and_model_errors(tmp_path, model_dir):
+    one_error_line(run(tmp_path / "nope.csv", "-m", model_dir), "does not exist")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    (other / "model.safetensors").write_bytes((Path(model_dir) / "model.safetensors").read_bytes())
+    data = _write(tmp_path, "date,y\n" + _series(30))
+    one_error_line(run(data, "-m", other), "not a TFT forecasting model", "LlamaForCausalLM")
+    pq = _write(tmp_path, "x", "d.parquet")
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        one_error_line(run(pq, "-m", model_dir), "Parquet", "pyarrow")
+
+
+def test_a_bad_series_never_sinks_the_good_ones(tmp_path, model_dir):
+    df = store_table(stores=("a", "b", "c"))
+    bad = df.index[(df["store"] == "b")][5]
+    df.loc[bad, "date"] = df.loc[bad - 1, "date"]  # duplicate timestamp in series b
+    path = tmp_path / "s.csv"
+    df.to_csv(path, index=False)
+    r = run(path, "-m", model_dir)
+    assert r.exit_code == 0, r.stderr
+    assert list(pd.read_csv(pd.io.common.StringIO(r.stdout))["id"].unique()) == ["a", "c"]
+    assert "skipped series 'b': duplicate timestamp" in r.stderr
+    rj = run(path, "-m", model_dir, "--json")
+    recs = [json.loads(x) for x in rj.stdout.splitlines()]
+    assert {"id": "b", "error": "series 'b': duplicate timestamp 2023-01-06"} in recs
+    assert recs[-1]["summary"]["failed"] == 1
+    one_error_line(run(path, "-m", model_dir, "--strict", "-q"), "--strict")
+
+
+def test_missing_values_are_imputed_and_counted(tmp_path, model_dir):
+    dates = pd.date_range("2022-01-01", periods=40, freq="W-SUN")
+    y = np.arange(40.0) + 10
+    df = pd.DataFrame({"week": dates.strftime("%Y-%m-%d"), "y": y})
+    df.loc[[5, 6], "y"] = np.nan
+    df = df.drop(index=[20])  # a missing week: a gap in the grid
+    path = tmp_path / "w.csv"
+    df.to_csv(path, index=False)
+    r = run(path, "-m", model_dir, "--json", "-H", "2")
+    assert r.exit_code == 0, r.stderr
+    rec = json.loads(r.stdout.splitlines()[0])
+    assert rec["imputed"] == 3 and rec["history_length"] == 40 and rec["frequency"] == "W"
+    assert "note: 3 missing history values imputed (3 in series 'y')" in r.stderr
+    assert "missing" not in run(path, "-m", model_dir, "-H", "2", "-q").stderr
+
+
+def test_explain_outputs(tmp_path, model_dir):
+    path = tmp_path / "stores.csv"
+    store_table().to_csv(path, index=False)
+    ex_csv, ex_json = tmp_path / "ex.csv", tmp_path / "ex.jsonl"
+    r = run(path, "-m", model_dir, "--explain", "--explain-out", ex_csv, "-q")
+    assert r.exit_code == 0 and r.stderr == ""  # --quiet silences the printed explanation
+    r = run(path, "-m", model_dir, "--explain", "--explain-out", ex_json)
+    assert r.exit_code == 0
+    assert "series 'north':" in r.stderr and "history inputs:" in r.stderr and "attention:" in r.stderr
+    ex = pd.read_csv(ex_csv)
+    assert set(ex["kind"]) == {"static", "past", "future", "attention"}
+    north = ex[ex["id"] == "north"]
+    for kind in ("static", "past", "future", "attention"):
+        assert np.isclose(north[north["kind"] == kind]["weight"].sum(), 1.0, atol=1e-3), kind
+    assert {"promo", "target history", "visits", "day of week"} <= set(north[north["kind"] == "past"]["name"])
+    assert {"size", "area", "frequency"} <= set(north[north["kind"] == "static"]["name"])
+    js = [json.loads(x) for x in ex_json.read_text().splitlines()]
+    assert [j["id"] for j in js] == ["north", "south", "east"] and len(js[0]["attention_by_lag"]) == 60
+
+
+def test_plot(tmp_path, model_dir):
+    path = tmp_path / "stores.csv"
+    store_table().to_csv(path, index=False)
+    png = tmp_path / "fan.png"
+    r = run(path, "-m", model_dir, "--plot", png, "--plot-max", "2", "-o", tmp_path / "o.csv")
+    assert r.exit_code == 0, r.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    one_error_line(run(path, "-m", model_dir, "--plot", tmp_path / "fan.txt"), "--plot")
+
+
+def test_backtest(tmp_path, model_dir):
+    path = tmp_path / "stores.csv"
+    store_table().to_csv(path, index=False)
+    r = run(path, "-m", model_dir, "--backtest", "3", "-H", "7")
+    assert r.exit_code == 0, r.stderr
+    assert "backtest: last 3 window(s) of 7 steps, 3 series, 9 windows" in r.stdout
+    assert "seasonal naive" in r.stdout and "north" in r.stdout
+    rj = run(path, "-m", model_dir, "--backtest", "3", "-H", "7", "--json")
+    recs = [json.loads(x) for x in rj.stdout.splitlines()]
+    s = recs[-1]["summary"]
+    assert s["windows"] == 9 and s["relative_wql"] > 0 and s["mase"] > 0
+    assert np.isclose(s["relative_wql"], s["wql"] / s["seasonal_naive_wql"], atol=1e-3)
+
+
+def test_fit_steps_reports_gain_and_saves(tmp_path, model_dir):
+    path = tmp_path / "stores.csv"
+    store_table(n_hist=80).to_csv(path, index=False)
+    saved = tmp_path / "tuned"
+    r = run(path, "-m", model_dir, "--fit-steps", "40", "--fit-lr", "3e-3", "--save-model", saved, "--seed", "1", "-o", tmp_path / "o.csv")
+    assert r.exit_code == 0, r.stderr
+    assert "fine-tuned 40 steps" in r.stderr and "held-out weighted quantile loss" in r.stderr
+    assert "using the fine-tuned model" in r.stderr  # a random model gains from 40 steps on this data
+    cfg = json.loads((saved / "config.json").read_text())
+    assert cfg["architecture"] == "TemporalFusionTransformer" and "fine_tuned" in cfg["extra"]
+    assert run(path, "-m", saved, "-q").exit_code == 0
+    rb = run(path, "-m", model_dir, "--fit-steps", "10", "--backtest", "2", "-H", "5", "--json")
+    s = json.loads(rb.stdout.splitlines()[-1])["summary"]
+    assert "zero_shot" in s and "fine_tune" in s
+
+
+def test_streaming_large_files_gives_the_same_output(tmp_path, model_dir, monkeypatch):
+    import gencli.pipelines.forecast.frame as frame
+
+    df = store_table(stores=[f"s{i}" for i in range(7)])
+    path = tmp_path / "big.csv"
+    df.to_csv(path, index=False)
+    whole = run(path, "-m", model_dir, "--batch-size", "3")
+    monkeypatch.setattr(frame, "STREAM_BYTES", 0)
+    seen = []
+    real = frame._stream_groups
+    monkeypatch.setattr(frame, "_stream_groups", lambda t, layout: (seen.append(1), (yield from real(t, layout))))
+    old = frame.Table.chunks
+    monkeypatch.setattr(frame.Table, "chunks", lambda self, usecols=None, chunksize=0: old(self, usecols, 50))
+    streamed = run(path, "-m", model_dir, "--batch-size", "3")
+    assert streamed.exit_code == 0 and seen and streamed.stdout == whole.stdout
+    shuffled = tmp_path / "interleaved.csv"
+    df.sort_values(["date", "store"]).to_csv(shuffled, index=False)
+    inter = run(shuffled, "-m", model_dir, "--batch-size", "3")
+    assert inter.exit_code == 0 and "not contiguous" in inter.stderr
+    assert sorted(inter.stdout.splitlines()) == sorted(whole.stdout.splitlines())
