@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -18,10 +19,13 @@ def ensure_writable(path: str | os.PathLike, force: bool = False) -> Path:
     """Check up front (before any long work) that ``path`` may be written.
 
     Refuses an existing file unless ``force`` and a missing parent directory; returns the Path.
+    A device or pipe (``/dev/null``, ``/dev/stdout``, a FIFO) is always writable: nothing is lost.
     """
     p = Path(path)
     if p.is_dir():
         raise UserError(f"output '{p}' is a directory")
+    if is_special_file(p):
+        return p
     if p.exists() and not force:
         raise UserError(f"output '{p}' already exists (use --force to overwrite)")
     parent = p.parent if str(p.parent) else Path(".")
@@ -32,15 +36,27 @@ def ensure_writable(path: str | os.PathLike, force: bool = False) -> Path:
     return p
 
 
+def is_special_file(path: Path) -> bool:
+    """A character device or a FIFO: written in place, never replaced by a rename."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, force: bool = False) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success rename it onto ``path`` atomically.
 
     On any error the temporary file is removed and ``path`` is untouched: an output is never
     half-written. The existence check is repeated at the end, so a file that appeared meanwhile
-    is not clobbered without ``force``.
+    is not clobbered without ``force``. A device or pipe is yielded as is (written in place).
     """
     target = ensure_writable(path, force)
+    if is_special_file(target):
+        yield target
+        return
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp" + target.suffix, dir=target.parent if str(target.parent) else ".")
     os.close(fd)
     tmp_path = Path(tmp)

@@ -4,6 +4,10 @@ import json
 import re
 import sys
 
+import os
+
+from pathlib import Path
+
 import pytest
 import torch
 import typer
@@ -228,6 +232,28 @@ def test_atomic_write_never_leaves_half_files(tmp_path):
     with atomic_open(target, "w", force=True) as fh:
         fh.write("replaced")
     assert target.read_text() == "replaced"
+
+
+def test_devices_and_pipes_are_written_in_place(tmp_path):
+    """`--out /dev/null` (or a FIFO) needs no --force and is never replaced by a rename."""
+    assert ensure_writable("/dev/null") == Path("/dev/null")
+    with atomic_open("/dev/null", "w") as fh:
+        fh.write("discarded")
+    import stat
+
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    import threading
+
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo).read()))
+    reader.start()
+    with atomic_open(fifo, "w") as fh:
+        fh.write("through the pipe")
+    reader.join(10)
+    assert got == ["through the pipe"]
+    assert list(tmp_path.iterdir()) == [fifo], "no temporary file next to a pipe"
 
 
 def test_expand_inputs(tmp_path, monkeypatch):
