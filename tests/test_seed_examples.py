@@ -59,6 +59,8 @@ def test_section4_attention_text_scale():
 
 
 def test_section4_causal_mask_softmax():
+    """The text's masked score matrix through the entry point: its finite scores as an additive mask
+    (q = k = 0), the causal rule adding the -inf, identity values so the output rows are the weights."""
     ninf = float("-inf")
     scores = T([  # rows keys, cols queries
         [3.53, 0.80, 1.96, 4.48, 3.74, -1.95],
@@ -68,9 +70,11 @@ def test_section4_causal_mask_softmax():
         [ninf, ninf, ninf, ninf, 3.07, 2.94],
         [ninf, ninf, ninf, ninf, ninf, 0.31],
     ])  # fmt: skip
-    finite = torch.nan_to_num(scores.T, neginf=0.0)  # (queries, keys), the masked entries are the mask's job
-    mask = build_mask(6, 6, causal=True)[0, 0]
-    w = torch.softmax(finite.masked_fill(~mask, float("-inf")), dim=-1).T
+    finite = torch.nan_to_num(scores.T, neginf=0.0)[None, None]  # (1, 1, queries, keys)
+    zeros = torch.zeros(1, 1, 6, 4, dtype=torch.float64)
+    values = torch.eye(6, dtype=torch.float64)[None, None]
+    out, w = scaled_dot_product_attention(zeros, zeros, values, causal=True, attn_mask=finite, return_weights=True)
+    w = w[0, 0].T
     expected = T([
         [1.00, 0.75, 0.69, 0.92, 0.46, 0.00],
         [0.00, 0.25, 0.08, 0.02, 0.01, 0.46],
@@ -81,6 +85,11 @@ def test_section4_causal_mask_softmax():
     ])  # fmt: skip
     assert torch.allclose(w, expected, atol=6e-3)
     assert torch.allclose(w[:, 5], T([0.0036, 0.4627, 0.0167, 0.0057, 0.4768, 0.0344]), atol=1e-4)
+    # the boolean causal mask the entry point builds: key j visible to query i iff j <= i
+    assert torch.equal(build_mask(6, 6, causal=True)[0, 0], torch.ones(6, 6, dtype=torch.bool).tril())
+    # the kernel path (no weights returned) agrees
+    fast = scaled_dot_product_attention(zeros, zeros, values, causal=True, attn_mask=finite)
+    assert torch.allclose(fast, out, atol=1e-6)
 
 
 def test_section5_add_and_norm():
