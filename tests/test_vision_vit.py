@@ -148,3 +148,24 @@ def test_unsuitable_checkpoints_are_refused_clearly(tmp_path):
     (path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="intermediate.dense.weight"):
         ImageClassifier.load(path, CPU32)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_layernorm_in_half_precision_rounds_the_fp32_result(dtype):
+    """The backend LayerNorm on CPU runs the native half/bf16 kernel (fp32 statistics inside): its
+    output is the fp32 LayerNorm rounded once, up to one unit in the last place."""
+    from gencli.backend.layers import LayerNorm
+
+    torch.manual_seed(0)
+    ln = LayerNorm(256, eps=1e-6)
+    with torch.no_grad():
+        ln.weight.normal_(1, 0.2)
+        ln.bias.normal_(0, 0.2)
+    x = (torch.randn(8, 50, 256) * 3 + 1).to(dtype)
+    ln = ln.to(dtype)
+    ref = torch.nn.functional.layer_norm(x.float(), (256,), ln.weight.float(), ln.bias.float(), 1e-6)
+    got = ln(x)
+    assert got.dtype == dtype
+    ulp = torch.finfo(dtype).eps * ref.abs().clamp_min(1.0)
+    assert bool(((got.float() - ref).abs() <= ulp).all())
+    assert (got != ref.to(dtype)).float().mean() < 1e-3
