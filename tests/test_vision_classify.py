@@ -73,6 +73,15 @@ def test_batching_does_not_change_results(model_dir, images):
         assert abs(x["predictions"][0]["score"] - y["predictions"][0]["score"]) < 1e-4
 
 
+def test_directories_descend_only_with_recursive(model_dir, images):
+    flat = invoke(images, "--model", model_dir, "--json", "-k", "1")
+    deep = invoke(images, "--model", model_dir, "--json", "-k", "1", "--recursive")
+    assert flat.exit_code == deep.exit_code == 0
+    names = lambda r: sorted(json.loads(x)["image"].rsplit("/", 1)[-1] for x in r.stdout.splitlines())  # noqa: E731
+    assert names(flat) == ["img0.png", "img1.png", "img2.png"]
+    assert names(deep) == ["deep.jpg", "img0.png", "img1.png", "img2.png"]
+
+
 def test_paths_from_stdin_and_table_output(model_dir, images):
     r = invoke("-", "--model", model_dir, "-k", "2", input=f"{images / 'img2.png'}\n{images / 'img0.png'}\n")
     assert r.exit_code == 0, r.output
