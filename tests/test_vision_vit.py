@@ -169,3 +169,28 @@ def test_layernorm_in_half_precision_rounds_the_fp32_result(dtype):
     ulp = torch.finfo(dtype).eps * ref.abs().clamp_min(1.0)
     assert bool(((got.float() - ref).abs() <= ulp).all())
     assert (got != ref.to(dtype)).float().mean() < 1e-3
+
+
+@pytest.mark.parametrize("activation", [None, "gelu", "relu", "gelu_new"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_backend_linear_fused_bf16_path_matches_unfused(activation, bias):
+    """backend.layers.Linear: same result as F.linear (+ activation) in fp32, and within bf16 rounding
+    of the fp32 result when the fused oneDNN bf16 kernel runs; gradients flow in training."""
+    import torch.nn.functional as F
+
+    from gencli.backend.layers import Linear, get_activation
+
+    torch.manual_seed(0)
+    layer = Linear(48, 40, bias=bias)
+    x = torch.randn(2, 7, 48)
+    act = get_activation(activation) if activation else (lambda t: t)
+    want = act(F.linear(x, layer.weight, layer.bias))
+    torch.testing.assert_close(layer(x, activation=activation), want, atol=0, rtol=0)
+    with torch.inference_mode():
+        got = layer.to(torch.bfloat16)(x.bfloat16(), activation=activation)
+    assert got.dtype == torch.bfloat16 and got.shape == (2, 7, 40)
+    torch.testing.assert_close(got.float(), want, atol=0.03, rtol=0.02)
+    layer.float()
+    out = layer(x.requires_grad_(), activation=activation)
+    out.sum().backward()
+    assert layer.weight.grad is not None and x.grad is not None

@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gencli.backend.layers import LayerNorm, get_activation
+from gencli.backend.layers import LayerNorm, Linear, get_activation
 from gencli.checkpoints.keymap import Drop, KeyMap, Rename
 from gencli.models.encoder import multi_head_attention
 
@@ -208,9 +208,9 @@ class ViTSelfAttention(nn.Module):
         super().__init__()
         d = config.hidden_size
         self.num_heads = config.num_attention_heads
-        self.query = nn.Linear(d, d, bias=config.qkv_bias)
-        self.key = nn.Linear(d, d, bias=config.qkv_bias)
-        self.value = nn.Linear(d, d, bias=config.qkv_bias)
+        self.query = Linear(d, d, bias=config.qkv_bias)
+        self.key = Linear(d, d, bias=config.qkv_bias)
+        self.value = Linear(d, d, bias=config.qkv_bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return multi_head_attention(hidden, self.query, self.key, self.value, self.num_heads)
@@ -219,7 +219,7 @@ class ViTSelfAttention(nn.Module):
 class ViTSelfOutput(nn.Module):
     def __init__(self, config: ViTConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = Linear(config.hidden_size, config.hidden_size)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.dense(hidden)
@@ -238,17 +238,17 @@ class ViTAttention(nn.Module):
 class ViTIntermediate(nn.Module):
     def __init__(self, config: ViTConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.act = get_activation(config.hidden_act)
+        self.dense = Linear(config.hidden_size, config.intermediate_size)
+        self.act = config.hidden_act  # applied by the linear layer (fused into the matmul where it can be)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.act(self.dense(hidden))
+        return self.dense(hidden, activation=self.act)
 
 
 class ViTOutput(nn.Module):
     def __init__(self, config: ViTConfig):
         super().__init__()
-        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.dense = Linear(config.intermediate_size, config.hidden_size)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.dense(hidden)
