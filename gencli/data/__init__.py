@@ -1,1 +1,1 @@
-"""Deterministic data used by training, tests and evaluations."""
+"""Deterministic data used by training, tests and evaluation: the shapes world, synthetic series, Python source."""
