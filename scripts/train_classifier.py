@@ -6,7 +6,7 @@ single-object scenes (``gencli.data.shapes``, train split seeds). Scenes are dra
 another resolution, 40-160 px) and resized to the model's 63x63 input exactly as its preprocessing
 does (PIL bilinear), so the classifier serves images of any size.
 
-What makes a plain ViT learn this task quickly on a CPU (RECIPE.md has the measurements):
+What makes a plain ViT learn this task quickly on a CPU (scripts/train_classifier.md has the measurements):
 - 21-pixel patches on a 63x63 input: a 3x3 patch grid whose patch centres sit near the world's nine
   object positions, so an object mostly lies inside one patch; ten tokens make a step cheap;
 - token labelling: every patch token of the last layer also predicts the shape of the object it
