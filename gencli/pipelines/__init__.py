@@ -1,0 +1,1 @@
+"""Task logic per family: load -> preprocess -> run -> postprocess."""

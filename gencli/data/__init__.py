@@ -1,0 +1,1 @@
+"""Deterministic data generators used by training, tests and evaluation (the shapes world, series)."""

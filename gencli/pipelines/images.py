@@ -1,0 +1,461 @@
+"""Image inputs shared by the image families (``classify``, ``zeroshot``): reading files, the
+reference image preprocessing, and the per-file loop of the image commands.
+
+- :func:`load_image` reads any format PIL reads, applies the EXIF orientation and converts to RGB
+  (transparency composited onto white, as transformers' ``convert_to_rgb`` does); an unreadable
+  file raises :class:`ImageReadError` (a ``UserError``) naming the file.
+- :class:`ImageProcessor` is built from a ``preprocessor_config.json`` and reproduces transformers'
+  PIL-based ``ViTImageProcessor`` / ``DeiTImageProcessor`` / ``CLIPImageProcessor`` exactly
+  (resize with PIL, center crop with zero padding, rescale in float64 then float32, normalise in
+  float32): the ``pixel_values`` are bit-identical.
+- :func:`run_image_files` is the loop both commands use: inputs from arguments, directories
+  (``--recursive``) or ``-`` (paths on stdin); images read in batches; an unreadable file is reported
+  on stderr (and as a JSON error entry with ``--json``) while the rest are processed; the command
+  exits 2 at the end if any failed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from gencli.errors import UserError
+
+IMAGE_EXTENSIONS = (
+    ".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".gif", ".bmp", ".dib", ".webp", ".tif", ".tiff",
+    ".ppm", ".pgm", ".pbm", ".pnm", ".tga", ".ico", ".jp2", ".j2k", ".avif", ".heic", ".qoi",
+)  # fmt: skip
+
+IMAGENET_STANDARD_MEAN = (0.5, 0.5, 0.5)
+IMAGENET_STANDARD_STD = (0.5, 0.5, 0.5)
+IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_DEFAULT_STD = (0.229, 0.224, 0.225)
+OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+# PIL resampling filters by the integers transformers stores in preprocessor_config.json
+RESAMPLE_NAMES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+_RESAMPLE_BY_NAME = {v: k for k, v in RESAMPLE_NAMES.items()} | {"antialias": 1}
+
+
+class ImageReadError(UserError):
+    """An input image that cannot be read; ``reason`` is the message without the path."""
+
+    def __init__(self, path: str, reason: str):
+        super().__init__(f"'{path}': {reason}")
+        self.path = path
+        self.reason = reason
+
+
+# -- reading -------------------------------------------------------------------------------------
+def to_rgb(image: Image.Image) -> Image.Image:
+    """RGB version of ``image``; any transparency is composited onto white (as transformers does)."""
+    if image.mode == "RGB":
+        return image
+    has_alpha = "A" in image.getbands() or image.info.get("transparency") is not None
+    if has_alpha:
+        rgba = image.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def load_image(path: str | Path) -> Image.Image:
+    """Read an image file: decoded now, EXIF orientation applied, converted to RGB.
+
+    Raises :class:`ImageReadError` (exit code 2 in the CLI) for a missing, unreadable or corrupt file.
+    """
+    p = Path(path)
+    name = str(path)
+    if not p.exists():
+        raise ImageReadError(name, "no such file")
+    if p.is_dir():
+        raise ImageReadError(name, "is a directory (use --recursive, or pass the directory itself to read its images)")
+    try:
+        with Image.open(p) as im:
+            im.load()
+            if getattr(im, "n_frames", 1) > 1:
+                im.seek(0)
+            image = ImageOps.exif_transpose(im)
+            image = to_rgb(image)
+            image.load()
+    except UnidentifiedImageError:
+        raise ImageReadError(name, "not an image file PIL can read") from None
+    except PermissionError:
+        raise ImageReadError(name, "permission denied") from None
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        raise ImageReadError(name, f"cannot decode the image ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+    if image.width < 1 or image.height < 1:
+        raise ImageReadError(name, "the image is empty")
+    return image
+
+
+# -- preprocessing -------------------------------------------------------------------------------
+# class defaults of the reference image processors (what a preprocessor_config.json leaves out)
+_PROCESSOR_DEFAULTS: dict[str, dict[str, Any]] = {
+    "ViTImageProcessor": dict(
+        do_resize=True, size={"height": 224, "width": 224}, resample=2, do_center_crop=None, crop_size=None,
+        do_rescale=True, rescale_factor=1 / 255, do_normalize=True, image_mean=IMAGENET_STANDARD_MEAN,
+        image_std=IMAGENET_STANDARD_STD, do_convert_rgb=None, default_to_square=True,
+    ),
+    "DeiTImageProcessor": dict(
+        do_resize=True, size={"height": 256, "width": 256}, resample=3, do_center_crop=True, crop_size={"height": 224, "width": 224},
+        do_rescale=True, rescale_factor=1 / 255, do_normalize=True, image_mean=IMAGENET_STANDARD_MEAN,
+        image_std=IMAGENET_STANDARD_STD, do_convert_rgb=None, default_to_square=True,
+    ),
+    "CLIPImageProcessor": dict(
+        do_resize=True, size={"shortest_edge": 224}, resample=3, do_center_crop=True, crop_size={"height": 224, "width": 224},
+        do_rescale=True, rescale_factor=1 / 255, do_normalize=True, image_mean=OPENAI_CLIP_MEAN,
+        image_std=OPENAI_CLIP_STD, do_convert_rgb=True, default_to_square=False,
+    ),
+}  # fmt: skip
+_ALIASES = {
+    "ViTFeatureExtractor": "ViTImageProcessor",
+    "DeiTFeatureExtractor": "DeiTImageProcessor",
+    "CLIPFeatureExtractor": "CLIPImageProcessor",
+}
+_SIZE_KEYS = ({"height", "width"}, {"shortest_edge"}, {"shortest_edge", "longest_edge"}, {"longest_edge"}, {"max_height", "max_width"})
+
+
+def _processor_kind(name: Optional[str]) -> Optional[str]:
+    if not name:
+        return None
+    for suffix in ("Pil", "Fast"):
+        if name.endswith(suffix) and name[: -len(suffix)] in _PROCESSOR_DEFAULTS:
+            name = name[: -len(suffix)]
+    return _ALIASES.get(name, name)
+
+
+def _size_dict(value: Any, default_to_square: bool, what: str) -> Optional[dict[str, int]]:
+    """transformers' ``get_size_dict``: ints and (h, w) pairs into the dictionary form."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise UserError(f"preprocessor config: '{what}' must be a size, got {value!r}")
+    if isinstance(value, int):
+        return {"height": value, "width": value} if default_to_square else {"shortest_edge": value}
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return {"height": int(value[0]), "width": int(value[1])}
+    if isinstance(value, dict) and set(value) in _SIZE_KEYS and all(isinstance(v, int) and v > 0 for v in value.values()):
+        return {k: int(v) for k, v in value.items()}
+    raise UserError(f"preprocessor config: '{what}' must be an int, [height, width] or a dict with height/width or shortest_edge, got {value!r}")
+
+
+def _resample(value: Any) -> int:
+    if isinstance(value, str) and value.lower() in _RESAMPLE_BY_NAME:
+        return _RESAMPLE_BY_NAME[value.lower()]
+    if isinstance(value, int) and not isinstance(value, bool) and value in RESAMPLE_NAMES:
+        return value
+    raise UserError(f"preprocessor config: unknown resample {value!r} (PIL filters 0-5: {', '.join(f'{k} {v}' for k, v in RESAMPLE_NAMES.items())})")
+
+
+def _triple(value: Any, what: str) -> tuple[float, ...]:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (float(value),) * 3
+    if isinstance(value, (list, tuple)) and len(value) == 3 and all(isinstance(v, (int, float)) for v in value):
+        return tuple(float(v) for v in value)
+    raise UserError(f"preprocessor config: '{what}' must be a number or three numbers, got {value!r}")
+
+
+@dataclass
+class ImageProcessor:
+    """The reference (PIL) image preprocessing of ViT/DeiT/CLIP checkpoints.
+
+    Steps, each as transformers' PIL backend does it: resize with PIL (``size`` as height/width,
+    shortest_edge [+ longest_edge], or max_height/max_width), center crop (zero padding when the
+    image is smaller), rescale (float64 multiply, then float32), normalise ((x - mean) / std in float32).
+    Output: ``(N, 3, H, W)`` float32.
+    """
+
+    do_resize: bool = True
+    size: Optional[dict[str, int]] = field(default_factory=lambda: {"height": 224, "width": 224})
+    resample: int = 2
+    do_center_crop: bool = False
+    crop_size: Optional[dict[str, int]] = None
+    do_rescale: bool = True
+    rescale_factor: float = 1 / 255
+    do_normalize: bool = True
+    image_mean: tuple[float, ...] = IMAGENET_STANDARD_MEAN
+    image_std: tuple[float, ...] = IMAGENET_STANDARD_STD
+    do_convert_rgb: bool = True
+    processor_type: str = "ViTImageProcessor"
+
+    # -- construction ---------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, config: dict[str, Any], default_type: str = "ViTImageProcessor") -> "ImageProcessor":
+        """From the contents of a ``preprocessor_config.json``; fields left out take the defaults of
+        the processor class it names (``image_processor_type``), else of ``default_type``."""
+        kind = _processor_kind(config.get("image_processor_type") or config.get("feature_extractor_type")) or default_type
+        defaults = dict(_PROCESSOR_DEFAULTS.get(kind) or _PROCESSOR_DEFAULTS[_processor_kind(default_type) or "ViTImageProcessor"])
+
+        def get(key: str) -> Any:
+            v = config.get(key)
+            return defaults.get(key) if v is None else v
+
+        square = bool(get("default_to_square"))
+        size = _size_dict(get("size"), square, "size")
+        crop = _size_dict(get("crop_size"), True, "crop_size")
+        do_resize, do_crop = bool(get("do_resize")), bool(get("do_center_crop"))
+        if do_resize and size is None:
+            raise UserError("preprocessor config: do_resize is set but no size is given")
+        if do_crop and (crop is None or set(crop) != {"height", "width"}):
+            raise UserError("preprocessor config: do_center_crop needs crop_size with height and width")
+        factor = get("rescale_factor")
+        if not isinstance(factor, (int, float)) or isinstance(factor, bool):
+            raise UserError(f"preprocessor config: rescale_factor must be a number, got {factor!r}")
+        std = _triple(get("image_std"), "image_std")
+        if any(s == 0 for s in std):
+            raise UserError("preprocessor config: image_std must not contain zeros")
+        return cls(
+            do_resize=do_resize,
+            size=size,
+            resample=_resample(get("resample")),
+            do_center_crop=do_crop,
+            crop_size=crop,
+            do_rescale=bool(get("do_rescale")),
+            rescale_factor=float(factor),
+            do_normalize=bool(get("do_normalize")),
+            image_mean=_triple(get("image_mean"), "image_mean"),
+            image_std=std,
+            do_convert_rgb=bool(get("do_convert_rgb")),
+            processor_type=kind,
+        )
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, default_type: str = "ViTImageProcessor") -> "ImageProcessor":
+        """From ``folder/preprocessor_config.json``."""
+        path = Path(folder) / "preprocessor_config.json"
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise UserError(f"'{folder}' has no preprocessor_config.json") from None
+        except json.JSONDecodeError as exc:
+            raise UserError(f"'{path}' is not valid JSON: {exc.msg} at line {exc.lineno}") from None
+        if not isinstance(config, dict):
+            raise UserError(f"'{path}' must hold a JSON object")
+        return cls.from_dict(config, default_type)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``preprocessor_config.json`` contents that rebuild this processor."""
+        return {
+            "image_processor_type": self.processor_type,
+            "do_resize": self.do_resize,
+            "size": self.size,
+            "resample": self.resample,
+            "do_center_crop": self.do_center_crop,
+            "crop_size": self.crop_size,
+            "do_rescale": self.do_rescale,
+            "rescale_factor": self.rescale_factor,
+            "do_normalize": self.do_normalize,
+            "image_mean": list(self.image_mean),
+            "image_std": list(self.image_std),
+            "do_convert_rgb": self.do_convert_rgb,
+        }
+
+    # -- the steps ------------------------------------------------------------------------------
+    def output_size(self, height: int, width: int) -> tuple[int, int]:
+        """(height, width) of the pixel values for an input of ``height x width``."""
+        if self.do_center_crop:
+            return self.crop_size["height"], self.crop_size["width"]
+        if self.do_resize:
+            return self.resize_to(height, width)
+        return height, width
+
+    def resize_to(self, height: int, width: int) -> tuple[int, int]:
+        """The (height, width) the resize step produces (transformers' rules, ints truncated)."""
+        s = self.size
+        if "shortest_edge" in s and "longest_edge" in s:
+            return _size_with_aspect_ratio(height, width, s["shortest_edge"], s["longest_edge"])
+        if "shortest_edge" in s:
+            short, long = (width, height) if width <= height else (height, width)
+            new_short, new_long = s["shortest_edge"], int(s["shortest_edge"] * long / short)
+            return (new_long, new_short) if width <= height else (new_short, new_long)
+        if "max_height" in s:
+            scale = min(s["max_height"] / height, s["max_width"] / width)
+            return max(int(height * scale), 1), max(int(width * scale), 1)
+        if "height" in s:
+            return s["height"], s["width"]
+        raise UserError(f"preprocessor config: size {s} cannot be used for resizing")
+
+    def preprocess(self, image: Image.Image) -> np.ndarray:
+        """One image -> ``(3, H, W)`` float32 pixel values."""
+        if self.do_convert_rgb or image.mode != "RGB":
+            image = to_rgb(image)
+        if self.do_resize:
+            h, w = self.resize_to(image.height, image.width)
+            image = image.resize((w, h), resample=self.resample)
+        arr = np.asarray(image)  # (H, W, 3) uint8
+        arr = np.ascontiguousarray(arr.transpose(2, 0, 1))
+        if self.do_center_crop:
+            arr = _center_crop(arr, self.crop_size["height"], self.crop_size["width"])
+        if self.do_rescale:
+            arr = (arr.astype(np.float64) * self.rescale_factor).astype(np.float32)
+        if self.do_normalize:
+            if not np.issubdtype(arr.dtype, np.floating):
+                arr = arr.astype(np.float32)
+            mean = np.asarray(self.image_mean, dtype=arr.dtype)[:, None, None]
+            std = np.asarray(self.image_std, dtype=arr.dtype)[:, None, None]
+            arr = (arr - mean) / std
+        return arr.astype(np.float32, copy=False)
+
+    def __call__(self, images: Sequence[Image.Image]):
+        """A batch of images -> a ``(N, 3, H, W)`` float32 torch tensor (all must come out the same size)."""
+        import torch
+
+        arrays = [self.preprocess(im) for im in images]
+        shapes = {a.shape for a in arrays}
+        if len(shapes) > 1:
+            raise ValueError(f"images of different output sizes cannot be batched: {sorted(shapes)} (group them by size first)")
+        return torch.from_numpy(np.stack(arrays)) if arrays else torch.empty(0, 3, 0, 0)
+
+
+def _size_with_aspect_ratio(height: int, width: int, size: int, max_size: int) -> tuple[int, int]:
+    """transformers' ``get_size_with_aspect_ratio``: shortest edge ``size``, longest at most ``max_size``."""
+    raw = None
+    lo, hi = float(min(height, width)), float(max(height, width))
+    if hi / lo * size > max_size:
+        raw = max_size * lo / hi
+        size = int(round(raw))
+    if (height <= width and height == size) or (width <= height and width == size):
+        return height, width
+    if width < height:
+        return (int(raw * height / width) if raw is not None else int(size * height / width)), size
+    return size, (int(raw * width / height) if raw is not None else int(size * width / height))
+
+
+def _center_crop(arr: np.ndarray, crop_h: int, crop_w: int) -> np.ndarray:
+    """Center crop of a (C, H, W) array; zero padding where the image is smaller than the crop."""
+    _, h, w = arr.shape
+    top, left = (h - crop_h) // 2, (w - crop_w) // 2
+    if top >= 0 and left >= 0 and top + crop_h <= h and left + crop_w <= w:
+        return arr[:, top : top + crop_h, left : left + crop_w]
+    new_h, new_w = max(crop_h, h), max(crop_w, w)
+    padded = np.zeros((arr.shape[0], new_h, new_w), dtype=arr.dtype)
+    pad_top, pad_left = math.ceil((new_h - h) / 2), math.ceil((new_w - w) / 2)
+    padded[:, pad_top : pad_top + h, pad_left : pad_left + w] = arr
+    top, left = top + pad_top, left + pad_left
+    return padded[:, max(0, top) : min(new_h, top + crop_h), max(0, left) : min(new_w, left + crop_w)]
+
+
+# -- the per-file loop of the image commands -----------------------------------------------------
+@dataclass
+class ImageItem:
+    """One input of an image command: its path and either the image or why it could not be read."""
+
+    path: str
+    image: Optional[Image.Image] = None
+    error: Optional[str] = None
+
+
+def image_paths(inputs: Sequence[str], *, recursive: bool = False) -> list[str]:
+    """Paths from arguments: files as given, directories expanded to their image files (recursively
+    with ``recursive``), ``-`` = one path per line from stdin."""
+    from gencli.io import expand_inputs
+
+    return expand_inputs(list(inputs), recursive=recursive, extensions=IMAGE_EXTENSIONS)
+
+
+def iter_image_batches(paths: Sequence[str], batch_size: int) -> Iterator[list[ImageItem]]:
+    """Read ``paths`` lazily, ``batch_size`` at a time; unreadable files carry their error instead."""
+    if batch_size < 1:
+        raise UserError("--batch-size must be at least 1")
+    for start in range(0, len(paths), batch_size):
+        batch = []
+        for path in paths[start : start + batch_size]:
+            try:
+                batch.append(ImageItem(path, load_image(path)))
+            except ImageReadError as exc:
+                batch.append(ImageItem(path, error=exc.reason))
+        yield batch
+
+
+Predictor = Callable[[list[Image.Image]], list[list[dict[str, Any]]]]
+
+
+def run_image_files(
+    inputs: Sequence[str],
+    predict: Predictor,
+    opts: Any,
+    *,
+    recursive: bool = False,
+    batch_size: int = 16,
+    description: str = "classifying",
+) -> int:
+    """The loop of ``classify`` and ``zeroshot``: read the inputs in batches, ``predict`` each batch
+    (a list of predictions per image: dicts such as ``{"label", "id", "score"}``), and write results.
+
+    With ``opts.json`` one JSON line per image, in input order: ``{"image", "predictions"}`` or
+    ``{"image", "error"}``; otherwise a table on stdout after all images. Unreadable files are also
+    reported on stderr as they come. Returns the number of images processed; raises UserError at the
+    end (exit 2) if any input failed.
+    """
+    from gencli.cli.common import emit_json, stderr
+
+    paths = image_paths(inputs, recursive=recursive)
+    rows: list[tuple[str, list[dict[str, Any]]]] = []
+    failed: list[str] = []
+    done = 0
+    with opts.progress(description, total=len(paths)) as advance:
+        for batch in iter_image_batches(paths, batch_size):
+            good = [it for it in batch if it.image is not None]
+            results = iter(predict([it.image for it in good]) if good else [])
+            for it in batch:
+                if it.error is not None:
+                    failed.append(it.path)
+                    stderr.print(f"error: '{it.path}': {it.error}", markup=False, style="red")
+                    if opts.json:
+                        emit_json({"image": it.path, "error": it.error})
+                    continue
+                preds = next(results)
+                done += 1
+                if opts.json:
+                    emit_json({"image": it.path, "predictions": preds})
+                else:
+                    rows.append((it.path, preds))
+            advance(len(batch))
+    if not opts.json and rows:
+        render_predictions(rows)
+    if failed:
+        raise UserError(f"{len(failed)} of {len(paths)} input(s) could not be read" + (f" (first: '{failed[0]}')" if len(failed) > 1 else ""))
+    return done
+
+
+def render_predictions(rows: list[tuple[str, list[dict[str, Any]]]]) -> None:
+    """A table on stdout: one row per prediction, the image named on its first row."""
+    from rich.console import Console
+    from rich.table import Table
+
+    keys = [k for k in ("label", "id", "score") if any(k in p for _, preds in rows for p in preds)]
+    table = Table(box=None, header_style="bold", show_edge=False, pad_edge=False)
+    table.add_column("image", overflow="fold")
+    table.add_column("rank", justify="right")
+    for k in keys:
+        table.add_column(k, justify="right" if k in ("id", "score") else "left")
+    for path, preds in rows:
+        for rank, p in enumerate(preds, 1):
+            cells = [path if rank == 1 else "", str(rank)]
+            for k in keys:
+                v = p.get(k)
+                cells.append(f"{v:.4f}" if isinstance(v, float) else ("" if v is None else str(v)))
+            table.add_row(*cells, end_section=rank == len(preds) and len(preds) > 1)
+    Console(highlight=False, soft_wrap=True).print(table)
+
+
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "ImageReadError",
+    "load_image",
+    "to_rgb",
+    "ImageProcessor",
+    "ImageItem",
+    "image_paths",
+    "iter_image_batches",
+    "run_image_files",
+    "render_predictions",
+]
