@@ -93,7 +93,9 @@ class ClipBundle:
         return l2_normalize(self.model.get_image_features(pixel_values))
 
     def temperature(self) -> float:
-        return float(self.model.temperature())
+        """``exp(logit_scale)``: the multiplier of cosine similarities in the logits."""
+        with torch.no_grad():
+            return float(self.model.temperature())
 
 
 def _open(path: str | Path, allow_pickle: bool) -> tuple[CheckpointSource, dict[str, Any], TensorReader, str]:
