@@ -186,3 +186,33 @@ def test_from_scratch_initialisation_and_config_round_trip(tmp_path):
     assert {k: tuple(v.shape) for k, v in ref.state_dict().items() if "position_ids" not in k} == {
         k: tuple(v.shape) for k, v in model.state_dict().items()
     }
+
+
+def test_text_conditioning_as_diffusers_computes_it(tmp_path):
+    """Stable Diffusion's prompt states: padded to 77 tokens, last layer or "clip skip" (final norm
+    applied), SDXL's penultimate layer without it."""
+    from gencli.pipelines.clip import text_conditioning
+    from gencli.tokenizers.clip_bpe import train_bpe
+
+    tok = train_bpe(["a red star at the top left", "a photo of a cat", "a blue circle"] * 3, 40)
+    text_cfg = dict(hidden_size=32, intermediate_size=37, num_hidden_layers=3, num_attention_heads=4, vocab_size=tok.vocab_size,
+                    max_position_embeddings=77, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id, pad_token_id=tok.pad_token_id)  # fmt: skip
+    ref = _randomise(transformers.CLIPTextModelWithProjection(transformers.CLIPTextConfig(**text_cfg, projection_dim=16)).eval(), 6)
+    enc = load_text_encoder(_save(ref, tmp_path / "te"), CPU32)
+    tok.save(tmp_path / "te")
+    ref_tok = transformers.CLIPTokenizer.from_pretrained(str(tmp_path / "te"))
+    prompts = ["a red star", "a photo of a blue cat at the top left"]
+    ids = ref_tok(prompts, padding="max_length", max_length=77, truncation=True, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        want = ref(input_ids=ids, output_hidden_states=True)
+        norm = ref.text_model.final_layer_norm
+        for skip, final_norm, expected in [
+            (0, True, want.last_hidden_state),
+            (1, True, norm(want.hidden_states[-2])),
+            (1, False, want.hidden_states[-2]),
+            (0, False, want.hidden_states[-1]),
+        ]:
+            states, pooled = text_conditioning(enc, tok, prompts, skip=skip, final_norm=final_norm)
+            assert states.shape == (2, 77, 32)
+            assert torch.allclose(states, expected, atol=TOL), (skip, final_norm)
+            assert torch.allclose(pooled, want.text_embeds, atol=TOL)

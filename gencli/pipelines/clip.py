@@ -172,3 +172,40 @@ def _only_text():
     from gencli.checkpoints.keymap import Drop, KeyMap
 
     return KeyMap([Drop(r"^(vision_model\.|visual_projection\.|text_projection\.|logit_scale$)")], "text tower of a CLIPModel")
+
+
+@torch.inference_mode()
+def text_conditioning(
+    encoder: CLIPTextTransformer | CLIPTextModelWithProjection,
+    tokenizer: CLIPTokenizer,
+    prompts: Sequence[str],
+    *,
+    skip: int = 0,
+    final_norm: bool = True,
+    padding: str = "max_length",
+    device: Optional[torch.device] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token text states for conditioning a diffusion model, as diffusers' pipelines compute them.
+
+    Prompts are padded to the full context (77) with the tokenizer's pad token and encoded without an
+    attention mask (what Stable Diffusion was trained with). ``skip`` = 0 takes the last layer,
+    ``skip`` = k the output ``k`` layers earlier ("clip skip"; SDXL uses the penultimate layer, ``skip=1``,
+    without the final norm). ``final_norm`` applies ``final_layer_norm`` to the chosen layer (diffusers
+    does so for the last layer and for clip skip in SD 1.x/2.x). Returns ``(states (B, L, D), pooled)``;
+    ``pooled`` is the projected embedding for a ``CLIPTextModelWithProjection``, else the pooled state.
+    """
+    tower = encoder.text_model if isinstance(encoder, CLIPTextModelWithProjection) else encoder
+    dev = device or tower.final_layer_norm.weight.device
+    context = min(tokenizer.model_max_length, tower.config.max_position_embeddings)
+    ids, _ = tokenizer(list(prompts), padding=padding, max_length=context).tensors(dev)
+    if skip < 0 or skip >= tower.config.num_hidden_layers:
+        raise UserError(f"clip skip {skip} is out of range for a text encoder of {tower.config.num_hidden_layers} layers")
+    out = tower(ids, output_hidden_states=skip > 0 or not final_norm)
+    if skip == 0 and final_norm:
+        states = out.last_hidden_state
+    else:
+        states = out.hidden_states[-(skip + 1)]
+        if final_norm:
+            states = tower.final_layer_norm(states)
+    pooled = encoder.text_projection(out.pooler_output) if isinstance(encoder, CLIPTextModelWithProjection) else out.pooler_output
+    return states, pooled

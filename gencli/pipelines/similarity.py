@@ -8,27 +8,19 @@ import csv
 import io
 import json
 import sys
-from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from gencli.errors import UserError
 from gencli.pipelines.clip import ClipBundle
 from gencli.pipelines.images import iter_image_batches
-from gencli.pipelines.zeroshot import similarity_matrix
+from gencli.pipelines.zeroshot import read_lines, similarity_matrix
 
 
 def parse_texts(texts: Optional[Sequence[str]], texts_file: Optional[str]) -> list[str]:
     """Texts from repeated ``--texts`` and/or ``--texts-file`` (one per line, ``-`` = stdin), blanks dropped."""
-    out = [t for t in (texts or [])]
+    out = [t.strip() for t in (texts or []) if t.strip()]
     if texts_file:
-        try:
-            content = sys.stdin.read() if texts_file == "-" else Path(texts_file).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise UserError(f"cannot read --texts-file '{texts_file}': {exc.strerror or exc}") from None
-        except UnicodeDecodeError:
-            raise UserError(f"--texts-file '{texts_file}' is not UTF-8 text") from None
-        out.extend(content.splitlines())
-    out = [t.strip() for t in out if t.strip()]
+        out.extend(read_lines(texts_file, "--texts-file"))
     if not out:
         raise UserError('no texts: give --texts "a red star" (repeatable) or --texts-file FILE')
     return out

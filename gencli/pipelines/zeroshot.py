@@ -51,6 +51,19 @@ def load(path: str | Path, placement: Placement, *, allow_pickle: bool = False, 
 
 
 # -- inputs ------------------------------------------------------------------------------------------
+def read_lines(path: str, option: str) -> list[str]:
+    """The stripped, non-empty lines of a UTF-8 text file given to ``option`` (``-`` = stdin)."""
+    import sys
+
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"cannot read {option} '{path}': {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{option} '{path}' is not UTF-8 text") from None
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
 def parse_labels(labels: Optional[str], labels_file: Optional[str]) -> list[str]:
     """Labels from ``--labels "a,b,c"`` and/or ``--labels-file`` (one per line; ``-`` = stdin), in order,
     without blanks; a repeated label is an error (its score would be split in two)."""
@@ -58,15 +71,7 @@ def parse_labels(labels: Optional[str], labels_file: Optional[str]) -> list[str]
     if labels:
         out.extend(part.strip() for part in labels.split(","))
     if labels_file:
-        import sys
-
-        try:
-            text = sys.stdin.read() if labels_file == "-" else Path(labels_file).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise UserError(f"cannot read --labels-file '{labels_file}': {exc.strerror or exc}") from None
-        except UnicodeDecodeError:
-            raise UserError(f"--labels-file '{labels_file}' is not UTF-8 text") from None
-        out.extend(line.strip() for line in text.splitlines())
+        out.extend(read_lines(labels_file, "--labels-file"))
     out = [label for label in out if label]
     if not out:
         raise UserError("no labels: give --labels \"cat,dog,bird\" or --labels-file FILE (one label per line)")
@@ -157,5 +162,6 @@ __all__ = [
     "load",
     "make_processor",
     "parse_labels",
+    "read_lines",
     "similarity_matrix",
 ]
