@@ -7,7 +7,8 @@
 What it does:
 1. learns a CLIP-format byte-level BPE (vocab.json + merges.txt) on the training captions;
 2. trains a small CLIPModel (transformers layout) from scratch with CLIP's symmetric contrastive loss,
-   batch 256, AdamW, warmup + cosine schedule, bf16 autocast on CPU; images 64x64 normalised exactly
+   batches of layout groups (each scene with its main object's shape and/or colour changed: hard
+   negatives that make shape and colour binding necessary), AdamW, warmup + cosine schedule, bf16 autocast on CPU; images 64x64 normalised exactly
    as the exported ``preprocessor_config.json`` does, captions from :mod:`gencli.data.shapes_clip`
    (held-out colour+shape pairs never seen, the short caption style never used);
 3. checkpoints every ``--ckpt-every`` steps (resumes from ``OUT/ckpt.pt``), evaluates zero-shot on
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -101,21 +103,19 @@ class Batches:
         self.proc = processor()
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One batch: groups of scenes sharing a layout (hard negatives, see shapes_clip.contrastive_group)."""
         images, captions = [], []
-        it = shapes_clip.training_pairs(self.cursor)
-        for seed, scene, caption in it:
-            rng = np.random.default_rng(np.random.SeedSequence([seed, 0x51CE]))
-            if rng.random() < self.resize_fraction:
-                # some scenes drawn at another resolution and brought to 64x64 by the real preprocessing
-                from PIL import Image
-
-                big = shapes.render_scene(scene, int(rng.integers(80, 200)))
-                px = self.proc([Image.fromarray(big)])[0]
-                images.append(px)
-            else:
-                images.append(to_pixels(shapes.render_scene(scene, IMAGE_SIZE)[None])[0])
-            captions.append(caption)
-            if len(captions) == self.batch:
+        for seed, base, _ in shapes_clip.training_pairs(self.cursor):
+            for k, (scene, caption) in enumerate(shapes_clip.contrastive_group(seed, base)):
+                rng = np.random.default_rng(np.random.SeedSequence([seed, k, 0x51CE]))
+                if rng.random() < self.resize_fraction:
+                    # some scenes drawn at another resolution and brought to 64x64 by the real preprocessing
+                    big = shapes.render_scene(scene, int(rng.integers(80, 200)))
+                    images.append(self.proc([Image.fromarray(big)])[0])
+                else:
+                    images.append(to_pixels(shapes.render_scene(scene, IMAGE_SIZE)[None])[0])
+                captions.append(caption)
+            if len(captions) >= self.batch:
                 self.cursor = seed + 1
                 break
         ids, mask = self.tok(captions).tensors()
@@ -173,15 +173,15 @@ def export(model: CLIPModel, tok: CLIPTokenizer, folder: Path, meta: dict) -> No
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("runs/clip"))
-    p.add_argument("--steps", type=int, default=5000)
-    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--steps", type=int, default=4000)
+    p.add_argument("--batch", type=int, default=128)
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--wd", type=float, default=0.1)
-    p.add_argument("--warmup", type=int, default=250)
-    p.add_argument("--vision-width", type=int, default=192)
-    p.add_argument("--vision-layers", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=200)
+    p.add_argument("--vision-width", type=int, default=128)
+    p.add_argument("--vision-layers", type=int, default=6)
     p.add_argument("--patch", type=int, default=8)
-    p.add_argument("--text-width", type=int, default=192)
+    p.add_argument("--text-width", type=int, default=128)
     p.add_argument("--text-layers", type=int, default=3)
     p.add_argument("--embed-dim", type=int, default=128)
     p.add_argument("--merges", type=int, default=600)

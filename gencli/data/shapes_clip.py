@@ -70,6 +70,39 @@ def training_pairs(start_seed: int = 0) -> Iterator[tuple[int, shapes.Scene, str
         yield seed, scene, caption_for(scene, rng)
 
 
+GROUP_SIZE = 4
+
+
+def _variant(seed: int, base: shapes.Scene, rng: np.random.Generator, *, new_shape: bool, new_colour: bool) -> Optional[shapes.Scene]:
+    """``base`` with its main object's shape and/or colour replaced (layout, sizes and background kept),
+    avoiding the held-out pairs; None when no such scene exists."""
+    main = base.main
+    shapes_ok = [s for s in shapes.SHAPES if s != main.shape] if new_shape else [main.shape]
+    colours_ok = [c for c in shapes.allowed_colours(base.background) if c != main.colour] if new_colour else [main.colour]
+    options = [(s, c) for s in shapes_ok for c in colours_ok if (c, s) not in HELD_OUT_PAIRS]
+    for i in rng.permutation(len(options))[:4]:
+        shape, colour = options[int(i)]
+        try:
+            scene = shapes.make_scene(seed, n_objects=len(base.objects), shape=shape, colour=colour, background=base.background)
+        except ValueError:
+            continue
+        if not is_held_out(scene):
+            return scene
+    return None
+
+
+def contrastive_group(seed: int, base: shapes.Scene) -> list[tuple[shapes.Scene, str]]:
+    """``GROUP_SIZE`` scenes built on one layout, for hard negatives in a contrastive batch: the scene
+    itself, its main object with another shape, with another colour, and with both changed. Without
+    them, a batch is told apart by colour, background and position alone, and shape is never needed."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0x6A0B]))
+    scenes = [base]
+    for new_shape, new_colour in ((True, False), (False, True), (True, True)):
+        v = _variant(seed, base, rng, new_shape=new_shape, new_colour=new_colour)
+        scenes.append(v if v is not None else base)
+    return [(sc, caption_for(sc, rng)) for sc in scenes]
+
+
 def caption_corpus(n_scenes: int = 20_000) -> list[str]:
     """Text for learning the BPE vocabulary: every phrasing and framing of training scenes."""
     out: list[str] = []
@@ -156,7 +189,9 @@ __all__ = [
     "TRAIN_STYLES",
     "FRAMINGS",
     "LabelSet",
+    "GROUP_SIZE",
     "caption_corpus",
+    "contrastive_group",
     "caption_for",
     "eval_scenes",
     "evaluate",

