@@ -47,6 +47,11 @@ class LayerNorm(nn.LayerNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype in (torch.float16, torch.bfloat16):
+            same = self.weight is None or self.weight.dtype == x.dtype
+            if same and x.device.type in ("cpu", "cuda"):
+                # these kernels already accumulate half/bf16 statistics in fp32 and round once:
+                # the same result as the explicit upcast below, without two full-size copies
+                return super().forward(x)
             w = self.weight.float() if self.weight is not None else None
             b = self.bias.float() if self.bias is not None else None
             return F.layer_norm(x.float(), self.normalized_shape, w, b, self.eps).to(x.dtype)

@@ -58,15 +58,9 @@ COLOURS: dict[str, tuple[int, int, int]] = {
     "black": (20, 20, 20),
 }
 
+# backgrounds reuse the object palette's colours (same name, same colour), plus a neutral gray
 BACKGROUNDS: dict[str, tuple[int, int, int]] = {
-    "white": (245, 245, 245),
-    "black": (20, 20, 20),
-    "gray": (128, 128, 128),
-    "blue": (30, 70, 230),
-    "green": (40, 170, 60),
-    "red": (220, 35, 35),
-    "yellow": (250, 225, 40),
-    "purple": (145, 40, 170),
+    name: COLOURS.get(name, (128, 128, 128)) for name in ("white", "black", "gray", "blue", "green", "red", "yellow", "purple")
 }
 
 # nominal diameter as a fraction of the image's shorter side

@@ -1,0 +1,1 @@
+"""Model architectures as pure nn.Modules (no I/O)."""
