@@ -15,7 +15,7 @@ Two towers and two projections:
 
 Attribute names mirror transformers', so a ``CLIPModel`` checkpoint maps onto these modules by
 identity (see :mod:`gencli.pipelines.clip` for loading). Attention goes through the backend's one
-entry point.
+entry point (via :func:`gencli.models.encoder.multi_head_attention`, shared with ViT).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gencli.backend.attention import scaled_dot_product_attention
 from gencli.backend.layers import FeedForward, LayerNorm
+from gencli.models.encoder import multi_head_attention
 
 # The token id transformers treats as "legacy": configs written before CLIP's eos_token_id was fixed
 # carry eos_token_id = 2, and for them the pooled token is the one with the highest id (the end-of-text
@@ -177,15 +177,11 @@ class CLIPAttention(nn.Module):
         self.out_proj = nn.Linear(hidden_size, hidden_size)
 
     def forward(self, x: torch.Tensor, *, causal: bool = False, key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        b, n, _ = x.shape
-        shape = (b, n, self.num_heads, self.head_dim)
-        q = self.q_proj(x).view(shape).transpose(1, 2)
-        k = self.k_proj(x).view(shape).transpose(1, 2)
-        v = self.v_proj(x).view(shape).transpose(1, 2)
-        out = scaled_dot_product_attention(
-            q, k, v, causal=causal, key_padding_mask=key_padding_mask, scale=self.scale, dropout_p=self.dropout if self.training else 0.0
-        )
-        return self.out_proj(out.transpose(1, 2).reshape(b, n, self.embed_dim))
+        out = multi_head_attention(
+            x, self.q_proj, self.k_proj, self.v_proj, self.num_heads,
+            causal=causal, key_padding_mask=key_padding_mask, scale=self.scale, dropout_p=self.dropout if self.training else 0.0,
+        )  # fmt: skip
+        return self.out_proj(out)
 
 
 class CLIPEncoderLayer(nn.Module):
