@@ -13,7 +13,9 @@ sets that no training caption used verbatim (see :mod:`gencli.data.shapes_clip`)
 - colour+shape: all 80 combinations ("purple heart"), prompt "a photo of a {}."
 
 on ordinary scenes and on scenes of the eight colour+shape pairs held out of training. Prints one
-JSON object (and a markdown table with --markdown).
+JSON object (and a markdown table with --markdown). ``--write-readme`` writes the model folder's
+README.md (title, summary, ``task: zeroshot``, training command, these figures and the command that
+reproduces them).
 """
 
 from __future__ import annotations
@@ -56,6 +58,70 @@ def run_eval(model: str, *, split: str = "test", n: int = 1000, n_held_out: int 
     return result
 
 
+def markdown_table(res: dict) -> str:
+    lines = ["| label set | prompt | top-1, held-out scenes | top-1, held-out colour+shape pairs |", "|---|---|---|---|"]
+    for name, template in res["templates"].items():
+        lines.append(f"| {name} | `{template}` | {res['accuracy'][name]:.1%} | {res['accuracy_held_out_pairs'][name]:.1%} |")
+    return "\n".join(lines)
+
+
+def write_readme(folder: Path, res: dict, command: str) -> None:
+    """The weights README: what `gencli models` lists (title, first paragraph, task) and the measured figures."""
+    cfg = json.loads((folder / "config.json").read_text())
+    v, t = cfg["vision_config"], cfg["text_config"]
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        meta = f.metadata() or {}
+        n_params = sum(_numel(f.get_slice(k).get_shape()) for k in f.keys())
+    text = f"""# clip-shapes: a small CLIP for the shapes world
+
+A {n_params / 1e6:.1f}M-parameter CLIP in transformers' `CLIPModel` layout (vision: ViT {v['num_hidden_layers']} layers x {v['hidden_size']}, patch {v['patch_size']} at {v['image_size']}x{v['image_size']}; text: {t['num_hidden_layers']} layers x {t['hidden_size']}, CLIP BPE vocabulary of {t['vocab_size']}; projection {cfg['projection_dim']}), trained from scratch with CLIP's contrastive loss on shapes-world image/caption pairs, for `gencli zeroshot` and `gencli similarity` on pictures of coloured shapes. It knows eight shapes (circle, square, triangle, star, heart, cross, diamond, crescent) and ten colours; it is not a general-purpose image model.
+
+task: zeroshot
+
+## Files
+
+`config.json`, `model.safetensors` (fp16), `vocab.json` + `merges.txt` (CLIP BPE), `preprocessor_config.json`
+(CLIPImageProcessor: bicubic resize of the shorter side to {v['image_size']}, centre crop, OpenAI CLIP mean/std).
+transformers loads it as it is: `CLIPModel.from_pretrained(folder)`, `CLIPTokenizer.from_pretrained(folder)`.
+
+## Training
+
+    {meta.get('command', 'python scripts/train_clip.py --out runs/clip')}
+    python scripts/train_clip.py --out runs/clip --export weights/clip-shapes
+
+{meta.get('steps', '?')} steps of {meta.get('batch', '?')} image/caption pairs (shapes world version {meta.get('world_version', '?')}): groups of four scenes on one layout
+(the scene, its main object with another shape, another colour, both) as hard negatives, bf16 autocast,
+AdamW with warmup and cosine decay. Auxiliary supervised heads on the vision tower during training only
+(each patch token decodes its object coverage and names the shape it lies on; the pooled embedding
+names the shapes and colours present) give the tower a direct shape signal; they are not part of this
+file. Eight colour+shape pairs never appear in training, neither in an image nor in a caption:
+{', '.join(' '.join(p) for p in json.loads(meta['held_out_pairs'])) if 'held_out_pairs' in meta else '(see gencli/data/shapes_clip.py)'};
+the short caption style used by the evaluation prompts ("a purple heart") is never a training caption.
+
+## Zero-shot accuracy
+
+Single-object scenes from the {res['split']} seed range (never trained on), {res['n']} ordinary scenes and
+{res['n_held_out']} scenes of the held-out pairs, drawn at {res['image_size']} px, scored through gencli's pipeline
+({res['dtype']}); top-1 over all labels of the set:
+
+{markdown_table(res)}
+
+Reproduce:
+
+    {command}
+"""
+    (folder / "README.md").write_text(text)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="model folder or embedded name (default: the embedded CLIP)")
@@ -70,16 +136,17 @@ def main() -> None:
     p.add_argument("--colour-template")
     p.add_argument("--combo-template")
     p.add_argument("--markdown", action="store_true")
+    p.add_argument("--write-readme", action="store_true", help="write README.md into the model folder with these figures")
     args = p.parse_args()
     res = run_eval(args.model, split=args.split, n=args.n, n_held_out=args.n_held_out, size=args.size, dtype=args.dtype, device=args.device,
                    shape_template=args.shape_template, colour_template=args.colour_template, combo_template=args.combo_template, threads=args.threads)  # fmt: skip
     print(json.dumps(res))
     if args.markdown:
         print()
-        print("| label set | prompt | top-1, held-out scenes | top-1, held-out colour+shape pairs |")
-        print("|---|---|---|---|")
-        for name, template in res["templates"].items():
-            print(f"| {name} | `{template}` | {res['accuracy'][name]:.1%} | {res['accuracy_held_out_pairs'][name]:.1%} |")
+        print(markdown_table(res))
+    if args.write_readme:
+        argv = [a for a in sys.argv[1:] if a != "--write-readme"]
+        write_readme(Path(res["model"]), res, "python scripts/eval_clip.py " + " ".join(argv))
 
 
 if __name__ == "__main__":
