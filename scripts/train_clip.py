@@ -13,6 +13,10 @@ What it does (the defaults are the recipe of the embedded default):
      near chance on shape for thousands of steps); 2-D sine-cosine position initialisation;
    - batches of layout groups (each scene with its main object's shape and/or colour changed): hard
      negatives that make shape and colour binding necessary;
+   - partial captions (from ``--partial-from``): a share of captions name only the main object's shape
+     or only its colour, with a multi-positive contrastive target (every image of the batch the caption
+     is true of); without them the text tower never sees a description lacking a colour, and
+     shape-only prompts stayed near 60% while the vision tower's shape head was nearly perfect;
    - training-only auxiliary heads on the vision tower (:class:`AuxHeads`: per-patch coverage masks,
      per-patch shape, pooled multi-hot shapes and colours), dropped at export;
    - AdamW, warmup + cosine schedule, bf16 autocast on CPU; images normalised exactly as the exported
@@ -43,7 +47,7 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gencli.data import shapes, shapes_clip  # noqa: E402
-from gencli.models.clip import CLIPConfig, CLIPModel, CLIPTextConfig, CLIPVisionConfig, contrastive_loss, init_clip_weights, l2_normalize  # noqa: E402
+from gencli.models.clip import CLIPConfig, CLIPModel, CLIPTextConfig, CLIPVisionConfig, init_clip_weights, l2_normalize  # noqa: E402
 from gencli.pipelines.images import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ImageProcessor  # noqa: E402
 from gencli.tokenizers.clip_bpe import CLIPTokenizer, train_bpe  # noqa: E402
 
@@ -177,12 +181,13 @@ class Batches:
     def __init__(self, tok: CLIPTokenizer, batch: int, size: int, patch: int, cursor: int = 0, resize_fraction: float = 0.15):
         self.tok, self.batch, self.size, self.patch, self.cursor = tok, batch, size, patch, cursor
         self.resize_fraction = resize_fraction
+        self.partial_fraction = 0.0  # share of captions replaced by a partial one (shapes_clip.partial_caption)
         self.proc = processor(size)
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         """One batch: groups of scenes sharing a layout (hard negatives, see shapes_clip.contrastive_group),
         with the auxiliary heads' targets."""
-        images, captions, targets = [], [], []
+        images, captions, targets, scenes, partial = [], [], [], [], []
         for seed, base, _ in shapes_clip.training_pairs(self.cursor):
             for k, (scene, caption) in enumerate(shapes_clip.contrastive_group(seed, base)):
                 rng = np.random.default_rng(np.random.SeedSequence([seed, k, 0x51CE]))
@@ -192,14 +197,35 @@ class Batches:
                     images.append(self.proc([Image.fromarray(big)])[0])
                 else:
                     images.append(to_pixels(shapes.render_scene(scene, self.size)[None])[0])
+                attrs = None
+                if self.partial_fraction and rng.random() < self.partial_fraction:
+                    caption, attrs = shapes_clip.partial_caption(scene, rng)
                 captions.append(caption)
+                scenes.append(scene)
+                partial.append(attrs)
                 targets.append(aux_targets(scene, self.patch, self.size))
             if len(captions) >= self.batch:
                 self.cursor = seed + 1
                 break
         ids, mask = self.tok(captions).tensors()
         aux = {k: torch.from_numpy(np.stack(v)) for k, v in zip(("mask", "patch_shape", "shape", "colour"), zip(*targets))}
+        # which caption is true of which image: its own, and every scene a partial caption matches
+        truth = torch.eye(len(captions), dtype=torch.bool)
+        for k, attrs in enumerate(partial):
+            if attrs is not None:
+                truth[:, k] = torch.tensor([shapes_clip.caption_matches(attrs, sc) for sc in scenes])
+        aux["truth"] = truth
         return torch.stack(images), ids, mask, aux
+
+
+def multi_positive_loss(logits_per_image: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
+    """CLIP's symmetric cross-entropy with several true captions per image (and images per caption):
+    the target of each row is spread evenly over its positives; with ``truth`` the identity it is
+    exactly :func:`gencli.models.clip.contrastive_loss`."""
+    logits, t = logits_per_image.float(), truth.float()
+    to_text = -(t / t.sum(1, keepdim=True) * logits.log_softmax(1)).sum(1).mean()
+    to_image = -(t.t() / t.t().sum(1, keepdim=True) * logits.t().log_softmax(1)).sum(1).mean()
+    return 0.5 * (to_text + to_image)
 
 
 def param_groups(model: CLIPModel, wd: float):
@@ -270,6 +296,8 @@ def main() -> None:
     p.add_argument("--merges", type=int, default=600)
     p.add_argument("--aux-weight", type=float, default=1.0, help="weight of the auxiliary shape/colour/mask losses (0: contrastive only)")
     p.add_argument("--mask-layer", type=int, default=2, help="the vision layer whose patch tokens decode the coverage masks")
+    p.add_argument("--partial-captions", type=float, default=0.4, help="share of captions naming only the shape or only the colour (multi-positive targets)")
+    p.add_argument("--partial-from", type=int, default=2200, help="the step from which partial captions are used (the embedded default: 2200)")
     p.add_argument("--pos-init", choices=["sincos", "random"], default="sincos", help="vision position table at initialisation")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--ckpt-every", type=int, default=50)
@@ -310,14 +338,15 @@ def main() -> None:
             heads.load_state_dict(state["heads"])
         opt.load_state_dict(state["opt"])
         step, cursor, history = state["step"], state["cursor"], state.get("history", [])
-        if "command" in state:
-            command = state["command"]
-        else:  # a checkpoint written before the command was recorded: its non-default arguments
-            changed = {k: v for k, v in state["args"].items() if k != "export" and v != p.get_default(k)}
-            command = "python scripts/train_clip.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in changed.items())
+        if not args.export:  # the schedule follows this invocation's arguments; record them with the earlier ones
+            previous = state.get("command") or ("python scripts/train_clip.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in state["args"].items() if k != "export" and v != p.get_default(k)))
+            last = previous.rsplit(": ", 1)[-1] if "  # then, resumed at step" in previous else previous
+            command = previous if last == command else f"{previous}  # then, resumed at step {step}: {command}"
+        else:
+            command = state.get("command", command)
         print(f"resumed at step {step}", flush=True)
 
-    meta = {"steps": step, "command": command, "batch": args.batch, "world_version": shapes.WORLD_VERSION, "held_out_pairs": json.dumps(shapes_clip.HELD_OUT_PAIRS)}
+    meta = {"steps": step, "command": command, "out": str(args.out), "partial_from": args.partial_from, "batch": args.batch, "world_version": shapes.WORLD_VERSION, "held_out_pairs": json.dumps(shapes_clip.HELD_OUT_PAIRS)}
     if args.export:
         export(model, tok, args.export, meta)
         print(f"exported step {step} to {args.export}")
@@ -332,13 +361,14 @@ def main() -> None:
     while step < args.steps:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args)
+        data.partial_fraction = args.partial_captions if step >= args.partial_from else 0.0
         pixels, ids, mask, targets = data.next()
         # the math kernel: CPU flash attention's backward is several times slower at these sizes
         with sdpa_kernel(SDPBackend.MATH), torch.autocast("cpu", dtype=torch.bfloat16):
             vision = model.vision_model(pixels, output_hidden_states=args.aux_weight > 0)
             image = l2_normalize(model.visual_projection(vision.pooler_output))
             text = l2_normalize(model.get_text_features(ids, mask))
-            loss = contrastive_loss(image @ text.t() * model.temperature())
+            loss = multi_positive_loss(image @ text.t() * model.temperature(), targets["truth"])
             total = loss
             if args.aux_weight > 0:
                 aux_loss, parts = heads.loss(vision, targets)

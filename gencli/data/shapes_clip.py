@@ -43,10 +43,14 @@ FRAMINGS: tuple[str, ...] = (
     "a drawing of {}.", "a photo showing {}.", "an illustration of {}.", "a picture showing {}",
 )  # fmt: skip
 
-# the evaluation's label sets: (name, labels, template). Templates were chosen on the validation split.
-SHAPE_TEMPLATE = "a photo of a {}."
+# the evaluation's label sets: (name, labels, template). Each template was chosen on the validation
+# split among a fixed list of candidates (none of them a training caption; see the weights README):
+# "a photo of a {}.", "{}", "a {}", "a {} in the picture", "a picture of a {}.", "an image of a {}.",
+# "a {} on a plain background" for shapes and colour+shape pairs; "a photo of a {} shape.", "a {} shape",
+# "a {} object in the picture", "something {}", "a photo of something {}." for colours.
+SHAPE_TEMPLATE = "a {} on a plain background"
 COLOUR_TEMPLATE = "a photo of a {} shape."
-COMBO_TEMPLATE = "a photo of a {}."
+COMBO_TEMPLATE = "a {} on a plain background"
 
 
 def is_held_out(scene: shapes.Scene) -> bool:
@@ -68,6 +72,37 @@ def training_pairs(start_seed: int = 0) -> Iterator[tuple[int, shapes.Scene, str
             continue
         rng = np.random.default_rng(np.random.SeedSequence([seed, 0xC11F]))
         yield seed, scene, caption_for(scene, rng)
+
+
+# Partial captions: the main object described by its shape or by its colour only, always with at least
+# one more attribute (size, position or background), and colour-only ones naming an "object"/"thing",
+# never a "shape", so that none can be an evaluation prompt verbatim.
+_SHAPE_ONLY = ("{a} {shape} {where}", "{a} {size} {shape}", "{a} {shape} on {a_bg} {bg} background", "{a} {size} {shape} {where} on {a_bg} {bg} background")
+_COLOUR_ONLY = ("something {colour} {where}", "{a} {colour} object on {a_bg} {bg} background", "{a} {size} {colour} object", "{a} {colour} thing {where}")
+
+
+def partial_caption(scene: shapes.Scene, rng: np.random.Generator) -> tuple[str, dict[str, str]]:
+    """A caption naming the main object's shape but not its colour, or its colour but not its shape,
+    in a random framing, and the attributes it states (``shape``/``colour`` and some of ``size``,
+    ``position``, ``background``): the scenes it is true of are those that match them all
+    (:func:`caption_matches`). They teach the text tower that a description without a colour (or
+    without a shape) covers every colour (every shape), which shape-only and colour-only prompts need."""
+    m = scene.main
+    by_shape = bool(rng.integers(2))
+    template = (_SHAPE_ONLY if by_shape else _COLOUR_ONLY)[int(rng.integers(4))]
+    first = (m.size if "{a} {size}" in template else m.shape if by_shape else m.colour)
+    text = template.format(a=shapes._article(first), shape=m.shape, colour=m.colour, size=m.size, where=shapes.POSITION_PHRASES[m.position],
+                           a_bg=shapes._article(scene.background), bg=scene.background)  # fmt: skip
+    attrs = {"shape": m.shape} if by_shape else {"colour": m.colour}
+    for key, marker in (("size", "{size}"), ("position", "{where}"), ("background", "{bg}")):
+        if marker in template:
+            attrs[key] = scene.background if key == "background" else getattr(m, key)
+    return FRAMINGS[int(rng.integers(len(FRAMINGS)))].format(text), attrs
+
+
+def caption_matches(attrs: dict[str, str], scene: shapes.Scene) -> bool:
+    """Whether a partial caption's attributes hold for ``scene``'s main object and background."""
+    return all((scene.background if k == "background" else getattr(scene.main, k)) == v for k, v in attrs.items())
 
 
 GROUP_SIZE = 4
@@ -191,6 +226,8 @@ __all__ = [
     "LabelSet",
     "GROUP_SIZE",
     "caption_corpus",
+    "caption_matches",
+    "partial_caption",
     "contrastive_group",
     "caption_for",
     "eval_scenes",
