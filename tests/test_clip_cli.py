@@ -203,3 +203,32 @@ def test_similarity_bad_usage(model_dir, images, tmp_path):
     r = invoke("similarity", images / "img0.png", images / "broken.png", "--texts-file", texts, "--model", model_dir, "--json")
     lines = [json.loads(x) for x in r.stdout.splitlines()]
     assert r.exit_code == 2 and len(lines[0]["similarities"]) == 2 and "error" in lines[1]
+
+
+def test_model_folder_recommends_its_templates(model_dir, images, tmp_path):
+    """Without --template a model's zeroshot_templates.json is used (the embedded default ships one);
+    an explicit --template wins; a malformed file is one clear error."""
+    import shutil
+
+    folder = tmp_path / "clip"
+    shutil.copytree(model_dir, folder)
+    (folder / "zeroshot_templates.json").write_text(json.dumps(TEMPLATES))
+    img = images / "img0.png"
+
+    def scores(*extra):
+        r = invoke("zeroshot", img, "--model", folder, "--labels", ",".join(LABELS), "--json", "--dtype", "float32", "-k", "10", *extra)
+        assert r.exit_code == 0, r.output
+        return {p["label"]: p["score"] for p in json.loads(r.stdout)["predictions"]}
+
+    implicit = scores()
+    explicit = scores("-t", TEMPLATES[0], "-t", TEMPLATES[1])
+    assert implicit == explicit
+    _, probs = _reference(model_dir, [img], LABELS, ["a photo of a {}."])
+    overridden = scores("-t", "a photo of a {}.")
+    assert overridden != implicit
+    assert all(abs(overridden[l] - float(probs[0, i])) < 1e-4 for i, l in enumerate(LABELS))
+    for bad in ('{"templates": 1}', "[]", '["no placeholder"]', "not json"):
+        (folder / "zeroshot_templates.json").write_text(bad)
+        r = invoke("zeroshot", img, "--model", folder, "--labels", "a,b")
+        assert r.exit_code == 2, (bad, r.output)
+        assert "zeroshot_templates.json" in r.stderr and len(r.stderr.strip().splitlines()) == 1, (bad, r.stderr)

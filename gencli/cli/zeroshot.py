@@ -19,7 +19,7 @@ def zeroshot(
     labels_file: Annotated[Optional[str], typer.Option("--labels-file", help="A file with one label per line (- = stdin).")] = None,
     template: Annotated[
         Optional[list[str]],
-        typer.Option("--template", "-t", help='Prompt with {} for the label; repeat it to average several prompts (prompt ensembling). Default: "a photo of a {}."'),
+        typer.Option("--template", "-t", help='Prompt with {} for the label; repeat it to average several prompts (prompt ensembling). Default: the model\'s zeroshot_templates.json if it has one, else "a photo of a {}."'),
     ] = None,
     top_k: Annotated[int, typer.Option("--top-k", "-k", min=1, help="Predictions shown per image.")] = 5,
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", min=1, help="Images per forward pass.")] = 32,
@@ -44,7 +44,7 @@ def zeroshot(
     if labels_file == "-" and "-" in images:
         raise UserError("stdin cannot hold both the image paths and the labels: give --labels-file a file")
     label_list = zs.parse_labels(labels, labels_file)
-    templates = zs.check_templates(template)
+    templates = zs.check_templates(template) if template else None
     paths = image_paths(images, recursive=recursive)  # bad inputs fail before the model loads
     placement = choose(opts.device, opts.dtype, "transformer", opts.threads)
     opts.debug_log(f"zeroshot: {placement.describe()}")
@@ -52,6 +52,9 @@ def zeroshot(
     bundle = zs.load(resolve_model(opts.model, zs.DEFAULT_MODEL), placement, allow_pickle=opts.allow_pickle, warn=opts.warn)
     loaded = time.perf_counter()
     opts.debug_log(f"loaded {bundle.path} in {loaded - start:.2f}s")
+    if templates is None:
+        templates = zs.model_templates(bundle.path) or zs.check_templates(None)
+        opts.debug_log(f"prompt template(s): {', '.join(repr(t) for t in templates)}")
     clf = zs.ZeroShotClassifier(bundle, label_list, templates)
     encoded = time.perf_counter()
     opts.debug_log(f"{len(label_list)} label(s) x {len(templates)} template(s) encoded in {encoded - loaded:.2f}s")

@@ -11,6 +11,8 @@ reproduced exactly by :mod:`gencli.pipelines.images`).
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -81,6 +83,28 @@ def parse_labels(labels: Optional[str], labels_file: Optional[str]) -> list[str]
             raise UserError(f"label '{label}' is given twice")
         seen.add(label)
     return out
+
+
+TEMPLATES_FILE = "zeroshot_templates.json"
+
+
+def model_templates(path: Path) -> Optional[list[str]]:
+    """The prompt templates a model folder recommends for zero-shot use (``zeroshot_templates.json``:
+    a JSON list of strings with ``{}``, like the per-model template lists of open_clip), or None."""
+    folder = path if path.is_dir() else path.parent
+    f = folder / TEMPLATES_FILE
+    if not f.is_file():
+        return None
+    try:
+        data = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UserError(f"'{f}' is not valid JSON: {e}") from None
+    if not isinstance(data, list) or not data or not all(isinstance(t, str) for t in data):
+        raise UserError(f"'{f}' must be a JSON list of prompt templates such as [\"a photo of a {PLACEHOLDER}.\"]")
+    try:
+        return check_templates(data)
+    except UserError as e:
+        raise UserError(f"'{f}': {e}") from None
 
 
 def check_templates(templates: Optional[Sequence[str]]) -> list[str]:
