@@ -276,6 +276,8 @@ def export(model: CLIPModel, tok: CLIPTokenizer, folder: Path, meta: dict) -> No
     save_model(model, folder / "model.safetensors", dtype=torch.float16, metadata={"architecture": "CLIPModel", **{k: str(v) for k, v in meta.items()}})
     tok.save(folder)
     (folder / "preprocessor_config.json").write_text(json.dumps(processor(model.config.vision_config.image_size).to_dict(), indent=2) + "\n")
+    # the prompt chosen on the validation split (scripts/eval_clip.py), used by `gencli zeroshot` without --template
+    (folder / "zeroshot_templates.json").write_text(json.dumps(["a {} on a plain background"]) + "\n")
 
 
 def main() -> None:
