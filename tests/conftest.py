@@ -22,3 +22,15 @@ def run_cli(*args: str, input: str | None = None, env: dict | None = None, cwd: 
 @pytest.fixture
 def cli():
     return run_cli
+
+
+def write_scene_folder(root: Path, sizes) -> Path:
+    """Test-split shapes-world scenes as ``img0.png``, ``img1.png`` ... (one per size: an int or a
+    (width, height) pair) and one more in ``sub/deep.jpg`` (found only with --recursive)."""
+    from gencli.data import shapes
+
+    (root / "sub").mkdir()
+    for i, (seed, size) in enumerate(zip(shapes.split_seeds("test", len(sizes)), sizes)):
+        shapes.render(seed, size).pil().save(root / f"img{i}.png")
+    shapes.render(9, 40).pil().save(root / "sub" / "deep.jpg")
+    return root

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from gencli.cli import app
 from gencli.data import shapes
+from conftest import write_scene_folder
 from gencli.tokenizers.clip_bpe import train_bpe
 
 transformers = pytest.importorskip("transformers")
@@ -46,11 +47,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
-    root = tmp_path_factory.mktemp("images")
-    (root / "sub").mkdir()
-    for i, seed in enumerate(shapes.split_seeds("test", 3)):
-        shapes.render(seed, (48 + 16 * i, 40)).pil().save(root / f"img{i}.png")
-    shapes.render(9, 40).pil().save(root / "sub" / "deep.jpg")
+    root = write_scene_folder(tmp_path_factory.mktemp("images"), [(48, 40), (64, 40), (80, 40)])
     (root / "broken.png").write_bytes(b"not an image")
     return root
 

@@ -10,7 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from gencli.cli import app
-from gencli.data import shapes
+from conftest import write_scene_folder
 
 transformers = pytest.importorskip("transformers")
 
@@ -32,12 +32,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
-    root = tmp_path_factory.mktemp("images")
-    (root / "sub").mkdir()
-    for i, seed in enumerate(shapes.split_seeds("test", 3)):
-        shapes.render(seed, 48 + 8 * i).pil().save(root / f"img{i}.png")
-    shapes.render(9, 40).pil().save(root / "sub" / "deep.jpg")
-    return root
+    return write_scene_folder(tmp_path_factory.mktemp("images"), [48, 56, 64])
 
 
 def invoke(*args, input=None):
