@@ -5,14 +5,35 @@ arguments, directories or stdin.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import stat
 import sys
 import tempfile
 from pathlib import Path
-from typing import IO, Iterable, Iterator, Sequence
+from typing import IO, Any, Iterable, Iterator, Optional, Sequence
 
 from gencli.errors import UserError
+
+
+def read_json(path: str | os.PathLike, *, expect: type = dict, missing_ok: bool = False) -> Optional[Any]:
+    """A JSON side file (config, index, tokenizer or preprocessor file): its value, which must be a
+    ``expect`` (object by default). Unreadable, invalid or mis-typed files are one clear UserError;
+    an absent file is None with ``missing_ok``, else an error too."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        if missing_ok:
+            return None
+        raise UserError(f"'{p}' does not exist") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"'{p}' is not valid JSON: {exc.msg} at line {exc.lineno}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read '{p}': {getattr(exc, 'strerror', None) or exc}") from None
+    if not isinstance(data, expect):
+        raise UserError(f"'{p}' must hold a JSON {'object' if expect is dict else 'list' if expect is list else expect.__name__}")
+    return data
 
 
 def ensure_writable(path: str | os.PathLike, force: bool = False) -> Path:

@@ -234,6 +234,27 @@ def test_atomic_write_never_leaves_half_files(tmp_path):
     assert target.read_text() == "replaced"
 
 
+def test_read_json_side_files(tmp_path):
+    from gencli.io import read_json
+
+    f = tmp_path / "config.json"
+    f.write_text('{"a": 1}')
+    assert read_json(f) == {"a": 1}
+    assert read_json(tmp_path / "absent.json", missing_ok=True) is None
+    with pytest.raises(UserError, match="absent.json' does not exist"):
+        read_json(tmp_path / "absent.json")
+    f.write_text('{"a": ')
+    with pytest.raises(UserError, match="config.json' is not valid JSON: .* at line 1"):
+        read_json(f)
+    f.write_text("[1, 2]")
+    with pytest.raises(UserError, match="must hold a JSON object"):
+        read_json(f)
+    assert read_json(f, expect=list) == [1, 2]
+    f.write_bytes(b"\xff\xfe{")
+    with pytest.raises(UserError, match="config.json"):
+        read_json(f)
+
+
 def test_devices_and_pipes_are_written_in_place(tmp_path):
     """`--out /dev/null` (or a FIFO) needs no --force and is never replaced by a rename."""
     assert ensure_writable("/dev/null") == Path("/dev/null")

@@ -38,6 +38,12 @@ def tm():
         torch.set_num_threads(threads)
 
 
+def test_auto_dtype_decodes_in_fp32_on_cpu(tm):
+    """--dtype auto picks fp32 for a decoder on a CPU (bf16 matrix-vector products are slower there)."""
+    assert tm.placement.dtype == torch.float32
+    assert all(p.dtype == torch.float32 for p in tm.model.parameters())
+
+
 @pytest.mark.slow
 def test_heldout_loss_under_floor(tm):
     from gencli.data.pysource import heldout_files, read_source, stdlib_root

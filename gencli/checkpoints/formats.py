@@ -12,7 +12,6 @@ Layouts understood:
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any, Callable, Optional
 
 from gencli.checkpoints.header import SafetensorsHeader, read_header
 from gencli.errors import CheckpointError, UserError
+from gencli.io import read_json
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 SAFETENSORS_STEMS = ("model", "diffusion_pytorch_model")
@@ -88,21 +88,8 @@ class CheckpointSource:
         return open_source(sub)
 
 
-def _load_json(path: Path) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"'{path}' is not valid JSON: {exc.msg} at line {exc.lineno}") from None
-    except OSError as exc:
-        raise UserError(f"cannot read '{path}': {exc.strerror or exc}") from None
-    if not isinstance(data, dict):
-        raise UserError(f"'{path}' must hold a JSON object")
-    return data
-
-
 def _sharded(folder: Path, index_file: Path, kind: str) -> tuple[list[Path], dict[str, str]]:
-    index = _load_json(index_file)
+    index = read_json(index_file)
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointError(f"'{index_file}' has no weight_map")
@@ -155,7 +142,7 @@ def open_source(path: str | os.PathLike, *, allow_pickle: bool = False) -> Check
             src = CheckpointSource(p, "safetensors", [p], folder=p.parent)
             cfg = p.parent / "config.json"
             if cfg.is_file() and (p.stem in SAFETENSORS_STEMS or len(list(p.parent.glob("*.safetensors"))) == 1):
-                src.config = _load_json(cfg)
+                src.config = read_json(cfg)
             src.headers()  # validate now: a truncated file fails here, cleanly
             return src
         if p.suffix in PICKLE_SUFFIXES:
@@ -166,9 +153,9 @@ def open_source(path: str | os.PathLike, *, allow_pickle: bool = False) -> Check
             return open_source(p.parent, allow_pickle=allow_pickle)
         raise UserError(f"'{p}' is not a checkpoint: expected a .safetensors file or a model folder")
     if (p / "model_index.json").is_file():
-        return CheckpointSource(p, "diffusers-pipeline", folder=p, config=_load_json(p / "model_index.json"))
+        return CheckpointSource(p, "diffusers-pipeline", folder=p, config=read_json(p / "model_index.json"))
     kind, files, weight_map = _find_weights(p)
-    config = _load_json(p / "config.json") if (p / "config.json").is_file() else None
+    config = read_json(p / "config.json") if (p / "config.json").is_file() else None
     if not kind:
         raise UserError(
             f"no weights in '{p}': expected model.safetensors, a sharded model.safetensors.index.json, "

@@ -53,7 +53,7 @@ def zeroshot(
     loaded = time.perf_counter()
     opts.debug_log(f"loaded {bundle.path} in {loaded - start:.2f}s")
     if templates is None:
-        templates = zs.model_templates(bundle.path) or zs.check_templates(None)
+        templates = zs.model_templates(bundle.path) or [zs.DEFAULT_TEMPLATE]
         opts.debug_log(f"prompt template(s): {', '.join(repr(t) for t in templates)}")
     clf = zs.ZeroShotClassifier(bundle, label_list, templates)
     encoded = time.perf_counter()

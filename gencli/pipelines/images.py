@@ -16,7 +16,6 @@ reference image preprocessing, and the per-file loop of the image commands.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from gencli.errors import UserError
+from gencli.io import read_json
 
 IMAGE_EXTENSIONS = (
     ".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".gif", ".bmp", ".dib", ".webp", ".tif", ".tiff",
@@ -231,14 +231,9 @@ class ImageProcessor:
     def from_pretrained(cls, folder: str | Path, default_type: str = "ViTImageProcessor") -> "ImageProcessor":
         """From ``folder/preprocessor_config.json``."""
         path = Path(folder) / "preprocessor_config.json"
-        try:
-            config = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise UserError(f"'{folder}' has no preprocessor_config.json") from None
-        except json.JSONDecodeError as exc:
-            raise UserError(f"'{path}' is not valid JSON: {exc.msg} at line {exc.lineno}") from None
-        if not isinstance(config, dict):
-            raise UserError(f"'{path}' must hold a JSON object")
+        config = read_json(path, missing_ok=True)
+        if config is None:
+            raise UserError(f"'{folder}' has no preprocessor_config.json")
         return cls.from_dict(config, default_type)
 
     def to_dict(self) -> dict[str, Any]:

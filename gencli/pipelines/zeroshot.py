@@ -11,7 +11,6 @@ reproduced exactly by :mod:`gencli.pipelines.images`).
 
 from __future__ import annotations
 
-import json
 
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -22,6 +21,7 @@ from PIL import Image
 
 from gencli.backend.device import Placement
 from gencli.errors import UserError
+from gencli.io import read_json
 from gencli.models.clip import l2_normalize
 from gencli.pipelines.clip import ClipBundle, load_clip
 from gencli.pipelines.images import ImageProcessor
@@ -93,13 +93,10 @@ def model_templates(path: Path) -> Optional[list[str]]:
     a JSON list of strings with ``{}``, like the per-model template lists of open_clip), or None."""
     folder = path if path.is_dir() else path.parent
     f = folder / TEMPLATES_FILE
-    if not f.is_file():
+    data = read_json(f, expect=list, missing_ok=True)
+    if data is None:
         return None
-    try:
-        data = json.loads(f.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise UserError(f"'{f}' is not valid JSON: {e}") from None
-    if not isinstance(data, list) or not data or not all(isinstance(t, str) for t in data):
+    if not data or not all(isinstance(t, str) for t in data):
         raise UserError(f"'{f}' must be a JSON list of prompt templates such as [\"a photo of a {PLACEHOLDER}.\"]")
     try:
         return check_templates(data)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 from gencli.errors import UserError
+from gencli.io import read_json as _read_json
 
 BOS = "<|startoftext|>"
 EOS = "<|endoftext|>"
@@ -361,16 +362,6 @@ class CLIPTokenizer:
 
 
 # -- files ------------------------------------------------------------------------------------
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UserError(f"cannot read '{path}': {exc}") from None
-    if not isinstance(data, dict):
-        raise UserError(f"'{path}' must hold a JSON object")
-    return data
-
-
 def read_merges(path: Path) -> list[tuple[str, str]]:
     """``merges.txt``: an optional ``#version`` line, then one ``left right`` pair per line."""
     merges: list[tuple[str, str]] = []

@@ -12,25 +12,19 @@ in the text (as chat templates do) are encoded as those tokens, never spelled ou
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from gencli.errors import UserError
+from gencli.io import read_json as _read_json
 
 TOKENIZER_FILES = "tokenizer.json, tokenizer.model, or vocab.json + merges.txt"
 
 
 def read_json(path: Path) -> dict[str, Any]:
     """A JSON object from a checkpoint's side file; {} when the file is absent."""
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"'{path}' is not valid JSON: {exc}") from None
-    return data if isinstance(data, dict) else {}
+    return _read_json(path, missing_ok=True) or {}
 
 
 def _token_text(value: Any) -> Optional[str]:
