@@ -162,3 +162,29 @@ def test_bfloat16_close_to_float32():
 def test_causal_needs_enough_keys():
     with pytest.raises(ValueError):
         build_mask(5, 3, causal=True)
+
+
+@pytest.mark.parametrize("hkv", [4, 2, 1])
+@pytest.mark.parametrize("padded", [False, True])
+def test_single_query_decode_step_matches_the_formula(hkv, padded):
+    # a decode step (one query over every cached key): GQA, padding, explicit scale
+    q, k, v = qkv(b=2, h=4, hkv=hkv, lq=1, lk=9, seed=3)
+    kpm = torch.ones(2, 9, dtype=torch.bool)
+    if padded:
+        kpm[1, :4] = False
+    out = scaled_dot_product_attention(q, k, v, causal=True, key_padding_mask=kpm if padded else None, scale=0.3)
+    ref, _ = reference_attention(q, k, v, build_mask(1, 9, key_padding_mask=kpm), scale=0.3)
+    assert out.shape == (2, 4, 1, 16)
+    assert torch.allclose(out, ref, atol=1e-6)
+    # the padded row ignores its padding: the same as attending the real keys alone
+    if padded:
+        alone = scaled_dot_product_attention(q[1:], k[1:, :, 4:], v[1:, :, 4:], scale=0.3)
+        assert torch.allclose(out[1:], alone, atol=1e-6)
+
+
+def test_single_query_in_bfloat16_stays_close_to_fp32():
+    q, k, v = qkv(b=1, h=4, hkv=2, lq=1, lk=33, dtype=torch.bfloat16)
+    out = scaled_dot_product_attention(q, k, v, causal=True)
+    ref, _ = reference_attention(q.float(), k.float(), v.float())
+    assert out.dtype == torch.bfloat16
+    assert torch.allclose(out.float(), ref, atol=2e-2)

@@ -1,7 +1,6 @@
 """Norms, activations, position encodings, device/dtype rules and seeding, checked against the
 reference implementations where one exists."""
 
-import math
 
 import pytest
 import torch

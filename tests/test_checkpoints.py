@@ -65,6 +65,21 @@ def test_dtype_cast_and_keep_fp32(single):
     assert torch.equal(model.proj.weight, state["proj.weight"].bfloat16())
 
 
+def test_column_major_weights_when_converting(tmp_path, single):
+    folder, state = single
+    # converted tensors matching a pattern (or tied to one that does) are stored column-major
+    model = load_model(Tiny, open_reader(folder), dtype=torch.float64, column_major=[r"^head\.weight$", r"^proj\.weight$"])
+    for w, key in ((model.proj.weight, "proj.weight"), (model.embed.weight, "embed.weight")):
+        assert w.stride() == (1, w.shape[0]) and torch.equal(w, state[key].double())
+    assert model.head.weight is model.embed.weight
+    assert model.norm.weight.is_contiguous()  # 1-D tensors keep their layout
+    ids = torch.tensor([[3, 7]])
+    assert torch.equal(model.embed(ids), state["embed.weight"].double()[ids])  # lookups gather strided rows
+    # without a conversion the tensors stay zero-copy views of the file: no second, transposed copy
+    same = load_model(Tiny, open_reader(folder), column_major=[r"^proj\.weight$"])
+    assert same.proj.weight.is_contiguous()
+
+
 def test_sharded_checkpoint(tmp_path):
     state = tiny_state(1)
     names = sorted(state)

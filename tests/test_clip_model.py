@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from gencli.backend.device import Placement
-from gencli.checkpoints.formats import open_source
 from gencli.errors import CheckpointError, UserError
 from gencli.models.clip import CLIPConfig, CLIPModel, contrastive_loss, init_clip_weights
 from gencli.pipelines.clip import load_clip_model, load_text_encoder

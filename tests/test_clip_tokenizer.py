@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 import json
 import random
-import sys
 from pathlib import Path
 
 import pytest

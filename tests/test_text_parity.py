@@ -63,13 +63,21 @@ def test_logits_full_prompt_and_every_cached_step(checkpoints, name):
         assert cache.length == 40
 
 
+@pytest.mark.parametrize("screened", [False, True], ids=["fp32-head", "screened-head"])
 @pytest.mark.parametrize("name", ["gpt2", "llama", "qwen2"])
-def test_greedy_ids_match_transformers(checkpoints, name):
+def test_greedy_ids_match_transformers(checkpoints, name, screened, monkeypatch):
+    from gencli.backend.screened_argmax import ScreenedArgmax
+    from gencli.pipelines import text
     from gencli.pipelines.sampling import SamplingParams
     from gencli.pipelines.text import GenerationSettings, generate
 
     folder, ref = checkpoints[name]
     tm = _load(folder)
+    if screened:  # the exact bf16-screened argmax, forced on for these small heads
+        if not ScreenedArgmax.supported(tm.model.lm_head.weight):
+            pytest.skip("no native bf16 matmul on this CPU")
+        monkeypatch.setattr(text, "SCREEN_MIN_HEAD_BYTES", 0)
+        monkeypatch.setattr(text, "SCREEN_MIN_STEPS", 0)
     prompt = tm.tokenizer.encode("def add(a, b):\n    return")
     settings = GenerationSettings(max_new_tokens=32, sampling=SamplingParams(temperature=0.0), ignore_eos=True)
     ours = generate(tm, [("p", prompt)], settings)[0]
@@ -79,6 +87,35 @@ def test_greedy_ids_match_transformers(checkpoints, name):
     assert len(ours.token_ids) == 32
     assert ours.token_ids == theirs
     assert ours.finish_reason == "length"
+    assert (tm.greedy_head is not None) == screened
+
+
+def test_cpu_fp32_decoders_store_linear_weights_column_major(checkpoints, monkeypatch, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from gencli.pipelines import text
+
+    # small models keep the checkpoint's layout (they run from the caches)
+    assert _load(checkpoints["llama"][0]).model.lm_head.weight.is_contiguous()
+    monkeypatch.setattr(text, "COLUMN_MAJOR_MIN_BYTES", 0)  # as if big
+    for name, patterns in (("gpt2", ["lm_head.weight"]), ("llama", ["lm_head.weight", "q_proj.weight", "down_proj.weight"])):
+        folder, ref = checkpoints[name]
+        assert _load(folder).model.lm_head.weight.is_contiguous()  # an fp32 file stays zero-copy
+        # a bf16 file (as on the hub) is converted anyway: into the memory of the transposed matrices
+        half = tmp_path / name
+        shutil.copytree(folder, half)
+        save_file({k: v.bfloat16() for k, v in load_file(folder / "model.safetensors").items()}, half / "model.safetensors")
+        model = _load(half).model
+        reference = ref.state_dict()
+        for key, weight in dict(model.named_parameters(remove_duplicate=False)).items():
+            if any(key.endswith(p) for p in patterns):
+                assert weight.stride() == (1, weight.shape[0]), key
+                assert torch.equal(weight, reference[key].bfloat16().float()), key
+        if name == "gpt2":  # the tied embedding is the same (column-major) tensor
+            assert model.lm_head.weight is model.transformer.wte.weight
+            assert model.transformer.h[0].attn.c_attn.weight.is_contiguous()  # Conv1D: (in, out) already
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])

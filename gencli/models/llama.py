@@ -28,6 +28,8 @@ from gencli.models.causal_lm import CausalLM
 # config.json "architectures" / "model_type" values this module loads
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
 MODEL_TYPES = {"llama", "mistral", "qwen2"}
+# weights stored column-major for CPU fp32 decoding (see gencli.checkpoints.loader.load_state)
+CPU_COLUMN_MAJOR = (r"_proj\.weight$", r"^lm_head\.weight$")
 
 
 def _rope_settings(cfg: dict[str, Any]) -> tuple[float, Optional[dict[str, Any]]]:

@@ -27,6 +27,10 @@ DEFAULT_MAX_NEW_TOKENS = 256
 SUPPORTED = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM"
 
 
+# fp32 models at least this big load their linear weights column-major on a CPU (see below)
+COLUMN_MAJOR_MIN_BYTES = 128 * 2**20
+
+
 # -- loading ------------------------------------------------------------------------------------
 @dataclass
 class TextModel:
@@ -40,6 +44,32 @@ class TextModel:
     pad_id: int
     context_length: int
     load_seconds: float
+    greedy_head: Optional[Any] = None  # the ScreenedArgmax of the LM head, built on first use
+
+
+# The bf16 screen of the LM head pays off once the head no longer sits in the caches, and once
+# enough steps repay building it: the build reads the head about three times, each decode step then
+# saves about half a read (GPT-2: 0.2 s to build, 1.5-2 ms saved per token on a 2-core CPU).
+SCREEN_MIN_HEAD_BYTES = 32 * 2**20
+SCREEN_MIN_STEPS = 128
+
+
+def greedy_head(tm: TextModel, params: SamplingParams, steps: int) -> Optional[Any]:
+    """The exact bf16-screened argmax of the LM head (:mod:`gencli.backend.screened_argmax`), when
+    the tokens are plain greedy choices from a large fp32 head on a CPU with native bf16 and the
+    generation is long enough to repay building it (or it is built already); else None."""
+    from gencli.backend.screened_argmax import ScreenedArgmax
+
+    weight = tm.model.lm_head.weight
+    if not params.greedy or params.repetition_penalty != 1.0 or getattr(tm.model.lm_head, "bias", None) is not None:
+        return None
+    if tm.greedy_head is None:
+        if steps < SCREEN_MIN_STEPS or weight.numel() * weight.element_size() < SCREEN_MIN_HEAD_BYTES:
+            return None
+        if not ScreenedArgmax.supported(weight):
+            return None
+        tm.greedy_head = ScreenedArgmax(weight)
+    return tm.greedy_head
 
 
 def _family(config: dict[str, Any]) -> tuple[str, str]:
@@ -79,18 +109,25 @@ def load_text_model(path: Path, *, device: str = "auto", dtype: str = "auto", th
     if src.config is None:
         raise UserError(f"no config.json next to '{path}': a text model needs its config.json (the architecture and sizes)")
     family, arch = _family(src.config)
-    if family == "llama":
-        cfg = llama.LlamaConfig.from_hf(src.config)
-        factory, keymap = (lambda: llama.LlamaForCausalLM(cfg)), llama.HF_KEYMAP
-    else:
-        cfg = gpt2.GPT2Config.from_hf(src.config)
-        factory, keymap = (lambda: gpt2.GPT2LMHeadModel(cfg)), gpt2.HF_KEYMAP
+    module = llama if family == "llama" else gpt2
+    cfg = (llama.LlamaConfig if family == "llama" else gpt2.GPT2Config).from_hf(src.config)
+    model_class = llama.LlamaForCausalLM if family == "llama" else gpt2.GPT2LMHeadModel
     tokenizer = load_tokenizer(folder)  # before the weights: a missing tokenizer fails fast
     n_params = None if src.is_pickle else sum(t.numel for t in src.tensor_infos().values())
     placement = choose(device, dtype, "decoder", threads, n_params=n_params)
     reader = open_reader(src, allow_pickle=allow_pickle)
     try:
-        model = load_model(factory, reader, keymap, device=placement.device, dtype=placement.dtype, config=src.config)
+        # batch-1 decoding streams every weight from memory once per token: on a CPU in fp32 the
+        # products run faster over column-major weights once the model is too big for the caches
+        # (measured: +9% per product at 500 MB, -10% tokens/s for the 36 MB default model). Only
+        # weights converted on loading (bf16/fp16 files) change layout; fp32 files stay zero-copy.
+        fast_layout = (
+            placement.device.type == "cpu" and placement.dtype == torch.float32 and (n_params or 0) * 4 >= COLUMN_MAJOR_MIN_BYTES
+        )
+        model = load_model(
+            lambda: model_class(cfg), reader, module.HF_KEYMAP, device=placement.device, dtype=placement.dtype, config=src.config,
+            column_major=module.CPU_COLUMN_MAJOR if fast_layout else (),
+        )
     finally:
         reader.close()
     gen_cfg = read_json(folder / "generation_config.json")
@@ -295,10 +332,18 @@ def generate(
             seen[i, : longest - len(ids)] = ids[0]
 
     cache = model.new_cache(b, capacity)
+    head = greedy_head(tm, params, steps)
+
+    def advance(ids: torch.Tensor, pos: Optional[torch.Tensor], seen_so_far: Optional[torch.Tensor]) -> torch.Tensor:
+        """Run ``ids`` through the model (filling the cache) and choose the next token of each row."""
+        hidden = model.hidden_states(ids, position_ids=pos, attention_mask=attention_mask, kv_cache=cache, logits_to_keep=1)[:, -1]
+        if head is not None:
+            return head(hidden)
+        return next_tokens(model.lm_head(hidden), params, generator, seen_so_far)
+
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     t0 = time.perf_counter()
-    logits = model(input_ids, position_ids=position_ids, attention_mask=attention_mask, kv_cache=cache, logits_to_keep=1)[:, -1]
-    tokens = next_tokens(logits, params, generator, seen[:, :longest] if seen is not None else None)
+    tokens = advance(input_ids, position_ids, seen[:, :longest] if seen is not None else None)
     host = tokens.tolist()
     sync()
     t_prefill = time.perf_counter() - t0
@@ -330,8 +375,7 @@ def generate(
         pos = (next_pos.view(b, 1) + step).clamp_(max=tm.context_length - 1) if padded else None
         if seen is not None:
             seen[:, cur] = tokens
-        logits = model(tokens.view(b, 1), position_ids=pos, attention_mask=attention_mask, kv_cache=cache, logits_to_keep=1)[:, -1]
-        tokens = next_tokens(logits, params, generator, seen[:, : cur + 1] if seen is not None else None)
+        tokens = advance(tokens.view(b, 1), pos, seen[:, : cur + 1] if seen is not None else None)
         host = tokens.tolist()
         decode_steps += 1
     sync()
