@@ -31,7 +31,8 @@ def test_bound_holds_for_every_logit():
     w = head(seed=2)
     screen = ScreenedArgmax(w)
     h = torch.randn(16, 96, generator=torch.Generator().manual_seed(3)) * 10
-    approx, bound = screen.approximate(h)
+    approx, top, bound = screen.approximate(h)
+    assert torch.equal(top, approx.amax(-1))
     exact = (h.double() @ w.double().t()).float()
     assert ((exact - approx).abs() <= bound[:, None]).all()
     assert (bound > 0).all()

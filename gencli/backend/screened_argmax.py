@@ -30,6 +30,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+
 def _onednn_bf16() -> bool:
     from gencli.backend.layers import _onednn_linear_available
 
@@ -54,8 +55,11 @@ class ScreenedArgmax:
         # so every row obeys |dw_v| <= 2^-8 |w_v| and |bf16(w_v)| <= (1 + 2^-8) |w_v|: one number,
         # the largest row norm, bounds every row. fp32 norms of D terms are within (D + 1) 2^-24
         # relative and the bound takes a few more fp32 operations: a D 2^-20 margin covers both.
-        rows = self.weight.t() if self.weight.stride(0) == 1 else self.weight  # read in memory order
-        w_max = float(torch.linalg.vector_norm(rows, dim=0 if rows is not self.weight else 1).max())
+        if self.weight.stride(0) == 1:  # a column-major head: its row norms, read in memory order
+            row_norms = torch.linalg.vector_norm(self.weight.t(), dim=0)
+        else:
+            row_norms = torch.linalg.vector_norm(self.weight, dim=1)
+        w_max = float(row_norms.max())
         self.margin = 1.0 + max(dim, 64) * 2.0**-20
         unit = 2.0**-8
         accumulation = dim * 2.0**-23  # fp32 accumulation of D exact bf16 products, any order
@@ -66,29 +70,29 @@ class ScreenedArgmax:
 
     @staticmethod
     def supported(weight: torch.Tensor) -> bool:
-        """Whether the screen can run (and pays off) here: an fp32 head on a CPU with native bf16."""
+        """Whether the screen can run here: an fp32 head on a CPU with oneDNN's native bf16 kernels."""
         return weight.dim() == 2 and weight.dtype == torch.float32 and weight.device.type == "cpu" and _onednn_bf16()
 
-    def approximate(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The screened logits ``y~ (B, V)`` (fp32 values of the bf16 outputs) and, per row, one
-        bound ``B (B,)`` with ``|y_v - y~_v| <= B`` for every ``v`` (the largest ``B_v``)."""
+    def approximate(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The screened logits ``y~ (B, V)`` (fp32 values of the bf16 outputs), their row maxima
+        ``(B,)`` and, per row, one bound ``B (B,)`` with ``|y_v - y~_v| <= B`` for every ``v``."""
         h = hidden.detach()
         low = h.to(torch.bfloat16)
         rounded = low.float()
         norms = torch.stack([(h - rounded).norm(dim=-1), rounded.norm(dim=-1)], -1).mul_(self.margin)
         approx = torch.ops.mkldnn._linear_pointwise(low, self.packed, None, "none", [], "").float()
-        self.top = approx.amax(dim=-1)
-        magnitude = torch.maximum(self.top.abs(), approx.amin(dim=-1).abs())
+        top = approx.amax(dim=-1)
+        magnitude = torch.maximum(top.abs(), approx.amin(dim=-1).abs())
         bound = norms[:, 0] * self.w_norm_max + norms[:, 1] * self.weight_term_max + self.output_term * magnitude
-        return approx, bound
+        return approx, top, bound
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         """Token ids ``(B,)``: the argmax of the fp32 logits of each row of ``hidden (B, D)``.
 
         The true argmax ``v*`` satisfies ``y~_v* + B >= y_v* >= y_u >= y~_u - B`` for every ``u``,
         so it is among the ``v`` with ``y~_v >= max y~ - 2B``."""
-        approx, bound = self.approximate(hidden)
-        floor = self.top - 2.0 * bound
+        approx, top, bound = self.approximate(hidden)
+        floor = top - 2.0 * bound
         out = torch.empty(hidden.shape[0], dtype=torch.long)
         most = 0
         for row in range(hidden.shape[0]):
