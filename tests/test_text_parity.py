@@ -63,7 +63,7 @@ def test_logits_full_prompt_and_every_cached_step(checkpoints, name):
         assert cache.length == 40
 
 
-@pytest.mark.parametrize("screened", [False, True], ids=["fp32-head", "screened-head"])
+@pytest.mark.parametrize("screened", [None, "int8", "bf16"], ids=["fp32-head", "int8-screen", "bf16-screen"])
 @pytest.mark.parametrize("name", ["gpt2", "llama", "qwen2"])
 def test_greedy_ids_match_transformers(checkpoints, name, screened, monkeypatch):
     from gencli.backend.screened_argmax import ScreenedArgmax
@@ -73,11 +73,12 @@ def test_greedy_ids_match_transformers(checkpoints, name, screened, monkeypatch)
 
     folder, ref = checkpoints[name]
     tm = _load(folder)
-    if screened:  # the exact bf16-screened argmax, forced on for these small heads
-        if not ScreenedArgmax.supported(tm.model.lm_head.weight):
-            pytest.skip("no native bf16 matmul on this CPU")
+    if screened:  # the exact screened argmax, forced on for these small heads
+        if not ScreenedArgmax.supported(tm.model.lm_head.weight, screened):
+            pytest.skip(f"no exact {screened} kernel on this CPU")
         monkeypatch.setattr(text, "SCREEN_MIN_HEAD_BYTES", 0)
         monkeypatch.setattr(text, "SCREEN_MIN_STEPS", 0)
+        monkeypatch.setattr(text, "SCREEN_KIND", screened)
     prompt = tm.tokenizer.encode("def add(a, b):\n    return")
     settings = GenerationSettings(max_new_tokens=32, sampling=SamplingParams(temperature=0.0), ignore_eos=True)
     ours = generate(tm, [("p", prompt)], settings)[0]
@@ -87,7 +88,7 @@ def test_greedy_ids_match_transformers(checkpoints, name, screened, monkeypatch)
     assert len(ours.token_ids) == 32
     assert ours.token_ids == theirs
     assert ours.finish_reason == "length"
-    assert (tm.greedy_head is not None) == screened
+    assert (tm.greedy_head.kind if tm.greedy_head is not None else None) == screened
 
 
 def test_cpu_fp32_decoders_store_linear_weights_column_major(checkpoints, monkeypatch, tmp_path):

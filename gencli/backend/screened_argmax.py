@@ -1,34 +1,48 @@
-"""Exact greedy token choice over a large fp32 LM head, reading the head in bf16.
+"""Exact greedy token choice over a large fp32 LM head, reading a low-precision copy of the head.
 
 Greedy decoding needs only ``argmax_v (h . w_v)`` over the vocabulary, not the logits themselves.
 At batch 1 on a CPU the LM head is a matrix-vector product that streams the whole ``(V, D)``
 matrix once per token (GPT-2: 154 MB of its 500 MB per token). :class:`ScreenedArgmax` streams a
-bf16 copy instead (half the bytes) and keeps the result exact:
+compact copy instead and keeps the result exact:
 
-1. ``y~ = bf16(h) . bf16(W)^T`` (oneDNN, fp32 accumulation, bf16 output);
+1. ``y~ = x~ . w~_v`` for every ``v``, from a rounded hidden state ``x~`` and rounded rows ``w~_v``
+   (an int8 copy, a quarter of the bytes, or a bf16 copy, half of them);
 2. a rigorous bound ``|y_v - y~_v| <= B`` for every ``v`` (below) leaves the candidates
    ``{v : y~_v >= max y~ - 2B}``, a set that must contain the true argmax;
 3. the candidates' logits are recomputed in fp32 from the original rows and the best one wins.
 
-The bound, with ``dh = h - bf16(h)`` (known exactly), ``dw_v = w_v - bf16(w_v)`` (each element
-within 2^-8 of itself, bf16's unit roundoff) and ``R = max_v |w_v|`` (2-norms, computed once)::
+The bound. With ``dx = h - x~`` (known exactly), ``dw_v = w_v - w~_v`` and ``R = max_v |w_v|``::
 
-    h . w_v - bf16(h) . bf16(w_v) = dh . w_v + bf16(h) . dw_v
-    B = |dh| R + |bf16(h)| 2^-8 R                 (Cauchy-Schwarz)
-      + D 2^-23 |bf16(h)| (1 + 2^-8) R            (fp32 accumulation of D products, any order)
-      + 2^-8 / (1 - 2^-8) max_v |y~_v|            (rounding of the outputs to bf16)
+    h . w_v - x~ . w~_v = dx . w_v + x~ . dw_v
+    B = (|dx| R + |x~| Q) + (the kernel's own rounding)        (Cauchy-Schwarz)
+
+- **int8** (:class:`Int8Screen`, oneDNN's u8 x s8 kernel, CPUs with VNNI): each row is scaled to
+  [-127, 127] once, so ``Q = max_v |dw_v|`` is computed when the copy is built; the hidden
+  state is quantised per call to u8 with an fp32 scale ``s`` and a zero point ``z``. The int32 sums
+  ``A = sum_i qx_i q_vi`` and ``z C = z sum_i q_vi`` are exact; turning ``s s_v (A - z C)`` into
+  fp32 takes at most five roundings of ``2^-24 (|A| + |z C|)`` each, and ``|A|, |z C| <= 255
+  sum_i |q_vi|``, so ``2^-12 s S`` with ``S = 127 D max_v s_v >= max_v s_v sum_i |q_vi|`` covers
+  them.
+- **bf16** (:class:`Bf16Screen`, oneDNN's bf16 kernel, CPUs with native bf16): bf16 rounding moves
+  each weight by at most 2^-8 of itself, so ``Q = 2^-8 R`` plus the fp32 accumulation of D products
+  (``D 2^-23 (1 + 2^-8) R``); the output is rounded to bf16 (``2^-8 / (1 - 2^-8) max|y~|``).
 
 With real logits a handful of candidates remain; when none or more than ``max_candidates`` would
-(outputs that overflow bf16, NaN inputs, near-ties everywhere) the full fp32 product decides, so the
+(non-finite hidden states or outputs, near-ties everywhere) the full fp32 product decides, so the
 answer is always that of the fp32 head (up to the fp32 rounding of a different summation order).
 """
 
 from __future__ import annotations
 
+import math
+import struct
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
+
+_CHUNK_ROWS = 4096  # rows per step when building the int8 copy: its work buffer stays a few MB
+_DOWN = torch.tensor(-math.inf)
 
 
 def _onednn_bf16() -> bool:
@@ -37,75 +51,207 @@ def _onednn_bf16() -> bool:
     return _onednn_linear_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
-class ScreenedArgmax:
-    """``argmax(h @ weight.T, -1)`` for fp32 ``h (B, D)`` and an fp32 head ``weight (V, D)``."""
+_int8_ok: Optional[bool] = None
 
-    def __init__(self, weight: torch.Tensor, *, max_candidates: int = 128):
+
+def _onednn_int8() -> bool:
+    """oneDNN's u8 x s8 linear with an fp32 output, on a CPU whose int8 dot products cannot saturate
+    (VNNI / AMX: exact int32 accumulation; older CPUs pair products in saturating 16-bit sums)."""
+    global _int8_ok
+    if _int8_ok is None:
+        try:
+            _int8_ok = bool(
+                torch.backends.mkldnn.is_available()
+                and hasattr(torch.ops, "onednn")
+                and hasattr(torch.ops.onednn, "qlinear_pointwise")
+                and hasattr(torch.ops.onednn, "qlinear_prepack")
+                and torch.cpu._is_vnni_supported()
+            )
+        except (AttributeError, RuntimeError):
+            _int8_ok = False
+    return _int8_ok
+
+
+def _fp32(value: float) -> float:
+    """``value`` rounded to the nearest fp32 number (the scale the kernel receives is an fp32)."""
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
+class Bf16Screen:
+    """``x~ . w~_v`` with ``x~ = bf16(h)`` and a packed bf16 copy of the head (oneDNN)."""
+
+    kind = "bf16"
+
+    def __init__(self, weight: torch.Tensor, r: float):
+        dim = weight.shape[1]
+        low = torch.empty(weight.shape, dtype=torch.bfloat16).copy_(weight)  # row-major, one copy
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(low, 1)
+        del low
+        unit = 2.0**-8
+        # |dw_v| <= 2^-8 |w_v| (bf16 keeps fp32's exponent range; the subnormal tail is covered by
+        # an absolute 2^-133 per element); fp32 accumulation of D exact bf16 products, any order
+        self.q = (unit + dim * 2.0**-23 * (1 + unit)) * r + dim**0.5 * 2.0**-133
+        self.output = unit / (1 - unit)  # the bf16 output: |t - r| <= u |t| <= u/(1-u) |r|
+
+    @staticmethod
+    def available() -> bool:
+        return _onednn_bf16()
+
+    def __call__(self, h: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        low = h.to(torch.bfloat16)
+        rounded = low.double()
+        norms = torch.linalg.vector_norm(torch.stack([h.double() - rounded, rounded]), dim=-1)
+        approx = torch.ops.mkldnn._linear_pointwise(low, self.packed, None, "none", [], "").float()
+        magnitude = torch.maximum(approx.amax(dim=-1).abs(), approx.amin(dim=-1).abs()).double()
+        return approx, norms[0], norms[1], self.output * magnitude
+
+
+class Int8Screen:
+    """``x~ . w~_v`` with ``x~`` the hidden state quantised to u8 per call and a per-row scaled s8
+    copy of the head (oneDNN's int8 linear, exact int32 accumulation, fp32 output)."""
+
+    kind = "int8"
+
+    def __init__(self, weight: torch.Tensor, r: float):
+        vocab, dim = weight.shape
+        self.scales = torch.empty(vocab, dtype=torch.float32)
+        q8 = torch.empty((vocab, dim), dtype=torch.int8)
+        sums = torch.empty(vocab, dtype=torch.float32)  # sum_i q_vi (exact: integers below 2^24)
+        q = 0.0
+        work = torch.empty((min(vocab, _CHUNK_ROWS), dim))  # reused: fresh large buffers cost page faults
+        for start in range(0, vocab, _CHUNK_ROWS):
+            w = weight[start : start + _CHUNK_ROWS]
+            rows = work[: len(w)]
+            scale = torch.maximum(w.amax(dim=1), w.amin(dim=1).neg_()).div_(127).clamp_(min=2.0**-100)
+            self.scales[start : start + len(w)] = scale
+            torch.div(w, scale[:, None], out=rows).round_().clamp_(-127, 127)
+            q8[start : start + len(w)] = rows
+            sums[start : start + len(w)] = rows.sum(dim=1)
+            # fp32 w - q s is within 2^-24 (|w| + 2 |dw|) of the true dw per element: adding
+            # 2^-23 |w_v| covers it (the fp32 norm's own error is in ScreenedArgmax's margin)
+            q = max(q, float(torch.linalg.vector_norm(rows.mul_(scale[:, None]).sub_(w), dim=1).max()))
+        self.q = q * (1 + 2.0**-22) + 2.0**-23 * r  # max_v |dw_v|
+        self.s = 127 * dim * float(self.scales.max())  # >= max_v s_v sum_i |q_vi|
+        self.packed = torch.ops.onednn.qlinear_prepack(q8, None)
+        del q8
+        self.zero_points = torch.zeros(vocab, dtype=torch.int64)
+        # a kernel that saturated its intermediate sums would be caught here: all-255 inputs give
+        # every same-signed pair of products its largest sum
+        full = torch.full((1, dim), 255, dtype=torch.uint8)
+        got = self._product(full, 1.0, 0)[0].double()
+        expected = sums.double() * 255 * self.scales.double()
+        err = (got - expected).abs()
+        allowed = 2.0**-12 * self.s + 2.0**-100
+        if not bool((err <= allowed).all()):
+            raise RuntimeError("oneDNN's int8 linear is not exact on this CPU")
+
+    @staticmethod
+    def available() -> bool:
+        return _onednn_int8()
+
+    def _product(self, qx: torch.Tensor, scale: float, zero: int) -> torch.Tensor:
+        return torch.ops.onednn.qlinear_pointwise(
+            qx, scale, zero, self.packed, self.scales, self.zero_points, None, 1.0, 0, torch.float32, "none", [], ""
+        )
+
+    def __call__(self, h: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]]:
+        """``(y~, |dx|, |x~|, the kernel's rounding)`` per row; None when ``h`` is not finite."""
+        lo, hi = torch.aminmax(h)
+        lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+        if not math.isfinite(hi - lo):
+            return None
+        scale = _fp32((hi - lo) / 255) or 1.0
+        zero = min(max(round(-lo / scale), 0), 255)
+        levels = torch.round(h / scale).add_(zero).clamp_(0, 255)
+        rounded = levels.double().sub_(zero).mul_(scale)  # x~, exactly (9-bit integers times an fp32)
+        norms = torch.linalg.vector_norm(torch.stack([h.double() - rounded, rounded]), dim=-1)
+        approx = self._product(levels.to(torch.uint8), scale, zero)
+        return approx, norms[0], norms[1], 2.0**-12 * scale * self.s
+
+
+_SCREENS = {"int8": Int8Screen, "bf16": Bf16Screen}
+
+
+class ScreenedArgmax:
+    """``argmax(h @ weight.T, -1)`` for fp32 ``h (B, D)`` and an fp32 head ``weight (V, D)``.
+
+    ``kind`` picks the copy: "int8", "bf16", or None for the best one this CPU runs exactly."""
+
+    def __init__(self, weight: torch.Tensor, *, max_candidates: int = 1024, kind: Optional[str] = None):
         if weight.dim() != 2 or weight.dtype != torch.float32 or weight.device.type != "cpu":
             raise ValueError("ScreenedArgmax needs a 2-D fp32 weight on the CPU")
+        if kind is not None and kind not in _SCREENS:
+            raise ValueError(f"unknown screen {kind!r}; expected one of {', '.join(_SCREENS)}")
         self.weight = weight.detach()
         self.max_candidates = max_candidates
         dim = weight.shape[1]
-        # the bf16 head, packed once for oneDNN's matrix-vector kernel
-        low = torch.empty(self.weight.shape, dtype=torch.bfloat16).copy_(self.weight)  # row-major, one copy
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(low, 1)
-        del low
-        # rounding to bf16 moves each weight by at most 2^-8 of itself (unit roundoff; bf16 keeps
-        # fp32's exponent range, the subnormal tail is covered by an absolute 2^-133 per element),
-        # so every row obeys |dw_v| <= 2^-8 |w_v| and |bf16(w_v)| <= (1 + 2^-8) |w_v|: one number,
-        # the largest row norm, bounds every row. fp32 norms of D terms are within (D + 1) 2^-24
-        # relative and the bound takes a few more fp32 operations: a D 2^-20 margin covers both.
         if self.weight.stride(0) == 1:  # a column-major head: its row norms, read in memory order
             row_norms = torch.linalg.vector_norm(self.weight.t(), dim=0)
         else:
             row_norms = torch.linalg.vector_norm(self.weight, dim=1)
-        w_max = float(row_norms.max())
+        # fp32 norms of D terms are within (D + 1) 2^-24 relative and the bound takes a few more
+        # fp32 operations: a D 2^-20 margin covers both
         self.margin = 1.0 + max(dim, 64) * 2.0**-20
-        unit = 2.0**-8
-        accumulation = dim * 2.0**-23  # fp32 accumulation of D exact bf16 products, any order
-        self.w_norm_max = w_max * self.margin
-        self.weight_term_max = ((unit + accumulation * (1 + unit)) * w_max + dim**0.5 * 2.0**-133) * self.margin
-        self.output_term = unit / (1 - unit) * self.margin  # the bf16 output: |t - r| <= u |t| <= u/(1-u) |r|
+        r = float(row_norms.max()) * self.margin
+        self.screen = None
+        for name in [kind] if kind is not None else list(_SCREENS):
+            cls = _SCREENS[name]
+            if not cls.available():
+                continue
+            try:
+                self.screen = cls(self.weight, r)
+                break
+            except RuntimeError:
+                continue
+        if self.screen is None:
+            raise ValueError(f"no {kind or 'exact low-precision'} screen runs on this CPU")
+        self.kind = self.screen.kind
+        self.r = r
         self.last_candidates: Optional[int] = None  # the largest candidate count of the last call
 
     @staticmethod
-    def supported(weight: torch.Tensor) -> bool:
-        """Whether the screen can run here: an fp32 head on a CPU with oneDNN's native bf16 kernels."""
-        return weight.dim() == 2 and weight.dtype == torch.float32 and weight.device.type == "cpu" and _onednn_bf16()
+    def supported(weight: torch.Tensor, kind: Optional[str] = None) -> bool:
+        """Whether a screen can run here: an fp32 head on a CPU with oneDNN's int8 (VNNI) or native
+        bf16 kernels (``kind`` asks for one of them)."""
+        if weight.dim() != 2 or weight.dtype != torch.float32 or weight.device.type != "cpu":
+            return False
+        kinds = [kind] if kind is not None else list(_SCREENS)
+        return any(k in _SCREENS and _SCREENS[k].available() for k in kinds)
 
-    def approximate(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The screened logits ``y~ (B, V)`` (fp32 values of the bf16 outputs), their row maxima
-        ``(B,)`` and, per row, one bound ``B (B,)`` with ``|y_v - y~_v| <= B`` for every ``v``."""
-        h = hidden.detach()
-        low = h.to(torch.bfloat16)
-        rounded = low.float()
-        norms = torch.stack([(h - rounded).norm(dim=-1), rounded.norm(dim=-1)], -1).mul_(self.margin)
-        approx = torch.ops.mkldnn._linear_pointwise(low, self.packed, None, "none", [], "").float()
-        top = approx.amax(dim=-1)
-        magnitude = torch.maximum(top.abs(), approx.amin(dim=-1).abs())
-        bound = norms[:, 0] * self.w_norm_max + norms[:, 1] * self.weight_term_max + self.output_term * magnitude
-        return approx, top, bound
+    def approximate(self, hidden: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """The screened logits ``y~ (B, V)`` (fp32), their row maxima ``(B,)`` and, per row, one bound
+        ``B (B,)`` (fp64) with ``|y_v - y~_v| <= B`` for every ``v``; None when ``hidden`` is not finite."""
+        out = self.screen(hidden.detach())
+        if out is None:
+            return None
+        approx, dx_norm, x_norm, rounding = out
+        bound = (dx_norm * self.r + x_norm * self.screen.q + rounding) * self.margin
+        return approx, approx.amax(dim=-1), bound
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         """Token ids ``(B,)``: the argmax of the fp32 logits of each row of ``hidden (B, D)``.
 
         The true argmax ``v*`` satisfies ``y~_v* + B >= y_v* >= y_u >= y~_u - B`` for every ``u``,
         so it is among the ``v`` with ``y~_v >= max y~ - 2B``."""
-        approx, top, bound = self.approximate(hidden)
-        floor = top - 2.0 * bound
-        out = torch.empty(hidden.shape[0], dtype=torch.long)
+        screened = self.approximate(hidden)
+        if screened is None:
+            self.last_candidates = None
+            return F.linear(hidden, self.weight).argmax(-1)
+        approx, top, bound = screened
+        # max y~ - 2B in fp64, then the fp32 number just below it: rounding never drops a candidate
+        floor = torch.nextafter((top.double() - 2.0 * bound).float(), _DOWN)
+        out = []
         most = 0
-        for row in range(hidden.shape[0]):
-            # a non-finite screen (bf16 overflow, NaN input) keeps nothing: the fp32 product decides
-            ids = (approx[row] >= floor[row]).nonzero().view(-1)  # ascending: ties go to the lowest id
+        for row, (y, h) in enumerate(zip(approx, hidden)):
+            # a non-finite screen (NaN, overflow) keeps nothing: the fp32 product decides
+            ids = (y >= floor[row]).nonzero().view(-1)  # ascending: ties go to the lowest id
             most = max(most, len(ids))
             if not 0 < len(ids) <= self.max_candidates:
-                out[row] = F.linear(hidden[row], self.weight).argmax()
+                out.append(F.linear(h, self.weight).argmax())
                 continue
-            exact = torch.mv(self.weight.index_select(0, ids), hidden[row])
-            out[row] = ids[exact.argmax()]
+            out.append(ids[torch.mv(self.weight.index_select(0, ids), h).argmax()])
         self.last_candidates = most
-        return out
+        return torch.stack(out)
 
 
-__all__ = ["ScreenedArgmax"]
+__all__ = ["Bf16Screen", "Int8Screen", "ScreenedArgmax"]
