@@ -15,7 +15,10 @@ Each case lives in ``scripts/bench_cases/<name>.py`` and defines:
 
 Each side runs in its own fresh subprocess (so peak memory and load time are its own) on the inputs
 ``setup`` wrote into ``workdir``. The table shows both values and the ratio gencli / reference with
-the direction that is better. Speed targets are checked here, never by timed unit tests.
+the direction that is better. ``--rounds N`` runs the two sides N times, alternating which goes
+first: each value is then the median over the rounds and each ratio the median of the per-round
+ratios, so a machine whose speed drifts (a shared VM) affects both sides alike. Speed targets are
+checked here, never by timed unit tests.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import json
 import os
 import pkgutil
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -58,6 +62,7 @@ def build_parser(cases: dict[str, object]) -> argparse.ArgumentParser:
         p.add_argument("--dtype", default="float32", help="float32, bfloat16, float16, or auto (gencli's choice; reference side uses float32)")
         p.add_argument("--threads", type=int, default=None, help="torch threads for both sides")
         p.add_argument("--repeat", type=int, default=3, help="timed repetitions (best is kept)")
+        p.add_argument("--rounds", type=int, default=1, help="alternating runs of both sides (medians are reported)")
         p.add_argument("--only", choices=SIDES, help="run one side only")
         p.add_argument("--json", action="store_true", help="print the result as one JSON object")
         p.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
@@ -128,13 +133,22 @@ def main(argv: list[str] | None = None) -> None:
             mod.setup(args, Path(workdir))
         passthrough = [a for a in argv if a not in ("--json",)]
         sides = [args.only] if args.only else list(SIDES)
-        results = {side: run_side(side, passthrough, workdir) for side in sides}
+        rounds = []
+        for r in range(max(1, args.rounds)):
+            order = sides if r % 2 == 0 else sides[::-1]
+            rounds.append({side: run_side(side, passthrough, workdir) for side in order})
+    results = {side: _median_result([rnd[side] for rnd in rounds]) for side in sides}
     report = {"case": args.case, "device": args.device, "dtype": args.dtype, "environment": environment(), "results": results, "ratios": {}}
+    per_round: dict[str, list[float]] = {}
     if len(results) == 2:
-        for key, better in {**metrics, "peak_rss_mb": "lower"}.items():
-            ref, ours = results["reference"].get(key), results["gencli"].get(key)
-            if isinstance(ref, (int, float)) and isinstance(ours, (int, float)) and ref:
-                report["ratios"][key] = round(ours / ref, 3)
+        for key in {**metrics, "peak_rss_mb": "lower"}:
+            pairs = [(rnd["reference"].get(key), rnd["gencli"].get(key)) for rnd in rounds]
+            ratios = [ours / ref for ref, ours in pairs if isinstance(ref, (int, float)) and isinstance(ours, (int, float)) and ref]
+            if ratios:
+                per_round[key] = [round(x, 3) for x in ratios]
+                report["ratios"][key] = round(statistics.median(ratios), 3)
+        if len(rounds) > 1:
+            report["round_ratios"] = per_round
     if args.json:
         print(json.dumps(report))
         return
@@ -153,6 +167,20 @@ def main(argv: list[str] | None = None) -> None:
             better = metrics.get(key, "lower" if key == "peak_rss_mb" else "")
             row += f"   {report['ratios'][key]:.2f}x" + (f" ({better} is better)" if better else "")
         print(row)
+    if len(rounds) > 1:
+        print(f"medians of {len(rounds)} rounds; per-round gencli/reference:")
+        for key, ratios in per_round.items():
+            print(f"  {key:<{width}}" + " ".join(f"{x:.2f}" for x in ratios))
+
+
+def _median_result(runs: list[dict]) -> dict:
+    """One side's values over the rounds: the median of each number, the first run's other values."""
+    out = dict(runs[0])
+    for key, value in runs[0].items():
+        values = [r.get(key) for r in runs]
+        if isinstance(value, (int, float)) and all(isinstance(v, (int, float)) for v in values):
+            out[key] = statistics.median(values)
+    return out
 
 
 def _fmt(v) -> str:
