@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -168,9 +169,7 @@ def test_missing_file_and_model_errors(tmp_path, model_dir):
     data = _write(tmp_path, "date,y\n" + _series(30))
     one_error_line(run(data, "-m", other), "not a TFT forecasting model", "LlamaForCausalLM")
     pq = _write(tmp_path, "x", "d.parquet")
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("pyarrow") is None:
         one_error_line(run(pq, "-m", model_dir), "Parquet", "pyarrow")
 
 

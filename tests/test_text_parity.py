@@ -91,6 +91,34 @@ def test_greedy_ids_match_transformers(checkpoints, name, screened, monkeypatch)
     assert (tm.greedy_head.kind if tm.greedy_head is not None else None) == screened
 
 
+def test_a_screen_that_cannot_be_built_falls_back_once(checkpoints, monkeypatch):
+    from gencli.backend import screened_argmax
+    from gencli.pipelines import text
+    from gencli.pipelines.sampling import SamplingParams
+    from gencli.pipelines.text import GenerationSettings, generate
+
+    folder, ref = checkpoints["gpt2"]
+    tm = _load(folder)
+    calls = []
+
+    def refuse(self, weight, **kwargs):
+        calls.append(1)
+        raise ValueError("no exact low-precision screen runs on this CPU")
+
+    monkeypatch.setattr(screened_argmax.ScreenedArgmax, "supported", staticmethod(lambda weight, kind=None: True))
+    monkeypatch.setattr(screened_argmax.ScreenedArgmax, "__init__", refuse)
+    monkeypatch.setattr(text, "SCREEN_MIN_HEAD_BYTES", 0)
+    monkeypatch.setattr(text, "SCREEN_MIN_STEPS", 0)
+    prompt = tm.tokenizer.encode("def add(a, b):\n    return")
+    settings = GenerationSettings(max_new_tokens=8, sampling=SamplingParams(temperature=0.0), ignore_eos=True)
+    first = generate(tm, [("p", prompt)], settings)[0].token_ids
+    second = generate(tm, [("p", prompt)], settings)[0].token_ids
+    with torch.inference_mode():
+        out = ref.generate(torch.tensor([prompt]), max_new_tokens=8, min_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert first == second == out[0, len(prompt) :].tolist()  # the fp32 head decided
+    assert len(calls) == 1  # a failed build is not repeated on every call
+
+
 def test_cpu_fp32_decoders_store_linear_weights_column_major(checkpoints, monkeypatch, tmp_path):
     import shutil
 

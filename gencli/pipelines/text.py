@@ -44,7 +44,7 @@ class TextModel:
     pad_id: int
     context_length: int
     load_seconds: float
-    greedy_head: Optional[Any] = None  # the ScreenedArgmax of the LM head, built on first use
+    greedy_head: Optional[Any] = None  # the ScreenedArgmax of the LM head, built on first use (False: it cannot be)
 
 
 # The screen of the LM head pays off once the head no longer sits in the caches, and once enough
@@ -73,9 +73,9 @@ def greedy_head(tm: TextModel, params: SamplingParams, steps: int) -> Optional[A
             return None
         try:
             tm.greedy_head = ScreenedArgmax(weight, kind=SCREEN_KIND)
-        except ValueError:  # no copy passed its exactness check on this CPU
-            return None
-    return tm.greedy_head
+        except ValueError:  # no copy passed its exactness check on this CPU: not tried again
+            tm.greedy_head = False
+    return tm.greedy_head or None
 
 
 def _family(config: dict[str, Any]) -> tuple[str, str]:
