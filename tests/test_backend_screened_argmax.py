@@ -113,3 +113,54 @@ def test_prefers_the_int8_copy_where_it_is_exact(monkeypatch):
         assert ScreenedArgmax(w).kind == "bf16"
         with pytest.raises(ValueError, match="no int8 screen"):
             ScreenedArgmax(w, kind="int8")
+
+
+def outlier_case(seed=12):
+    """A head whose fifth input feature is nearly unused and hidden states where that feature is
+    huge: one scale for the whole hidden state makes the int8 screen far too coarse there."""
+    w = head(seed=seed)
+    w[:, 5] *= 0.01
+    h = torch.randn(4, 96, generator=torch.Generator().manual_seed(seed + 1))
+    h[:, 5] = 100.0
+    return w, h
+
+
+@pytest.mark.skipif(
+    not (ScreenedArgmax.supported(torch.zeros(2, 2), "int8") and ScreenedArgmax.supported(torch.zeros(2, 2), "bf16")),
+    reason="needs both the int8 and the bf16 kernels",
+)
+def test_rows_the_int8_copy_cannot_decide_go_to_the_bf16_copy_then_it_leads():
+    w, h = outlier_case()
+    expected = F.linear(h, w).argmax(-1)
+    only_int8 = ScreenedArgmax(w, kind="int8", max_candidates=256)
+    assert torch.equal(only_int8(h), expected)  # the fp32 product decided
+    assert only_int8.last_candidates > 256
+    cascade = ScreenedArgmax(w, max_candidates=256)
+    assert cascade.kind == "int8"
+    for call in range(ScreenedArgmax.DEMOTE_AFTER):
+        assert torch.equal(cascade(h), expected)
+        assert cascade.last_candidates > 256  # int8 kept too many, bf16 then decided
+    assert cascade.kind == "bf16"  # failing on most calls, the int8 copy was dropped
+    assert torch.equal(cascade(h), expected)
+    assert cascade.last_candidates <= 256
+    # ordinary hidden states never reach the bf16 copy
+    plain = ScreenedArgmax(w, max_candidates=256)
+    g = torch.randn(64, 96, generator=torch.Generator().manual_seed(3))
+    for i in range(0, 64, 4):
+        assert torch.equal(plain(g[i : i + 4]), F.linear(g[i : i + 4], w).argmax(-1))
+    assert plain.kind == "int8"
+
+
+@pytest.mark.skipif(not ScreenedArgmax.supported(torch.zeros(2, 2), "int8"), reason="no exact int8 kernel (oneDNN) on this CPU")
+def test_int8_screen_resolves_the_hidden_state_to_about_16_bits():
+    w = head(seed=14)
+    screen = ScreenedArgmax(w, kind="int8")
+    h = torch.randn(3, 96, generator=torch.Generator().manual_seed(15))
+    h[:, 7] = 40.0  # one huge feature sets the scale
+    approx, dx_norm, x_norm, rounding = screen.screen(h)
+    step = h.abs().max().item() / 127 / 256  # the second row's step
+    assert (dx_norm <= 96**0.5 * step / 2 * 1.001).all()
+    assert torch.allclose(x_norm, h.double().norm(dim=-1), rtol=1e-4)
+    exact = h.double() @ w.double().t()
+    # the product of the two rows is that of the 16-bit hidden state with the int8 rows
+    assert ((exact - approx.double()).abs().amax(-1) < 0.05 * exact.abs().amax(-1)).all()

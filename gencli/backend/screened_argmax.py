@@ -17,19 +17,21 @@ The bound. With ``dx = h - x~`` (known exactly), ``dw_v = w_v - w~_v`` and ``R =
     B = (|dx| R + |x~| Q) + (the kernel's own rounding)        (Cauchy-Schwarz)
 
 - **int8** (:class:`Int8Screen`, oneDNN's u8 x s8 kernel, CPUs with VNNI): each row is scaled to
-  [-127, 127] once, so ``Q = max_v |dw_v|`` is computed when the copy is built; the hidden
-  state is quantised per call to u8 with an fp32 scale ``s`` and a zero point ``z``. The int32 sums
-  ``A = sum_i qx_i q_vi`` and ``z C = z sum_i q_vi`` are exact; turning ``s s_v (A - z C)`` into
-  fp32 takes at most five roundings of ``2^-24 (|A| + |z C|)`` each, and ``|A|, |z C| <= 255
-  sum_i |q_vi|``, so ``2^-12 s S`` with ``S = 127 D max_v s_v >= max_v s_v sum_i |q_vi|`` covers
-  them.
+  [-127, 127] once, so ``Q = max_v |dw_v|`` is computed when the copy is built. The hidden state
+  goes in as two int8 rows of one product (the head is still read once): ``s q1`` plus the rounded
+  remainder ``(s / 256) q2``, so ``x~`` carries about 16 bits and ``|dx| R`` nearly vanishes. The
+  int32 sums ``A = sum_i q_i q_vi`` and ``z C = z sum_i q_vi`` (zero point ``z = 128``) are exact;
+  turning ``s s_v (A - z C)`` into fp32 takes at most five roundings of ``2^-24 (|A| + |z C|)``
+  each, and ``|A|, |z C| <= 255 sum_i |q_vi|``, so ``2^-12 s S`` per row (``S = 127 D max_v s_v``)
+  covers them; the fp32 sum of the two rows adds ``2^-24 |x~| (R + Q)``.
 - **bf16** (:class:`Bf16Screen`, oneDNN's bf16 kernel, CPUs with native bf16): bf16 rounding moves
   each weight by at most 2^-8 of itself, so ``Q = 2^-8 R`` plus the fp32 accumulation of D products
   (``D 2^-23 (1 + 2^-8) R``); the output is rounded to bf16 (``2^-8 / (1 - 2^-8) max|y~|``).
 
-With real logits a handful of candidates remain; when none or more than ``max_candidates`` would
-(non-finite hidden states or outputs, near-ties everywhere) the full fp32 product decides, so the
-answer is always that of the fp32 head (up to the fp32 rounding of a different summation order).
+With real logits a handful of candidates remain. Where none or more than ``max_candidates`` would
+(a coarse screen, outputs that overflow, near-ties everywhere) the next copy tries, then the full
+fp32 product decides (at once for a non-finite hidden state), so the answer is always that of the
+fp32 head (up to the fp32 rounding of a different summation order).
 """
 
 from __future__ import annotations
@@ -131,6 +133,7 @@ class Int8Screen:
             # 2^-23 |w_v| covers it (the fp32 norm's own error is in ScreenedArgmax's margin)
             q = max(q, float(torch.linalg.vector_norm(rows.mul_(scale[:, None]).sub_(w), dim=1).max()))
         self.q = q * (1 + 2.0**-22) + 2.0**-23 * r  # max_v |dw_v|
+        self.r = r
         self.s = 127 * dim * float(self.scales.max())  # >= max_v s_v sum_i |q_vi|
         self.packed = torch.ops.onednn.qlinear_prepack(q8, None)
         del q8
@@ -154,19 +157,30 @@ class Int8Screen:
             qx, scale, zero, self.packed, self.scales, self.zero_points, None, 1.0, 0, torch.float32, "none", [], ""
         )
 
-    def __call__(self, h: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]]:
-        """``(y~, |dx|, |x~|, the kernel's rounding)`` per row; None when ``h`` is not finite."""
-        lo, hi = torch.aminmax(h)
-        lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
-        if not math.isfinite(hi - lo):
+    def __call__(self, h: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """``(y~, |dx|, |x~|, the rounding of y~)`` per row; None when ``h`` is not finite.
+
+        The hidden state goes in as two int8 rows of one matrix product, which costs what one row
+        does (the head is read once): ``h ~ s q1 + (s / 256) q2`` with ``q1 = round(h / s)`` and
+        ``q2`` the rounded remainder, so ``x~`` resolves ``h`` to about 16 bits and the ``|dx| R``
+        term nearly vanishes (a single 8-bit row left it the larger half of the bound)."""
+        rows = h.shape[0]
+        peak = float(h.abs().amax())
+        if not math.isfinite(peak):
             return None
-        scale = _fp32((hi - lo) / 255) or 1.0
-        zero = min(max(round(-lo / scale), 0), 255)
-        levels = torch.round(h / scale).add_(zero).clamp_(0, 255)
-        rounded = levels.double().sub_(zero).mul_(scale)  # x~, exactly (9-bit integers times an fp32)
-        norms = torch.linalg.vector_norm(torch.stack([h.double() - rounded, rounded]), dim=-1)
-        approx = self._product(levels.to(torch.uint8), scale, zero)
-        return approx, norms[0], norms[1], 2.0**-12 * scale * self.s
+        scale = _fp32(peak / 127) or 1.0
+        wide = h.double()
+        coarse = torch.round(h / scale).clamp_(-128, 127).double()
+        step = coarse.mul(scale)
+        fine = torch.round((wide - step).mul_(256 / scale)).clamp_(-128, 127)
+        rounded = step.add_(fine, alpha=scale / 256)  # x~ exactly: 16-bit integers times an fp32 fit fp64
+        norms = torch.linalg.vector_norm(torch.stack([wide - rounded, rounded]), dim=-1)
+        levels = torch.cat([coarse, fine]).add_(128).to(torch.uint8)
+        both = self._product(levels, scale, 128)
+        approx = torch.add(both[:rows], both[rows:], alpha=1 / 256)
+        # the kernel's rounding of each row (the second scaled by 1/256), then the fp32 sum: at most
+        # 2^-24 |y~_v| <= 2^-24 |x~| (R + Q) each
+        return approx, norms[0], norms[1], 2.0**-11 * scale * self.s + 2.0**-23 * (self.r + self.q) * norms[1]
 
 
 _SCREENS = {"int8": Int8Screen, "bf16": Bf16Screen}
@@ -175,7 +189,13 @@ _SCREENS = {"int8": Int8Screen, "bf16": Bf16Screen}
 class ScreenedArgmax:
     """``argmax(h @ weight.T, -1)`` for fp32 ``h (B, D)`` and an fp32 head ``weight (V, D)``.
 
-    ``kind`` picks the copy: "int8", "bf16", or None for the best one this CPU runs exactly."""
+    ``kind`` picks the copy: "int8", "bf16", or None for a cascade of the copies this CPU runs
+    exactly, cheapest first. A row the int8 screen cannot decide (hidden states with a few huge
+    features make its one-scale quantisation coarse: too many candidates) goes to the bf16 copy,
+    built the first time it is needed, and only then to the fp32 product; when the int8 copy fails
+    on most calls it is dropped and the bf16 copy leads."""
+
+    DEMOTE_AFTER = 16  # calls before the leading copy can be dropped for failing on most of them
 
     def __init__(self, weight: torch.Tensor, *, max_candidates: int = 1024, kind: Optional[str] = None):
         if weight.dim() != 2 or weight.dtype != torch.float32 or weight.device.type != "cpu":
@@ -192,22 +212,34 @@ class ScreenedArgmax:
         # fp32 norms of D terms are within (D + 1) 2^-24 relative and the bound takes a few more
         # fp32 operations: a D 2^-20 margin covers both
         self.margin = 1.0 + max(dim, 64) * 2.0**-20
-        r = float(row_norms.max()) * self.margin
-        self.screen = None
-        for name in [kind] if kind is not None else list(_SCREENS):
-            cls = _SCREENS[name]
-            if not cls.available():
-                continue
-            try:
-                self.screen = cls(self.weight, r)
-                break
-            except RuntimeError:
-                continue
-        if self.screen is None:
+        self.r = float(row_norms.max()) * self.margin
+        # the cascade: the copies this CPU has kernels for, cheapest first; built when first needed
+        self._kinds = [k for k in ([kind] if kind is not None else list(_SCREENS)) if _SCREENS[k].available()]
+        self._built: dict[str, object] = {}
+        while self._kinds and self._build(self._kinds[0]) is None:
+            self._kinds.pop(0)
+        if not self._kinds:
             raise ValueError(f"no {kind or 'exact low-precision'} screen runs on this CPU")
-        self.kind = self.screen.kind
-        self.r = r
+        self._calls = self._misses = 0  # of the leading copy
         self.last_candidates: Optional[int] = None  # the largest candidate count of the last call
+
+    def _build(self, kind: str):
+        """The copy of ``kind``, built on first use; None when its kernel fails the exactness check."""
+        if kind not in self._built:
+            try:
+                self._built[kind] = _SCREENS[kind](self.weight, self.r)
+            except RuntimeError:
+                self._built[kind] = None
+        return self._built[kind]
+
+    @property
+    def screen(self):
+        """The leading copy (:class:`Int8Screen` or :class:`Bf16Screen`)."""
+        return self._built[self._kinds[0]]
+
+    @property
+    def kind(self) -> str:
+        return self._kinds[0]
 
     @staticmethod
     def supported(weight: torch.Tensor, kind: Optional[str] = None) -> bool:
@@ -218,40 +250,74 @@ class ScreenedArgmax:
         kinds = [kind] if kind is not None else list(_SCREENS)
         return any(k in _SCREENS and _SCREENS[k].available() for k in kinds)
 
-    def approximate(self, hidden: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """The screened logits ``y~ (B, V)`` (fp32), their row maxima ``(B,)`` and, per row, one bound
-        ``B (B,)`` (fp64) with ``|y_v - y~_v| <= B`` for every ``v``; None when ``hidden`` is not finite."""
-        out = self.screen(hidden.detach())
+    def approximate(self, hidden: torch.Tensor, screen=None) -> Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """The screened logits ``y~ (B, V)`` (fp32) of ``screen`` (the leading copy by default), their
+        row maxima ``(B,)`` and, per row, one bound ``B (B,)`` (fp64) with ``|y_v - y~_v| <= B`` for
+        every ``v``; None when ``hidden`` is not finite."""
+        screen = self.screen if screen is None else screen
+        out = screen(hidden.detach())
         if out is None:
             return None
         approx, dx_norm, x_norm, rounding = out
-        bound = (dx_norm * self.r + x_norm * self.screen.q + rounding) * self.margin
+        bound = (dx_norm * self.r + x_norm * screen.q + rounding) * self.margin
         return approx, approx.amax(dim=-1), bound
 
-    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Token ids ``(B,)``: the argmax of the fp32 logits of each row of ``hidden (B, D)``.
+    def _decide(self, screen, hidden: torch.Tensor) -> Optional[list]:
+        """Per row, the token id the screen proves to be the argmax, or None where too many (or no)
+        candidates remain; None for all rows when ``hidden`` is not finite.
 
         The true argmax ``v*`` satisfies ``y~_v* + B >= y_v* >= y_u >= y~_u - B`` for every ``u``,
         so it is among the ``v`` with ``y~_v >= max y~ - 2B``."""
-        screened = self.approximate(hidden)
+        screened = self.approximate(hidden, screen)
         if screened is None:
-            self.last_candidates = None
-            return F.linear(hidden, self.weight).argmax(-1)
+            return None
         approx, top, bound = screened
         # max y~ - 2B in fp64, then the fp32 number just below it: rounding never drops a candidate
         floor = torch.nextafter((top.double() - 2.0 * bound).float(), _DOWN)
-        out = []
-        most = 0
+        decided = []
         for row, (y, h) in enumerate(zip(approx, hidden)):
-            # a non-finite screen (NaN, overflow) keeps nothing: the fp32 product decides
+            # a non-finite screen (NaN, overflow) keeps nothing: the next copy or fp32 decides
             ids = (y >= floor[row]).nonzero().view(-1)  # ascending: ties go to the lowest id
-            most = max(most, len(ids))
+            self.last_candidates = max(self.last_candidates or 0, len(ids))
             if not 0 < len(ids) <= self.max_candidates:
-                out.append(F.linear(h, self.weight).argmax())
+                decided.append(None)
                 continue
-            out.append(ids[torch.mv(self.weight.index_select(0, ids), h).argmax()])
-        self.last_candidates = most
+            decided.append(ids[torch.mv(self.weight.index_select(0, ids), h).argmax()])
+        return decided
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Token ids ``(B,)``: the argmax of the fp32 logits of each row of ``hidden (B, D)``."""
+        out: list = [None] * hidden.shape[0]
+        todo = list(range(hidden.shape[0]))
+        self.last_candidates = None
+        for level, kind in enumerate(list(self._kinds)):
+            screen = self._build(kind)
+            if screen is None:
+                continue
+            decided = self._decide(screen, hidden[todo] if len(todo) < len(out) else hidden)
+            if decided is None:  # a non-finite hidden state: only the fp32 product can answer
+                break
+            left = [row for row, token in zip(todo, decided) if token is None]
+            for row, token in zip(todo, decided):
+                if token is not None:
+                    out[row] = token
+            if level == 0:
+                self._count(bool(left))
+            todo = left
+            if not todo:
+                break
+        for row in todo:
+            out[row] = F.linear(hidden[row], self.weight).argmax()
         return torch.stack(out)
+
+    def _count(self, missed: bool) -> None:
+        """Drop the leading copy when it fails on most calls and a next one can take over."""
+        self._calls += 1
+        self._misses += missed
+        if self._calls >= self.DEMOTE_AFTER and 2 * self._misses > self._calls and len(self._kinds) > 1:
+            if self._build(self._kinds[1]) is not None:
+                self._built.pop(self._kinds.pop(0))
+                self._calls = self._misses = 0
 
 
 __all__ = ["Bf16Screen", "Int8Screen", "ScreenedArgmax"]
