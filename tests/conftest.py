@@ -19,6 +19,13 @@ def run_cli(*args: str, input: str | None = None, env: dict | None = None, cwd: 
     return subprocess.run([sys.executable, "-m", "gencli", *args], capture_output=True, text=True, input=input, env=full_env, cwd=cwd, timeout=600)
 
 
+@pytest.fixture(autouse=True)
+def wide_terminal(monkeypatch):
+    """rich tables render at the terminal's width, 80 columns when there is none: a wide one keeps
+    the temporary paths in the tests' tables from folding (where they fold moves with their length)."""
+    monkeypatch.setenv("COLUMNS", "400")
+
+
 @pytest.fixture
 def cli():
     return run_cli
