@@ -109,8 +109,8 @@ class Bf16Screen:
 
 
 class Int8Screen:
-    """``x~ . w~_v`` with ``x~`` the hidden state quantised to u8 per call and a per-row scaled s8
-    copy of the head (oneDNN's int8 linear, exact int32 accumulation, fp32 output)."""
+    """``x~ . w~_v`` with ``x~`` the hidden state to about 16 bits (two int8 rows per call) and a
+    per-row scaled s8 copy of the head (oneDNN's int8 linear, exact int32 accumulation, fp32 output)."""
 
     kind = "int8"
 
@@ -190,10 +190,10 @@ class ScreenedArgmax:
     """``argmax(h @ weight.T, -1)`` for fp32 ``h (B, D)`` and an fp32 head ``weight (V, D)``.
 
     ``kind`` picks the copy: "int8", "bf16", or None for a cascade of the copies this CPU runs
-    exactly, cheapest first. A row the int8 screen cannot decide (hidden states with a few huge
-    features make its one-scale quantisation coarse: too many candidates) goes to the bf16 copy,
-    built the first time it is needed, and only then to the fp32 product; when the int8 copy fails
-    on most calls it is dropped and the bf16 copy leads."""
+    exactly, cheapest first. A row the int8 screen cannot decide (too many candidates: a huge
+    feature of the hidden state meeting a nearly unused column of the head makes the ``|x~| Q`` term
+    of its bound loose) goes to the bf16 copy, built the first time it is needed, and only then to
+    the fp32 product; when the int8 copy fails on most calls it is dropped and the bf16 copy leads."""
 
     DEMOTE_AFTER = 16  # calls before the leading copy can be dropped for failing on most of them
 
