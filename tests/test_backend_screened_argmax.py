@@ -117,7 +117,7 @@ def test_prefers_the_int8_copy_where_it_is_exact(monkeypatch):
 
 def outlier_case(seed=12):
     """A head whose fifth input feature is nearly unused and hidden states where that feature is
-    huge: one scale for the whole hidden state makes the int8 screen far too coarse there."""
+    huge: the ``|x~| Q`` term of the int8 bound (the rows' rounding) then dwarfs the logits' spread."""
     w = head(seed=seed)
     w[:, 5] *= 0.01
     h = torch.randn(4, 96, generator=torch.Generator().manual_seed(seed + 1))
