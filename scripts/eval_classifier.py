@@ -61,11 +61,11 @@ def main() -> None:
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
 
-    from gencli.backend.device import choose
+    from gencli.backend.device import choose_placement
     from gencli.pipelines.classify import DEFAULT_MODEL, ImageClassifier
     from gencli.weights import resolve_model
 
-    placement = choose(args.device, args.dtype, "transformer", args.threads)
+    placement = choose_placement(args.device, args.dtype, "transformer", args.threads)
     clf = ImageClassifier.load(resolve_model(args.model, DEFAULT_MODEL), placement)
     seeds = shapes.split_seeds("test", args.n, offset=args.offset)
     results = []

@@ -34,12 +34,12 @@ def run_eval(model: str, *, split: str = "test", n: int = 1000, n_held_out: int 
              shape_template=None, colour_template=None, combo_template=None, threads=None) -> dict:  # fmt: skip
     from PIL import Image
 
-    from gencli.backend.device import DTYPE_NAMES, choose
+    from gencli.backend.device import DTYPE_NAMES, choose_placement
     from gencli.data import shapes_clip
     from gencli.pipelines import zeroshot as zs
     from gencli.weights import resolve_model
 
-    placement = choose(device, dtype, "transformer", threads)
+    placement = choose_placement(device, dtype, "transformer", threads)
     bundle = zs.load(resolve_model(model, zs.DEFAULT_MODEL), placement)
     kwargs = {k: v for k, v in dict(shape_template=shape_template, colour_template=colour_template, combo_template=combo_template).items() if v}
     sets = shapes_clip.label_sets(**kwargs)

@@ -158,7 +158,7 @@ def test_resolve_dtype_rules(monkeypatch):
 def test_threads_respected():
     before = torch.get_num_threads()
     try:
-        devmod.choose("cpu", "float32", threads=1)
+        devmod.choose_placement("cpu", "float32", threads=1)
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)

@@ -140,13 +140,13 @@ def make_app():
 
     @command(app, "run")
     def run(count: int = 1, *, opts: RunOptions) -> None:
-        from gencli.backend.device import choose
+        from gencli.backend.device import choose_placement
 
         if count < 0:
             raise UserError("--count must be >= 0")
         if count == 99:
             raise RuntimeError("boom")
-        placement = choose(opts.device, opts.dtype, threads=opts.threads)
+        placement = choose_placement(opts.device, opts.dtype, threads=opts.threads)
         opts.debug_log(f"chose {placement.describe()}")
         for i in range(count):
             if opts.json:

@@ -31,10 +31,10 @@ def test_embedded_weights_are_present():
 
 @pytest.fixture(scope="module")
 def bundle():
-    from gencli.backend.device import choose
+    from gencli.backend.device import choose_placement
     from gencli.pipelines import zeroshot as zs
 
-    return zs.load(WEIGHTS, choose("cpu", "auto", "transformer"))
+    return zs.load(WEIGHTS, choose_placement("cpu", "auto", "transformer"))
 
 
 @pytest.mark.slow

@@ -19,10 +19,10 @@ MODEL = weights_dir() / "vit-shapes"
 
 @pytest.fixture(scope="module")
 def classifier():
-    from gencli.backend.device import choose
+    from gencli.backend.device import choose_placement
     from gencli.pipelines.classify import ImageClassifier
 
-    return ImageClassifier.load(MODEL, choose("cpu", "auto", "transformer"))
+    return ImageClassifier.load(MODEL, choose_placement("cpu", "auto", "transformer"))
 
 
 @pytest.mark.slow

@@ -2,7 +2,7 @@
 activations, position encodings, seeding and timing. Every model family builds on this package."""
 
 from gencli.backend.attention import KVCache, LayerKVCache, build_mask, reference_attention, scaled_dot_product_attention
-from gencli.backend.device import Placement, choose, cpu_has_native_bf16, resolve_device, resolve_dtype, set_threads
+from gencli.backend.device import Placement, choose_placement, cpu_has_native_bf16, resolve_device, resolve_dtype, set_threads
 from gencli.backend.layers import (
     Activation,
     FeedForward,

@@ -152,7 +152,7 @@ class Placement:
         return f"device {self.device}, dtype {DTYPE_NAMES.get(self.dtype, str(self.dtype))}"
 
 
-def choose(device: str = "auto", dtype: str = "auto", family_kind: FamilyKind = "transformer", threads: Optional[int] = None, n_params: Optional[int] = None) -> Placement:
+def choose_placement(device: str = "auto", dtype: str = "auto", family_kind: FamilyKind = "transformer", threads: Optional[int] = None, n_params: Optional[int] = None) -> Placement:
     """Resolve the user's ``--device/--dtype/--threads`` for one model family."""
     set_threads(threads)
     dev = resolve_device(device)

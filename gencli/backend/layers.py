@@ -61,14 +61,27 @@ class LayerNorm(nn.LayerNorm):
 
 
 class GroupNorm(nn.GroupNorm):
-    """GroupNorm (UNet/VAE families); statistics in fp32 under reduced precision."""
+    """GroupNorm (UNet/VAE families), optionally followed by an activation: ``norm(x, "silu")``.
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    Key names are torch's (``weight``/``bias``), as in diffusers. Under reduced precision the
+    statistics are computed in fp32 and the result cast back. The activation (as in
+    :class:`Linear`, named in transformers' ``hidden_act`` vocabulary) is applied in place on the
+    normalised tensor at inference, so norm + SiLU (every ResNet block runs it twice) costs one
+    output tensor instead of two.
+    """
+
+    def forward(self, x: torch.Tensor, activation: Optional[str] = None) -> torch.Tensor:
         if x.dtype in (torch.float16, torch.bfloat16):
             w = self.weight.float() if self.weight is not None else None
             b = self.bias.float() if self.bias is not None else None
-            return F.group_norm(x.float(), self.num_groups, w, b, self.eps).to(x.dtype)
-        return super().forward(x)
+            out = F.group_norm(x.float(), self.num_groups, w, b, self.eps).to(x.dtype)
+        else:
+            out = F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+        if activation is None:
+            return out
+        if not torch.is_grad_enabled() and activation in _INPLACE_ACTIVATIONS:
+            return _INPLACE_ACTIVATIONS[activation](out)
+        return get_activation(activation)(out)
 
 
 _QUICK_GELU_K = 1.702
@@ -102,6 +115,14 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "elu": F.elu,
     "tanh": torch.tanh,
     "sigmoid": torch.sigmoid,
+}
+
+
+# the same functions written in place (inference on a fresh tensor only)
+_INPLACE_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": lambda t: F.silu(t, inplace=True),
+    "swish": lambda t: F.silu(t, inplace=True),
+    "relu": lambda t: F.relu(t, inplace=True),
 }
 
 

@@ -29,13 +29,13 @@ def classify(
     """
     import time
 
-    from gencli.backend.device import choose
+    from gencli.backend.device import choose_placement
     from gencli.pipelines.classify import DEFAULT_MODEL, ImageClassifier
     from gencli.pipelines.images import image_paths, run_image_files
     from gencli.weights import resolve_model
 
     paths = image_paths(images, recursive=recursive)  # bad inputs fail before the model loads
-    placement = choose(opts.device, opts.dtype, "transformer", opts.threads)
+    placement = choose_placement(opts.device, opts.dtype, "transformer", opts.threads)
     opts.debug_log(f"classify: {placement.describe()}")
     start = time.perf_counter()
     clf = ImageClassifier.load(resolve_model(opts.model, DEFAULT_MODEL), placement, allow_pickle=opts.allow_pickle, warn=opts.warn)

@@ -35,7 +35,7 @@ def zeroshot(
     """
     import time
 
-    from gencli.backend.device import choose
+    from gencli.backend.device import choose_placement
     from gencli.errors import UserError
     from gencli.pipelines import zeroshot as zs
     from gencli.pipelines.images import image_paths, run_image_files
@@ -46,7 +46,7 @@ def zeroshot(
     label_list = zs.parse_labels(labels, labels_file)
     templates = zs.check_templates(template) if template else None
     paths = image_paths(images, recursive=recursive)  # bad inputs fail before the model loads
-    placement = choose(opts.device, opts.dtype, "transformer", opts.threads)
+    placement = choose_placement(opts.device, opts.dtype, "transformer", opts.threads)
     opts.debug_log(f"zeroshot: {placement.describe()}")
     start = time.perf_counter()
     bundle = zs.load(resolve_model(opts.model, zs.DEFAULT_MODEL), placement, allow_pickle=opts.allow_pickle, warn=opts.warn)
@@ -82,7 +82,7 @@ def similarity(
     Rows are images, columns texts. Prints a table, CSV with --csv, or with --json one line per image:
     {"image", "similarities": [{"text", "cosine"}]} (texts in the order given).
     """
-    from gencli.backend.device import choose
+    from gencli.backend.device import choose_placement
     from gencli.errors import UserError
     from gencli.io import ensure_writable
     from gencli.pipelines import similarity as sim
@@ -101,7 +101,7 @@ def similarity(
     if out:
         ensure_writable(out, force)
     paths = image_paths(inputs, recursive=recursive)
-    placement = choose(opts.device, opts.dtype, "transformer", opts.threads)
+    placement = choose_placement(opts.device, opts.dtype, "transformer", opts.threads)
     opts.debug_log(f"similarity: {placement.describe()}")
     bundle = zs.load(resolve_model(opts.model, zs.DEFAULT_MODEL), placement, allow_pickle=opts.allow_pickle, warn=opts.warn)
     fmt = "csv" if csv_out else "json" if opts.json else "table"

@@ -15,7 +15,7 @@ Two towers and two projections:
 
 Attribute names mirror transformers', so a ``CLIPModel`` checkpoint maps onto these modules by
 identity (see :mod:`gencli.pipelines.clip` for loading). Attention goes through the backend's one
-entry point (via :func:`gencli.models.encoder.multi_head_attention`, shared with ViT).
+entry point (via :func:`gencli.models.attention.multi_head_attention`, shared with ViT).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gencli.backend.layers import FeedForward, LayerNorm
-from gencli.models.encoder import multi_head_attention
+from gencli.models.attention import multi_head_attention
 
 # The token id transformers treats as "legacy": configs written before CLIP's eos_token_id was fixed
 # carry eos_token_id = 2, and for them the pooled token is the one with the highest id (the end-of-text

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from gencli.backend.layers import LayerNorm, Linear, get_activation
 from gencli.checkpoints.keymap import Drop, KeyMap, Rename
-from gencli.models.encoder import multi_head_attention
+from gencli.models.attention import multi_head_attention
 
 
 def _pair(v: Any) -> tuple[int, int]:

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from gencli.backend.device import DTYPE_NAMES, Placement, choose
+from gencli.backend.device import DTYPE_NAMES, Placement, choose_placement
 from gencli.backend.random import make_generator
 from gencli.errors import UserError
 from gencli.models.causal_lm import CausalLM
@@ -120,7 +120,7 @@ def load_text_model(path: Path, *, device: str = "auto", dtype: str = "auto", th
     model_class = llama.LlamaForCausalLM if family == "llama" else gpt2.GPT2LMHeadModel
     tokenizer = load_tokenizer(folder)  # before the weights: a missing tokenizer fails fast
     n_params = None if src.is_pickle else sum(t.numel for t in src.tensor_infos().values())
-    placement = choose(device, dtype, "decoder", threads, n_params=n_params)
+    placement = choose_placement(device, dtype, "decoder", threads, n_params=n_params)
     reader = open_reader(src, allow_pickle=allow_pickle)
     try:
         # batch-1 decoding streams every weight from memory once per token: on a CPU in fp32 the

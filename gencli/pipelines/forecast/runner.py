@@ -11,7 +11,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from gencli.backend.device import choose
+from gencli.backend.device import choose_placement
 from gencli.checkpoints.formats import open_source
 from gencli.checkpoints.loader import load_model, save_model
 from gencli.checkpoints.reader import open_reader
@@ -69,7 +69,7 @@ class Forecaster:
 
     def __init__(self, path: Path, *, device: str = "auto", dtype: str = "auto", threads: Optional[int] = None, allow_pickle: bool = False):
         self.path = Path(path)
-        self.placement = choose(device, dtype, "float", threads)
+        self.placement = choose_placement(device, dtype, "float", threads)
         self.config, src = load_config(self.path, allow_pickle)
         self.model = load_model(lambda: TemporalFusionTransformer(self.config), open_reader(src, allow_pickle=allow_pickle), device=self.placement.device, dtype=self.placement.dtype)
         self.model.eval()
