@@ -1,0 +1,61 @@
+"""What every training loop shares: the learning-rate schedule, resumable checkpoints, the run's
+command history. Used by ``scripts/train_*.py`` (which reproduce ``weights/``) and by the forecast
+fine-tuning.
+
+Checkpoints are written atomically (:func:`gencli.io.atomic_path`: a crash mid-write leaves the
+previous checkpoint intact) and read back with ``torch.load(weights_only=True)`` only, so a
+checkpoint holds tensors, numbers, strings, lists and dicts, nothing that unpickles code.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from gencli.io import atomic_path
+
+
+def warmup_cosine_lr(step: int, total: int, peak: float, *, warmup: int = 0, floor: float = 0.0) -> float:
+    """Linear warmup over ``warmup`` steps to ``peak``, then a cosine decay to ``floor * peak`` at
+    ``total`` steps (and flat after it)."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
+    """Write a training state (model/optimizer state dicts, step, cursors, history...) atomically."""
+    with atomic_path(path, force=True) as tmp:
+        torch.save(state, tmp)
+
+
+def load_checkpoint(path: str | Path) -> Optional[dict[str, Any]]:
+    """The state saved by :func:`save_checkpoint`, or None when there is none yet (a fresh run)."""
+    p = Path(path)
+    if not p.is_file():
+        return None
+    return torch.load(p, map_location="cpu", weights_only=True)
+
+
+def command_history(previous: Optional[str], step: int, argv: Optional[list[str]] = None) -> str:
+    """The command line(s) that produced a run: the first one, then each resumption with its step,
+    so the weights README can cite exactly how the weights were made."""
+    command = "python " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv))
+    if not previous:
+        return command
+    last = previous.rsplit(": ", 1)[-1] if "  # then, resumed at step" in previous else previous
+    return previous if last == command else f"{previous}  # then, resumed at step {step}: {command}"
+
+
+__all__ = ["warmup_cosine_lr", "set_lr", "save_checkpoint", "load_checkpoint", "command_history"]

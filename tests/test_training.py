@@ -1,0 +1,49 @@
+"""The shared training helpers: schedule values, atomic resumable checkpoints, command history."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gencli.training import command_history, load_checkpoint, save_checkpoint, warmup_cosine_lr
+
+
+def test_warmup_cosine_schedule_values():
+    assert warmup_cosine_lr(0, 100, 1.0, warmup=10) == pytest.approx(0.1)
+    assert warmup_cosine_lr(9, 100, 1.0, warmup=10) == pytest.approx(1.0)
+    assert warmup_cosine_lr(10, 100, 1.0, warmup=10) == pytest.approx(1.0)
+    assert warmup_cosine_lr(55, 100, 1.0, warmup=10) == pytest.approx(0.5)  # half way through the decay
+    assert warmup_cosine_lr(100, 100, 2.0, warmup=10, floor=0.05) == pytest.approx(0.1)
+    assert warmup_cosine_lr(500, 100, 2.0, floor=0.05) == pytest.approx(0.1)  # flat after the end
+    assert warmup_cosine_lr(25, 100, 1.0) == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.25)))
+
+
+def test_checkpoint_round_trip_and_fresh_run(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    assert load_checkpoint(path) is None
+    model = torch.nn.Linear(3, 2)
+    save_checkpoint(path, {"model": model.state_dict(), "step": 7, "history": [{"loss": 0.5}]})
+    state = load_checkpoint(path)
+    assert state["step"] == 7 and state["history"] == [{"loss": 0.5}]
+    torch.testing.assert_close(state["model"]["weight"], model.weight.detach())
+    save_checkpoint(path, {"step": 8})  # overwrites the previous checkpoint in place
+    assert load_checkpoint(path)["step"] == 8
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]  # no temporary left behind
+
+
+def test_checkpoint_refuses_pickled_objects(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    torch.save({"fn": print}, path)  # a callable needs unpickling of code: refused
+    with pytest.raises(Exception):
+        load_checkpoint(path)
+
+
+def test_command_history_records_resumptions():
+    first = command_history(None, 0, ["train.py", "--out", "runs/a"])
+    assert first == "python train.py --out runs/a"
+    again = command_history(first, 100, ["train.py", "--out", "runs/a"])
+    assert again == first  # the same command resumed: not repeated
+    other = command_history(first, 250, ["train.py", "--out", "runs/a", "--steps", "9"])
+    assert other == "python train.py --out runs/a  # then, resumed at step 250: python train.py --out runs/a --steps 9"
