@@ -78,14 +78,15 @@ class CheckpointSource:
                 md.update(h.metadata)
         return md
 
-    def sub(self, name: str) -> "CheckpointSource":
-        """A component of a diffusers pipeline folder (``unet``, ``vae``, ``text_encoder``...)."""
+    def sub(self, name: str, *, variant: Optional[str] = None) -> "CheckpointSource":
+        """A component of a diffusers pipeline folder (``unet``, ``vae``, ``text_encoder``...), with the
+        weights of ``variant`` (``"fp16"``: ``model.fp16.safetensors``) when one is asked for."""
         if self.folder is None:
             raise CheckpointError(f"'{self.path}' is not a folder")
         sub = self.folder / name
         if not sub.is_dir():
             raise CheckpointError(f"'{self.folder}' has no '{name}' component folder")
-        return open_source(sub)
+        return open_source(sub, variant=variant)
 
 
 def _sharded(folder: Path, index_file: Path, kind: str) -> tuple[list[Path], dict[str, str]]:
@@ -102,15 +103,28 @@ def _sharded(folder: Path, index_file: Path, kind: str) -> tuple[list[Path], dic
     return files, weight_map
 
 
-def _find_weights(folder: Path) -> tuple[str, list[Path], Optional[dict[str, str]]]:
+def _named_weights(folder: Path, variant: Optional[str] = None) -> Optional[tuple[str, list[Path], Optional[dict[str, str]]]]:
+    """``model.safetensors`` / ``diffusion_pytorch_model.safetensors``, single or sharded (with its
+    ``.safetensors.index.json``); with ``variant`` the names transformers and diffusers save it under:
+    ``model.fp16.safetensors``, ``model.safetensors.index.fp16.json``."""
+    tag = f".{variant}" if variant else ""
     for stem in SAFETENSORS_STEMS:
-        idx = folder / f"{stem}.safetensors.index.json"
+        idx = folder / f"{stem}.safetensors.index{tag}.json"
         if idx.is_file():
             files, wm = _sharded(folder, idx, "safetensors")
             return "safetensors-sharded", files, wm
-        single = folder / f"{stem}.safetensors"
+        single = folder / f"{stem}{tag}.safetensors"
         if single.is_file():
             return "safetensors", [single], None
+    return None
+
+
+def _find_weights(folder: Path, variant: Optional[str] = None) -> tuple[str, list[Path], Optional[dict[str, str]]]:
+    found = _named_weights(folder, variant)
+    if found:
+        return found
+    if variant:
+        raise CheckpointError(f"'{folder}' has no '{variant}' variant of its weights (model.{variant}.safetensors or diffusion_pytorch_model.{variant}.safetensors)")
     st = sorted(folder.glob("*.safetensors"))
     # variants such as model.fp16.safetensors, or a lone file with another name
     if len(st) == 1:
@@ -129,10 +143,11 @@ def _find_weights(folder: Path) -> tuple[str, list[Path], Optional[dict[str, str
     return "", [], None
 
 
-def open_source(path: str | os.PathLike, *, allow_pickle: bool = False) -> CheckpointSource:
+def open_source(path: str | os.PathLike, *, allow_pickle: bool = False, variant: Optional[str] = None) -> CheckpointSource:
     """Resolve a file or folder into a CheckpointSource; raise a one-line UserError when it is not one.
 
-    Pickle checkpoints are refused unless ``allow_pickle``.
+    Pickle checkpoints are refused unless ``allow_pickle``. ``variant`` (a folder only) picks the
+    weights saved with that variant name (``model.fp16.safetensors``), as ``from_pretrained(variant=...)``.
     """
     p = Path(path).expanduser()
     if not p.exists():
@@ -141,7 +156,8 @@ def open_source(path: str | os.PathLike, *, allow_pickle: bool = False) -> Check
         if p.suffix == ".safetensors":
             src = CheckpointSource(p, "safetensors", [p], folder=p.parent)
             cfg = p.parent / "config.json"
-            if cfg.is_file() and (p.stem in SAFETENSORS_STEMS or len(list(p.parent.glob("*.safetensors"))) == 1):
+            # model.safetensors, a variant of it (model.fp16.safetensors), or the folder's only weights
+            if cfg.is_file() and (p.name.split(".")[0] in SAFETENSORS_STEMS or len(list(p.parent.glob("*.safetensors"))) == 1):
                 src.config = read_json(cfg)
             src.headers()  # validate now: a truncated file fails here, cleanly
             return src
@@ -154,7 +170,7 @@ def open_source(path: str | os.PathLike, *, allow_pickle: bool = False) -> Check
         raise UserError(f"'{p}' is not a checkpoint: expected a .safetensors file or a model folder")
     if (p / "model_index.json").is_file():
         return CheckpointSource(p, "diffusers-pipeline", folder=p, config=read_json(p / "model_index.json"))
-    kind, files, weight_map = _find_weights(p)
+    kind, files, weight_map = _find_weights(p, variant)
     config = read_json(p / "config.json") if (p / "config.json").is_file() else None
     if not kind:
         raise UserError(

@@ -69,6 +69,36 @@ class CLIPTextConfig:
         return self.hidden_size // self.num_attention_heads
 
 
+# The text encoders of Stable Diffusion, configured as diffusers' reference folders configure them. A
+# single-file checkpoint carries no config: its tensor shapes give the widths, depth, vocabulary and
+# context; these give what shapes cannot tell (activation, norm epsilon, special-token ids).
+SD_TEXT_ENCODER_CONFIGS: dict[str, dict[str, Any]] = {
+    # OpenAI CLIP ViT-L/14's text tower: SD 1.x's text_encoder and SDXL's first (CLIPTextModel)
+    "clip-vit-large-patch14": dict(
+        vocab_size=49408, hidden_size=768, intermediate_size=3072, projection_dim=768, num_hidden_layers=12,
+        num_attention_heads=12, max_position_embeddings=77, hidden_act="quick_gelu", layer_norm_eps=1e-5,
+        bos_token_id=0, eos_token_id=2, pad_token_id=1,
+    ),
+    # OpenCLIP ViT-H/14's text tower less its last layer (SD 2.x conditions on the penultimate one)
+    "open-clip-vit-h-14-penultimate": dict(
+        vocab_size=49408, hidden_size=1024, intermediate_size=4096, projection_dim=512, num_hidden_layers=23,
+        num_attention_heads=16, max_position_embeddings=77, hidden_act="gelu", layer_norm_eps=1e-5,
+        bos_token_id=0, eos_token_id=2, pad_token_id=1,
+    ),
+    # OpenCLIP ViT-bigG/14's text tower and projection: SDXL's text_encoder_2 (CLIPTextModelWithProjection)
+    "open-clip-vit-bigg-14": dict(
+        vocab_size=49408, hidden_size=1280, intermediate_size=5120, projection_dim=1280, num_hidden_layers=32,
+        num_attention_heads=20, max_position_embeddings=77, hidden_act="gelu", layer_norm_eps=1e-5,
+        bos_token_id=0, eos_token_id=2, pad_token_id=1,
+    ),
+}  # fmt: skip
+
+
+def sd_text_encoder_config(name: str, **overrides: Any) -> CLIPTextConfig:
+    """One of :data:`SD_TEXT_ENCODER_CONFIGS`, with fields replaced by ``overrides`` (those read from shapes)."""
+    return CLIPTextConfig.from_dict({**SD_TEXT_ENCODER_CONFIGS[name], **overrides})
+
+
 @dataclass
 class CLIPVisionConfig:
     """The fields of transformers' ``CLIPVisionConfig`` that shape the model (defaults are ViT-B/32's)."""
@@ -469,6 +499,8 @@ def init_clip_weights(model: CLIPModel, factor: float = 1.0) -> None:
 
 __all__ = [
     "CLIPTextConfig",
+    "SD_TEXT_ENCODER_CONFIGS",
+    "sd_text_encoder_config",
     "CLIPVisionConfig",
     "CLIPConfig",
     "CLIPTowerOutput",

@@ -98,8 +98,8 @@ class ClipBundle:
             return float(self.model.temperature())
 
 
-def _open(path: str | Path, allow_pickle: bool) -> tuple[CheckpointSource, dict[str, Any], TensorReader, str]:
-    src = open_source(path, allow_pickle=allow_pickle)
+def _open(path: str | Path | CheckpointSource, allow_pickle: bool, variant: Optional[str] = None) -> tuple[CheckpointSource, dict[str, Any], TensorReader, str]:
+    src = path if isinstance(path, CheckpointSource) else open_source(path, allow_pickle=allow_pickle, variant=variant)
     if src.kind == "diffusers-pipeline":
         raise UserError(f"'{src.path}' is a diffusers pipeline folder: point --model at its text_encoder, or at a CLIP model")
     cfg = _config(src)
@@ -139,18 +139,20 @@ def load_clip(path: str | Path, placement: Placement, *, allow_pickle: bool = Fa
 
 
 def load_text_encoder(
-    path: str | Path,
+    path: str | Path | CheckpointSource,
     placement: Placement,
     *,
     allow_pickle: bool = False,
+    variant: Optional[str] = None,
 ) -> CLIPTextTransformer | CLIPTextModelWithProjection:
     """The text tower alone, from a ``CLIPTextModel``, ``CLIPTextModelWithProjection`` or ``CLIPModel``
-    checkpoint (a diffusers ``text_encoder`` folder, for instance).
+    checkpoint (a diffusers ``text_encoder`` folder, for instance; ``variant="fp16"`` reads its
+    ``model.fp16.safetensors``).
 
     Returns a :class:`CLIPTextTransformer` (call it for hidden states and the pooled output), or a
     :class:`CLIPTextModelWithProjection` when the checkpoint has the projection.
     """
-    src, cfg, reader, arch = _open(path, allow_pickle)
+    src, cfg, reader, arch = _open(path, allow_pickle, variant)
     dev, dt = placement.device, placement.dtype
     if arch == "CLIPModel":
         full = CLIPConfig.from_dict(cfg)
@@ -175,6 +177,36 @@ def _only_text():
 
 
 @torch.inference_mode()
+def encode_layer(
+    encoder: CLIPTextTransformer | CLIPTextModelWithProjection,
+    input_ids: torch.Tensor,
+    *,
+    skip: int = 0,
+    final_norm: bool = True,
+    attention_mask: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token states of one layer of a text encoder, and its pooled output, for token ids ``(B, L)``.
+
+    ``skip`` = 0 takes the last layer, ``skip`` = k the output ``k`` layers earlier
+    (``hidden_states[-(k + 1)]``: "clip skip"; SDXL uses the penultimate layer, ``skip=1``, without the
+    final norm). ``final_norm`` applies ``final_layer_norm`` to the chosen layer (diffusers does so for
+    the last layer and for clip skip in SD 1.x/2.x). ``pooled`` is the projected embedding for a
+    ``CLIPTextModelWithProjection``, else the pooled state, always of the full stack.
+    """
+    tower = encoder.text_model if isinstance(encoder, CLIPTextModelWithProjection) else encoder
+    if skip < 0 or skip >= tower.config.num_hidden_layers:
+        raise UserError(f"clip skip {skip} is out of range for a text encoder of {tower.config.num_hidden_layers} layers")
+    out = tower(input_ids, attention_mask, output_hidden_states=skip > 0 or not final_norm)
+    if skip == 0 and final_norm:
+        states = out.last_hidden_state
+    else:
+        states = out.hidden_states[-(skip + 1)]
+        if final_norm:
+            states = tower.final_layer_norm(states)
+    pooled = encoder.text_projection(out.pooler_output) if isinstance(encoder, CLIPTextModelWithProjection) else out.pooler_output
+    return states, pooled
+
+
 def text_conditioning(
     encoder: CLIPTextTransformer | CLIPTextModelWithProjection,
     tokenizer: CLIPTokenizer,
@@ -188,24 +220,12 @@ def text_conditioning(
     """Per-token text states for conditioning a diffusion model, as diffusers' pipelines compute them.
 
     Prompts are padded to the full context (77) with the tokenizer's pad token and encoded without an
-    attention mask (what Stable Diffusion was trained with). ``skip`` = 0 takes the last layer,
-    ``skip`` = k the output ``k`` layers earlier ("clip skip"; SDXL uses the penultimate layer, ``skip=1``,
-    without the final norm). ``final_norm`` applies ``final_layer_norm`` to the chosen layer (diffusers
-    does so for the last layer and for clip skip in SD 1.x/2.x). Returns ``(states (B, L, D), pooled)``;
-    ``pooled`` is the projected embedding for a ``CLIPTextModelWithProjection``, else the pooled state.
+    attention mask (what Stable Diffusion was trained with); ``skip`` and ``final_norm`` as in
+    :func:`encode_layer`. Returns ``(states (B, L, D), pooled)``. (The Stable Diffusion pipelines use
+    :class:`gencli.pipelines.prompt_encoding.PromptEncoder`, which also reports truncated prompts.)
     """
     tower = encoder.text_model if isinstance(encoder, CLIPTextModelWithProjection) else encoder
     dev = device or tower.final_layer_norm.weight.device
     context = min(tokenizer.model_max_length, tower.config.max_position_embeddings)
     ids, _ = tokenizer(list(prompts), padding=padding, max_length=context).tensors(dev)
-    if skip < 0 or skip >= tower.config.num_hidden_layers:
-        raise UserError(f"clip skip {skip} is out of range for a text encoder of {tower.config.num_hidden_layers} layers")
-    out = tower(ids, output_hidden_states=skip > 0 or not final_norm)
-    if skip == 0 and final_norm:
-        states = out.last_hidden_state
-    else:
-        states = out.hidden_states[-(skip + 1)]
-        if final_norm:
-            states = tower.final_layer_norm(states)
-    pooled = encoder.text_projection(out.pooler_output) if isinstance(encoder, CLIPTextModelWithProjection) else out.pooler_output
-    return states, pooled
+    return encode_layer(encoder, ids, skip=skip, final_norm=final_norm)

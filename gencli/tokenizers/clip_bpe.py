@@ -19,10 +19,16 @@ The text pipeline reproduces transformers' ``CLIPTokenizer`` id for id:
 :func:`train_bpe` learns a vocabulary in exactly this format (256 byte symbols, the same 256 with
 ``</w>``, then one token per merge, then the two special tokens), so a model trained here ships the same
 files a downloaded CLIP has.
+
+Single-file Stable Diffusion checkpoints carry no tokenizer. gencli ships the vocabulary SD 1.x, 2.x and
+SDXL use (OpenAI CLIP's, 49,408 tokens) as ``data/bpe_simple_vocab_16e6.txt.gz`` (MIT; notice beside
+it): :meth:`CLIPTokenizer.from_openai_bpe` builds the tokenizer from it exactly as OpenAI's
+``simple_tokenizer`` lays the vocabulary out (see :func:`read_openai_bpe`).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import unicodedata
@@ -32,13 +38,17 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
-from gencli.errors import UserError
+from gencli.errors import CheckpointError, UserError
 from gencli.io import read_json as _read_json
 
 BOS = "<|startoftext|>"
 EOS = "<|endoftext|>"
 END_OF_WORD = "</w>"
 DEFAULT_CONTEXT = 77
+# The vocabulary OpenAI CLIP, and with it Stable Diffusion 1.x/2.x/SDXL, tokenizes with.
+OPENAI_BPE_FILE = "bpe_simple_vocab_16e6.txt.gz"
+OPENAI_VOCAB_SIZE = 49408
+OPENAI_NUM_MERGES = 49152 - 256 - 2  # the merges simple_tokenizer reads: 48,894
 
 # Unicode's White_Space property (what `\s` means in the Rust regex engine used by the reference);
 # Python's str.isspace() differs on U+001C..U+001F.
@@ -223,6 +233,24 @@ class CLIPTokenizer:
             length = DEFAULT_CONTEXT  # absent, or transformers' "very large" placeholder
         return cls(vocab, merges, model_max_length=length, **kwargs)
 
+    @classmethod
+    def from_openai_bpe(
+        cls,
+        path: str | os.PathLike | None = None,
+        *,
+        pad_token: str = EOS,
+        model_max_length: int = DEFAULT_CONTEXT,
+    ) -> "CLIPTokenizer":
+        """OpenAI CLIP's tokenizer from its ``bpe_simple_vocab_16e6.txt.gz`` (default: the copy shipped
+        with gencli, :func:`shipped_vocabulary`).
+
+        The file has no special-token settings: Stable Diffusion 1.x pads with ``<|endoftext|>`` (the
+        default), SD 2.x and SDXL's second tokenizer with ``"!"`` (id 0). As in transformers, the pad
+        token is a special token, so a literal ``"!"`` in a prompt encodes as id 0 for the latter.
+        """
+        vocab, merges = read_openai_bpe(path)
+        return cls(vocab, merges, pad_token=pad_token, model_max_length=model_max_length)
+
     def save(self, folder: str | os.PathLike) -> None:
         """Write ``vocab.json``, ``merges.txt`` and the tokenizer configuration (transformers' file names)."""
         folder = Path(folder)
@@ -379,6 +407,41 @@ def read_merges(path: Path) -> list[tuple[str, str]]:
     return merges
 
 
+def shipped_vocabulary() -> Path:
+    """Where gencli's copy of OpenAI CLIP's ``bpe_simple_vocab_16e6.txt.gz`` is (package data)."""
+    return Path(__file__).resolve().parent / "data" / OPENAI_BPE_FILE
+
+
+@lru_cache(maxsize=2)
+def _openai_bpe(path: Path) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as fh:
+            lines = fh.read().split("\n")
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read the CLIP vocabulary '{path}': {exc}") from None
+    merges = []
+    for n, line in enumerate(lines[1 : 1 + OPENAI_NUM_MERGES], 2):
+        parts = line.split()
+        if len(parts) != 2:
+            raise CheckpointError(f"'{path}' line {n} is not a merge ('left right'): {line[:60]!r}")
+        merges.append((parts[0], parts[1]))
+    if len(merges) != OPENAI_NUM_MERGES:
+        raise CheckpointError(f"'{path}' holds {len(merges)} merges, OpenAI CLIP's vocabulary {OPENAI_NUM_MERGES}")
+    symbols = list(bytes_to_unicode().values())  # the table's order: printable bytes first, as OpenAI's
+    tokens = symbols + [s + END_OF_WORD for s in symbols] + ["".join(m) for m in merges] + [BOS, EOS]
+    return tuple(tokens), tuple(merges)
+
+
+def read_openai_bpe(path: str | os.PathLike | None = None) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Vocabulary and merges of OpenAI CLIP's gzipped BPE file, laid out as its ``simple_tokenizer``
+    does: a header line, then the first ``49152 - 256 - 2`` merge lines are used; the vocabulary is the
+    256 byte symbols (in the byte-to-unicode table's order), the same with ``</w>``, one token per merge,
+    then ``<|startoftext|>`` and ``<|endoftext|>`` (49,408 tokens). The same ids as the ``vocab.json``
+    of transformers' CLIP tokenizers."""
+    tokens, merges = _openai_bpe(Path(path).resolve() if path is not None else shipped_vocabulary())
+    return {tok: i for i, tok in enumerate(tokens)}, list(merges)
+
+
 def _bpe_from_tokenizer_json(path: Path) -> tuple[dict[str, int], list[tuple[str, str]]]:
     data = _read_json(path)
     model = data.get("model") or {}
@@ -461,4 +524,17 @@ def train_bpe(texts: Iterable[str], num_merges: int, *, min_frequency: int = 2, 
     return CLIPTokenizer(vocab, merges, model_max_length=model_max_length)
 
 
-__all__ = ["CLIPTokenizer", "Encoding", "bytes_to_unicode", "normalize", "pre_tokenize", "read_merges", "train_bpe", "BOS", "EOS"]
+__all__ = [
+    "CLIPTokenizer",
+    "Encoding",
+    "bytes_to_unicode",
+    "normalize",
+    "pre_tokenize",
+    "read_merges",
+    "read_openai_bpe",
+    "shipped_vocabulary",
+    "train_bpe",
+    "BOS",
+    "EOS",
+    "OPENAI_VOCAB_SIZE",
+]
