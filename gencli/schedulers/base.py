@@ -327,8 +327,11 @@ class Scheduler:
         img2img start inside Heun's doubled list)."""
         matches = (self.timesteps.cpu() == torch.as_tensor(timestep).cpu()).nonzero()
         if len(matches) == 0:
-            raise ValueError(f"timestep {float(timestep)} is not in the schedule")
+            return self._index_of_unknown_timestep(timestep)
         return matches[1 if len(matches) > 1 else 0].item()
+
+    def _index_of_unknown_timestep(self, timestep: float | torch.Tensor) -> int:
+        raise ValueError(f"timestep {float(timestep)} is not in the schedule")
 
     def _init_step_index(self, timestep: float | torch.Tensor) -> None:
         if self._step_index is None:
@@ -355,7 +358,17 @@ class Scheduler:
 
 
 class AlphaScheduler(Scheduler):
-    """Samplers that work on abar_t directly (DDPM, DDIM): integer timesteps, unit initial noise."""
+    """Samplers that work on abar_t directly (DDPM, DDIM, PNDM): integer timesteps, unit initial noise."""
+
+    def __init__(self, config: Mapping[str, Any] | None = None, **options: Any) -> None:
+        super().__init__(config, **options)
+        # abar "before" the first training step: 1, or abar_0 with set_alpha_to_one=False (DDIM, PNDM)
+        set_alpha_to_one = getattr(self.config, "set_alpha_to_one", True)
+        self.final_alpha_cumprod = torch.tensor(1.0) if set_alpha_to_one else self.alphas_cumprod[0]
+
+    def abar(self, t: int) -> torch.Tensor:
+        """abar_t, and :attr:`final_alpha_cumprod` for t < 0 (the step after the last)."""
+        return self.alphas_cumprod[t] if t >= 0 else self.final_alpha_cumprod
 
     def set_timesteps(self, num_inference_steps: int, device: torch.device | str | None = None) -> None:
         self._check_steps(num_inference_steps)

@@ -11,8 +11,6 @@ abar of a negative t' is 1 (``set_alpha_to_one``) or abar_0. ``eta`` is an optio
 
 from __future__ import annotations
 
-import torch
-
 from gencli.backend.random import randn_tensor
 from gencli.schedulers.base import COMMON_DEFAULTS, THRESHOLDING_DEFAULTS, AlphaScheduler, Generators, StepOutput
 
@@ -30,10 +28,6 @@ class DDIMScheduler(AlphaScheduler):
         "eta": 0.0,
     }
 
-    def __init__(self, config=None, **options) -> None:
-        super().__init__(config, **options)
-        self.final_alpha_cumprod = torch.tensor(1.0) if self.config.set_alpha_to_one else self.alphas_cumprod[0]
-
     @property
     def display_name(self) -> str:
         return "DDIM"
@@ -43,8 +37,7 @@ class DDIMScheduler(AlphaScheduler):
             raise ValueError("call set_timesteps before step")
         t = int(timestep)
         prev_t = t - self.config.num_train_timesteps // self.num_inference_steps
-        abar_t = self.alphas_cumprod[t]
-        abar_prev = self.alphas_cumprod[prev_t] if prev_t >= 0 else self.final_alpha_cumprod
+        abar_t, abar_prev = self.alphas_cumprod[t], self.abar(prev_t)
         x0, eps = self.predict(model_output, sample, abar_t)
         eta = self.config.eta
         variance = ((1 - abar_prev) / (1 - abar_t)) * (1 - abar_t / abar_prev)

@@ -45,8 +45,7 @@ class DDPMScheduler(AlphaScheduler):
     def posterior(self, t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(x0 coefficient, x_t coefficient, beta_tilde, beta_t)`` of the step from ``t``."""
         prev_t = self.previous_timestep(t)
-        abar_t = self.alphas_cumprod[t]
-        abar_prev = self.alphas_cumprod[prev_t] if prev_t >= 0 else torch.tensor(1.0)
+        abar_t, abar_prev = self.alphas_cumprod[t], self.abar(prev_t)
         alpha_t = abar_t / abar_prev
         beta_t = 1 - alpha_t
         x0_coeff = (abar_prev ** (0.5) * beta_t) / (1 - abar_t)

@@ -117,11 +117,8 @@ class DPMSolverMultistepScheduler(SigmaScheduler):
     init_noise_sigma = Scheduler.init_noise_sigma
     scale_model_input = Scheduler.scale_model_input
 
-    def index_for_timestep(self, timestep) -> int:
-        matches = (self.timesteps.cpu() == torch.as_tensor(timestep).cpu()).nonzero()
-        if len(matches) == 0:  # diffusers starts at the last step for a timestep not in the schedule
-            return len(self.timesteps) - 1
-        return super().index_for_timestep(timestep)
+    def _index_of_unknown_timestep(self, timestep) -> int:
+        return len(self.timesteps) - 1  # diffusers starts at the last step for a timestep not in the schedule
 
     def convert_model_output(self, model_output: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
         """The x0 estimate (the data prediction DPM-Solver++ integrates)."""

@@ -27,7 +27,6 @@ class PNDMScheduler(AlphaScheduler):
 
     def __init__(self, config=None, **options) -> None:
         super().__init__(config, **options)
-        self.final_alpha_cumprod = torch.tensor(1.0) if self.config.set_alpha_to_one else self.alphas_cumprod[0]
         self.cur_sample = None
 
     @property
@@ -56,8 +55,7 @@ class PNDMScheduler(AlphaScheduler):
     def _transfer(self, sample: torch.Tensor, t: int, prev_t: int, model_output: torch.Tensor) -> torch.Tensor:
         """x_{t'} from x_t and a noise prediction (Liu et al. eq. 9): the DDIM step written as
         x_t' = sqrt(abar_t'/abar_t) x_t - (abar_t' - abar_t) eps / (abar_t sqrt(1-abar_t') + sqrt(abar_t (1-abar_t) abar_t'))."""
-        abar_t = self.alphas_cumprod[t]
-        abar_prev = self.alphas_cumprod[prev_t] if prev_t >= 0 else self.final_alpha_cumprod
+        abar_t, abar_prev = self.alphas_cumprod[t], self.abar(prev_t)
         beta_t, beta_prev = 1 - abar_t, 1 - abar_prev
         if self.config.prediction_type == "v_prediction":
             model_output = (abar_t**0.5) * model_output + (beta_t**0.5) * sample
