@@ -30,6 +30,9 @@ from gencli.errors import UserError
 from gencli.schedulers import SAMPLERS, get_scheduler, resolve_sampler, sampler_names
 from gencli.schedulers.base import load_scheduler_config
 
+# diffusers' schedulers build numpy arrays from tensors the way numpy 2 deprecates; not ours to fix
+pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")
+
 SD1_LEADING = {  # SD 1.x as its folders ship it (PNDM's keys) with the leading spacing made explicit
     "beta_start": 0.00085,
     "beta_end": 0.012,
