@@ -17,7 +17,7 @@ from gencli.backend.layers import (
     swiglu,
 )
 from gencli.backend.positional import RotaryEmbedding, apply_rotary, rope_inverse_frequencies, rotate_half, sinusoidal_position_encoding, timestep_embedding
-from gencli.backend.random import make_generator, multinomial, rand, randn, seed_everything
+from gencli.backend.random import make_generator, multinomial, rand, randn, randn_tensor, seed_everything
 from gencli.backend.timing import Stopwatch, format_bytes, peak_memory_bytes, reset_peak_memory
 
 __all__ = [name for name in dir() if not name.startswith("_")]

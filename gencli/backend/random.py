@@ -41,6 +41,39 @@ def randn(
     return x.to(device=device, dtype=dtype)
 
 
+def randn_tensor(
+    shape: Sequence[int],
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
+    *,
+    device: torch.device | str | None = None,
+    dtype: Optional[torch.dtype] = None,
+) -> torch.Tensor:
+    """Standard normal noise drawn exactly as diffusers' ``randn_tensor`` draws it.
+
+    Seeded diffusion runs reproduce diffusers' images only if every draw matches: the draw happens in
+    ``dtype`` itself (a float16 draw is not a float32 draw cast down), on the generator's device (a
+    CPU generator draws on the CPU and the result is moved to ``device``), and a list of generators
+    (one per image) draws row ``i`` of the batch from ``generator[i]`` with shape
+    ``(1, *shape[1:])``. A list of one generator is the same as that generator.
+    """
+    shape = tuple(shape)
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if isinstance(generator, (list, tuple)) and len(generator) == 1:
+        generator = generator[0]
+    first = generator[0] if isinstance(generator, (list, tuple)) else generator
+    draw_device = device
+    if first is not None and first.device.type != device.type:
+        if first.device.type != "cpu":
+            raise ValueError(f"cannot draw a {device} tensor from a {first.device.type} generator")
+        draw_device = torch.device("cpu")
+    if isinstance(generator, (list, tuple)):
+        rows = [torch.randn((1, *shape[1:]), generator=g, device=draw_device, dtype=dtype) for g in generator[: shape[0]]]
+        if len(rows) != shape[0]:
+            raise ValueError(f"{len(generator)} generators for a batch of {shape[0]}")
+        return torch.cat(rows, dim=0).to(device)
+    return torch.randn(shape, generator=generator, device=draw_device, dtype=dtype).to(device)
+
+
 def rand(
     shape: Sequence[int],
     generator: Optional[torch.Generator],
