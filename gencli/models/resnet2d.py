@@ -70,7 +70,7 @@ class ResnetBlock2D(nn.Module):
         if self.time_emb_proj is not None and temb is not None:
             t = self.time_emb_proj(get_activation(self.act)(temb))[:, :, None, None]
             if self.time_embedding_norm == "default":
-                h = h + t
+                h = h.add_(t)
             else:
                 scale_shift = t.chunk(2, dim=1)
         if scale_shift is None:
@@ -80,9 +80,9 @@ class ResnetBlock2D(nn.Module):
         h = self.conv2(self.dropout(h))
         if self.conv_shortcut is not None:
             x = self.conv_shortcut(x)
-        out = x + h
+        out = h.add_(x)  # h is this block's own fresh tensor (conv2's output)
         if self.output_scale_factor != 1.0:
-            out = out / self.output_scale_factor
+            out = out.div_(self.output_scale_factor)
         return out
 
 
