@@ -5,7 +5,7 @@ Key names follow transformers/diffusers (``weight``/``bias``) so checkpoints map
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn as nn
@@ -204,6 +204,115 @@ class Linear(nn.Linear):
         return linear(x, self.weight, self.bias, activation)
 
 
+_onednn_conv_ok: Optional[bool] = None
+
+
+def _onednn_conv_available() -> bool:
+    global _onednn_conv_ok
+    if _onednn_conv_ok is None:
+        try:
+            _onednn_conv_ok = bool(
+                torch.backends.mkldnn.is_available()
+                and hasattr(torch.ops.mkldnn, "_reorder_convolution_weight")
+                and hasattr(torch.ops.mkldnn, "_convolution_pointwise")
+            )
+        except (AttributeError, RuntimeError):
+            _onednn_conv_ok = False
+    return _onednn_conv_ok
+
+
+class Conv2d(nn.Conv2d):
+    """``nn.Conv2d`` (same parameters, same state-dict keys) that can keep its weight in oneDNN's own
+    layout for CPU inference, and add a residual to its output: ``conv(x, residual=r)``.
+
+    ``F.conv2d`` on a CPU reorders the weight into oneDNN's blocked layout on every call; for the
+    wide, low-resolution convolutions of a UNet (1280 channels at 8x8 or 4x4) that reorder costs
+    more than the convolution. After :meth:`prepack` the first inference call (no autograd, a CPU
+    input in the weight's dtype) reorders the weight once for that input's shape and releases the
+    dense parameter; every later call runs oneDNN's convolution on the packed weight, with the
+    residual added inside the kernel. The same values as ``F.conv2d`` (+ residual) up to the
+    kernel's summation order. ``state_dict()`` still returns the dense weight; :meth:`unpack` (done
+    automatically before ``.to()``, ``load_state_dict`` or a call with autograd) restores it.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._prepack = False
+        self._packed: Optional[torch.Tensor] = None
+        self._register_state_dict_hook(Conv2d._dense_weight_in_state_dict)
+
+    def prepack(self, enabled: bool = True) -> "Conv2d":
+        """Pack the weight on the next CPU inference call (``enabled=False``: unpack and stop)."""
+        self._prepack = enabled and self.padding_mode == "zeros" and not isinstance(self.padding, str) and _onednn_conv_available()
+        if not self._prepack:
+            self.unpack()
+        return self
+
+    @property
+    def packed(self) -> bool:
+        return self._packed is not None
+
+    def unpack(self) -> None:
+        """Restore the dense ``weight`` parameter (a no-op when the weight is not packed)."""
+        if self._packed is None:
+            return
+        dense = self._packed.to_dense()
+        self._packed = None
+        self.weight = nn.Parameter(dense, requires_grad=self._weight_requires_grad)
+
+    def _pack(self, x: torch.Tensor) -> None:
+        weight = self.weight.detach().contiguous()
+        self._weight_requires_grad = self.weight.requires_grad
+        self._packed = torch.ops.mkldnn._reorder_convolution_weight(
+            weight, list(self.padding), list(self.stride), list(self.dilation), self.groups, list(x.shape)
+        )
+        del self.weight  # the packed copy replaces it
+
+    def _can_pack(self, x: torch.Tensor) -> bool:
+        if torch.is_grad_enabled() or x.device.type != "cpu":
+            return False
+        dtype = self._packed.dtype if self._packed is not None else self.weight.dtype
+        return x.dtype == dtype and x.dtype in (torch.float32, torch.bfloat16)
+
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self._prepack or self._packed is not None:
+            if self._can_pack(x):
+                if self._packed is None:
+                    self._pack(x)
+                args = (list(self.padding), list(self.stride), list(self.dilation), self.groups)
+                if residual is None:
+                    return torch.ops.mkldnn._convolution_pointwise(x, self._packed, self.bias, *args, "none", [], "")
+                cl = torch.channels_last
+                if residual.dtype == x.dtype and residual.is_contiguous(memory_format=cl) and x.is_contiguous(memory_format=cl):
+                    return torch.ops.mkldnn._convolution_pointwise.binary(x, residual, self._packed, self.bias, *args, "add", None, None, [], None)
+                return torch.ops.mkldnn._convolution_pointwise(x, self._packed, self.bias, *args, "none", [], "").add_(residual)
+            self.unpack()
+        out = self._conv_forward(x, self.weight, self.bias)
+        return out if residual is None else out.add_(residual)
+
+    # the dense weight is what the rest of torch sees
+    def _apply(self, fn, recurse=True):  # type: ignore[override]
+        self.unpack()
+        return super()._apply(fn, recurse)
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        self.unpack()
+        super()._load_from_state_dict(*args, **kwargs)
+
+    @staticmethod
+    def _dense_weight_in_state_dict(module: "Conv2d", state: dict, prefix: str, _meta: Any) -> None:
+        if module._packed is not None:
+            state[prefix + "weight"] = module._packed.to_dense()
+
+
+def prepack_convolutions(module: nn.Module, enabled: bool = True) -> int:
+    """Call :meth:`Conv2d.prepack` on every :class:`Conv2d` inside ``module``; returns how many."""
+    convs = [m for m in module.modules() if isinstance(m, Conv2d)]
+    for conv in convs:
+        conv.prepack(enabled)
+    return len(convs)
+
+
 class GatedMLP(nn.Module):
     """The gated feed-forward block of Llama-family models: down(act(gate(x)) * up(x)).
 
@@ -261,6 +370,8 @@ __all__ = [
     "Activation",
     "linear",
     "Linear",
+    "Conv2d",
+    "prepack_convolutions",
     "GatedMLP",
     "FeedForward",
     "init_normal_",

@@ -39,7 +39,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gencli.backend.layers import GroupNorm, LayerNorm, Linear, get_activation, linear
+from gencli.backend.layers import Conv2d, GroupNorm, LayerNorm, Linear, get_activation, linear, prepack_convolutions
 from gencli.backend.positional import timestep_embedding
 from gencli.models.attention import Attention
 from gencli.models.resnet2d import Downsample2D, ResnetBlock2D, Upsample2D
@@ -498,7 +498,7 @@ class UpBlock2D(nn.Module):
     ) -> torch.Tensor:
         for i, resnet in enumerate(self.resnets):
             skip = skips[len(skips) - 1 - i]
-            x = resnet(_concat_channels(x, skip), temb)
+            x = resnet(torch.cat([x, skip], dim=1), temb)  # keeps channels-last when both are
             if self.has_cross_attention:
                 x = self.attentions[i](x, context)
         if self.upsamplers is not None:
@@ -509,14 +509,6 @@ class UpBlock2D(nn.Module):
 class CrossAttnUpBlock2D(UpBlock2D):
     __doc__ = UpBlock2D.__doc__
     has_cross_attention = True
-
-
-def _concat_channels(x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
-    """``torch.cat([x, skip], dim=1)``, written in the memory format of ``x`` (channels-last stays so)."""
-    if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
-        out = torch.empty((x.shape[0], x.shape[1] + skip.shape[1], *x.shape[2:]), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
-        return torch.cat([x, skip], dim=1, out=out)
-    return torch.cat([x, skip], dim=1)
 
 
 class UNetMidBlock2DCrossAttn(nn.Module):
@@ -579,7 +571,7 @@ class UNet2DConditionModel(nn.Module):
         cfg = config if isinstance(config, UNet2DConditionConfig) else UNet2DConditionConfig.from_dict(config)
         self.config = cfg
         ch = cfg.block_out_channels
-        self.conv_in = nn.Conv2d(cfg.in_channels, ch[0], kernel_size=cfg.conv_in_kernel, padding=(cfg.conv_in_kernel - 1) // 2)
+        self.conv_in = Conv2d(cfg.in_channels, ch[0], kernel_size=cfg.conv_in_kernel, padding=(cfg.conv_in_kernel - 1) // 2)
         self.time_embedding = TimestepEmbedding(ch[0], cfg.time_embed_dim, cfg.act_fn, cfg.timestep_post_act)
         if cfg.addition_embed_type == "text_time":
             self.add_embedding: Optional[TimestepEmbedding] = TimestepEmbedding(int(cfg.projection_class_embeddings_input_dim), cfg.time_embed_dim)
@@ -604,22 +596,34 @@ class UNet2DConditionModel(nn.Module):
             block = CrossAttnUpBlock2D if kind == "CrossAttnUpBlock2D" else UpBlock2D
             self.up_blocks.append(block(cfg, i, cin, prev, out, add_upsample=i < cfg.num_levels - 1))
         self.num_upsamplers = cfg.num_levels - 1
+        self.channels_last = False
 
         self.conv_norm_out = GroupNorm(cfg.norm_num_groups, ch[0], eps=cfg.norm_eps)
         self.conv_act = cfg.act_fn
-        self.conv_out = nn.Conv2d(ch[0], cfg.out_channels, kernel_size=cfg.conv_out_kernel, padding=(cfg.conv_out_kernel - 1) // 2)
+        self.conv_out = Conv2d(ch[0], cfg.out_channels, kernel_size=cfg.conv_out_kernel, padding=(cfg.conv_out_kernel - 1) // 2)
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.conv_in.weight.dtype
+        return self.time_embedding.linear_1.weight.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.conv_in.weight.device
+        return self.time_embedding.linear_1.weight.device
 
     def use_channels_last(self, enabled: bool = True) -> "UNet2DConditionModel":
-        """Keep the conv weights (and so the feature maps) in channels-last memory, or back to NCHW."""
+        """Run the feature maps (and keep the conv weights) in channels-last memory, or in NCHW.
+
+        Channels-last is what oneDNN's CPU convolutions work in (NCHW inputs are reordered on every
+        call), and the transformers' token layout is then a free view of the feature map.
+        """
+        self.channels_last = enabled
         return self.to(memory_format=torch.channels_last if enabled else torch.contiguous_format)
+
+    def prepack_convolutions(self, enabled: bool = True) -> "UNet2DConditionModel":
+        """Keep every convolution's weight in oneDNN's layout after the first CPU inference call
+        (see :class:`gencli.backend.layers.Conv2d`): inference only, reversed by ``enabled=False``."""
+        prepack_convolutions(self, enabled)
+        return self
 
     # -- embeddings -----------------------------------------------------------------------------
     def _timesteps(self, timestep: torch.Tensor | float | int, batch: int) -> torch.Tensor:
@@ -664,8 +668,7 @@ class UNet2DConditionModel(nn.Module):
         added_cond_kwargs: Optional[Mapping[str, torch.Tensor]] = None,
     ) -> torch.Tensor:
         in_dtype = sample.dtype
-        channels_last = self.conv_in.weight.is_contiguous(memory_format=torch.channels_last) and self.conv_in.weight.shape[-1] > 1
-        x = sample.to(self.device, self.dtype, memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+        x = sample.to(self.device, self.dtype, memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
         context = encoder_hidden_states.to(self.device, self.dtype)
         if self.config.center_input_sample:
             x = 2 * x - 1.0
