@@ -11,6 +11,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gencli.backend.device import release_free_memory
+
 
 class RMSNorm(nn.Module):
     """Root-mean-square norm (Llama family): x / sqrt(mean(x^2) + eps) * weight, computed in fp32.
@@ -250,7 +252,13 @@ class Conv2d(nn.Conv2d):
 
     @property
     def packed(self) -> bool:
+        """Whether the weight is held packed now."""
         return self._packed is not None
+
+    @property
+    def prepacking(self) -> bool:
+        """Whether the weight is (or will be, on the next CPU inference call) packed."""
+        return self._prepack
 
     def unpack(self) -> None:
         """Restore the dense ``weight`` parameter (a no-op when the weight is not packed)."""
@@ -266,7 +274,8 @@ class Conv2d(nn.Conv2d):
         self._packed = torch.ops.mkldnn._reorder_convolution_weight(
             weight, list(self.padding), list(self.stride), list(self.dilation), self.groups, list(x.shape)
         )
-        del self.weight  # the packed copy replaces it
+        del self.weight, weight  # the packed copy replaces it
+        release_free_memory()  # else the C allocator keeps the dense copy's memory (a few ms per call)
 
     def _can_pack(self, x: torch.Tensor) -> bool:
         if torch.is_grad_enabled() or x.device.type != "cpu":
@@ -306,11 +315,10 @@ class Conv2d(nn.Conv2d):
 
 
 def prepack_convolutions(module: nn.Module, enabled: bool = True) -> int:
-    """Call :meth:`Conv2d.prepack` on every :class:`Conv2d` inside ``module``; returns how many."""
-    convs = [m for m in module.modules() if isinstance(m, Conv2d)]
-    for conv in convs:
-        conv.prepack(enabled)
-    return len(convs)
+    """Call :meth:`Conv2d.prepack` on every :class:`Conv2d` inside ``module``; returns how many will
+    pack (0 where oneDNN's packed convolution is not available)."""
+    convs = [m.prepack(enabled) for m in module.modules() if isinstance(m, Conv2d)]
+    return sum(c.prepacking for c in convs)
 
 
 class GatedMLP(nn.Module):

@@ -106,7 +106,6 @@ class UNet2DConditionConfig:
     reverse_transformer_layers_per_block: tuple[tuple[int, ...], ...] = ((1, 1, 1), (1, 1, 1), (1, 1, 1), (1, 1, 1))
     num_heads: tuple[int, ...] = (8, 8, 8, 8)  # heads per level (diffusers: attention_head_dim or num_attention_heads)
     only_cross_attention: tuple[bool, ...] = (False, False, False, False)
-    mid_block_only_cross_attention: bool = False
     use_linear_projection: bool = False
     upcast_attention: bool = False
     resnet_time_scale_shift: str = "default"
@@ -168,9 +167,6 @@ class UNet2DConditionConfig:
         heads = tuple(int(x) if x is not None else channels[i] for i, x in enumerate(_per_block(heads_src, n, "attention_head_dim")))
         only_cross_src = d.get("only_cross_attention", False)
         only_cross = tuple(bool(x) for x in _per_block(only_cross_src, n, "only_cross_attention"))
-        mid_only = d.get("mid_block_only_cross_attention")
-        if mid_only is None:
-            mid_only = bool(only_cross_src) if isinstance(only_cross_src, bool) else False
 
         tlpb = d.get("transformer_layers_per_block", 1)
         rev = d.get("reverse_transformer_layers_per_block")
@@ -232,7 +228,6 @@ class UNet2DConditionConfig:
             reverse_transformer_layers_per_block=up_depths,
             num_heads=heads,
             only_cross_attention=only_cross,
-            mid_block_only_cross_attention=bool(mid_only),
             use_linear_projection=bool(d.get("use_linear_projection", False)),
             upcast_attention=bool(d.get("upcast_attention", False)),
             resnet_time_scale_shift=shift,
@@ -521,7 +516,7 @@ class UNetMidBlock2DCrossAttn(nn.Module):
         depth = depths[0] if depths else 1
         scale = cfg.mid_block_scale_factor
         self.attentions = nn.ModuleList(
-            [_transformer(cfg, c, cfg.num_heads[-1], depth, cfg.cross_attention_dim[-1], cfg.mid_block_only_cross_attention)]
+            [_transformer(cfg, c, cfg.num_heads[-1], depth, cfg.cross_attention_dim[-1], False)]  # diffusers' mid block has no only-cross mode
         )
         self.resnets = nn.ModuleList([_resnet(cfg, c, c, scale=scale), _resnet(cfg, c, c, scale=scale)])
 
@@ -610,14 +605,17 @@ class UNet2DConditionModel(nn.Module):
     def device(self) -> torch.device:
         return self.time_embedding.linear_1.weight.device
 
-    def use_channels_last(self, enabled: bool = True) -> "UNet2DConditionModel":
-        """Run the feature maps (and keep the conv weights) in channels-last memory, or in NCHW.
+    def use_channels_last(self, enabled: bool = True, *, weights: bool = True) -> "UNet2DConditionModel":
+        """Run the feature maps in channels-last memory (or NCHW), with the conv weights converted
+        to match (``weights=False`` leaves them: packed convolutions do not read them again).
 
         Channels-last is what oneDNN's CPU convolutions work in (NCHW inputs are reordered on every
         call), and the transformers' token layout is then a free view of the feature map.
         """
         self.channels_last = enabled
-        return self.to(memory_format=torch.channels_last if enabled else torch.contiguous_format)
+        if weights:
+            self.to(memory_format=torch.channels_last if enabled else torch.contiguous_format)
+        return self
 
     def prepack_convolutions(self, enabled: bool = True) -> "UNet2DConditionModel":
         """Keep every convolution's weight in oneDNN's layout after the first CPU inference call

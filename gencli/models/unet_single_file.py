@@ -241,8 +241,9 @@ def infer_unet_config(shapes: Mapping[str, Sequence[int]], *, prefix: str = UNET
     )
     if uniform and down_depths[-1][0] == mid_depth:
         depths: Any = [d[0] for d in down_depths]
-        if len(set(depths)) == 1:
-            depths = depths[0]
+        used = {d for d, a in zip(depths, attention) if a} | {mid_depth}
+        if len(used) == 1:  # one depth wherever there are transformers (SD 1.x/2.x: 1, the SDXL refiner: 4)
+            depths = used.pop()
         reverse = None
     else:
         depths = down_depths

@@ -22,6 +22,7 @@ from typing import Any, Mapping, Optional
 from gencli.backend.device import Placement
 from gencli.checkpoints.formats import CheckpointSource, open_source
 from gencli.checkpoints.keymap import Drop, KeyMap
+from gencli.backend.layers import prepack_convolutions
 from gencli.checkpoints.loader import load_model
 from gencli.checkpoints.reader import TensorReader
 from gencli.errors import CheckpointError
@@ -55,17 +56,31 @@ def _read_config(config: Mapping[str, Any] | str | Path) -> dict[str, Any]:
 
 def prepare_for_device(unet: UNet2DConditionModel, placement: Placement) -> UNet2DConditionModel:
     """What the UNet runs fastest with on ``placement``: on a CPU, channels-last feature maps and
-    convolution weights packed for oneDNN (measured by ``scripts/bench.py unet``)."""
+    convolution weights packed for oneDNN on the first call (measured by ``scripts/bench.py unet``)."""
     if placement.device.type == "cpu":
-        unet.use_channels_last(True)
-        unet.prepack_convolutions(True)
+        packing = prepack_convolutions(unet, True)
+        unet.use_channels_last(True, weights=not packing)
     return unet
+
+
+def _private_reads(placement: Placement):
+    """On a CPU, the conv weights are repacked on the first call: read them as private copies, not
+    as views of the memory-mapped file (the file's pages would stay resident next to the packed copies)."""
+    return (lambda _name, target: target.ndim == 4) if placement.device.type == "cpu" else None
 
 
 def _load_diffusers_layout(src: CheckpointSource, config: Mapping[str, Any], placement: Placement, allow_pickle: bool) -> UNet2DConditionModel:
     unet_config = _config_object(config, src.path)
     with TensorReader(src, allow_pickle=allow_pickle) as reader:
-        unet = load_model(lambda: UNet2DConditionModel(unet_config), reader, DIFFUSERS_UNET, device=placement.device, dtype=placement.dtype, config=dict(config))
+        unet = load_model(
+            lambda: UNet2DConditionModel(unet_config),
+            reader,
+            DIFFUSERS_UNET,
+            device=placement.device,
+            dtype=placement.dtype,
+            config=dict(config),
+            private=_private_reads(placement),
+        )
     return prepare_for_device(unet, placement)
 
 
@@ -104,7 +119,13 @@ def load_unet_from_reader(
     cfg = single_file_unet_config(reader, config)
     unet_config = _config_object(cfg, reader.source.path)
     unet = load_model(
-        lambda: UNet2DConditionModel(unet_config), reader, original_unet_keymap(cfg), device=placement.device, dtype=placement.dtype, config=cfg
+        lambda: UNet2DConditionModel(unet_config),
+        reader,
+        original_unet_keymap(cfg),
+        device=placement.device,
+        dtype=placement.dtype,
+        config=cfg,
+        private=_private_reads(placement),
     )
     return prepare_for_device(unet, placement)
 
