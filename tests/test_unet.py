@@ -14,14 +14,7 @@ import torch
 from gencli.backend.device import Placement
 from gencli.errors import CheckpointError
 from gencli.models.unet import UNet2DConditionConfig, UNet2DConditionModel
-from gencli.models.unet_single_file import (
-    STANDARD_UNET_CONFIGS,
-    infer_unet_config,
-    original_unet_keymap,
-    prediction_type_hint,
-    standard_unet_config,
-    unet_family,
-)
+from gencli.models.unet_single_file import STANDARD_UNET_CONFIGS, infer_unet_config, original_unet_keymap, prediction_type_hint, standard_unet_config, unet_family
 from gencli.pipelines.unet_loader import load_unet, load_unet_single_file
 
 diffusers = pytest.importorskip("diffusers")

@@ -5,6 +5,7 @@ Key names follow transformers/diffusers (``weight``/``bias``) so checkpoints map
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Optional
 
 import torch
@@ -153,21 +154,27 @@ class Activation(nn.Module):
 
 # activations oneDNN can apply inside its bf16 matmul: name -> (post-op, algorithm)
 _ONEDNN_POST_OPS: dict[Optional[str], tuple[str, str]] = {None: ("none", ""), "gelu": ("gelu", "none"), "relu": ("relu", "")}
-_onednn_linear_ok: Optional[bool] = None
+
+
+@functools.lru_cache(maxsize=None)
+def _onednn_ops_available(ops: tuple[str, ...], bf16: bool = False) -> bool:
+    """Whether this torch build has these ``torch.ops.mkldnn`` kernels (and, with ``bf16``, a CPU they run bf16 on)."""
+    try:
+        return bool(
+            torch.backends.mkldnn.is_available()
+            and all(hasattr(torch.ops.mkldnn, op) for op in ops)
+            and (not bf16 or torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        )
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def _onednn_linear_available() -> bool:
-    global _onednn_linear_ok
-    if _onednn_linear_ok is None:
-        try:
-            _onednn_linear_ok = bool(
-                torch.backends.mkldnn.is_available()
-                and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-                and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-            )
-        except (AttributeError, RuntimeError):
-            _onednn_linear_ok = False
-    return _onednn_linear_ok
+    return _onednn_ops_available(("_linear_pointwise",), bf16=True)
+
+
+def _onednn_conv_available() -> bool:
+    return _onednn_ops_available(("_reorder_convolution_weight", "_convolution_pointwise"))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, activation: Optional[str] = None) -> torch.Tensor:
@@ -204,23 +211,6 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor, activation: Optional[str] = None) -> torch.Tensor:
         return linear(x, self.weight, self.bias, activation)
-
-
-_onednn_conv_ok: Optional[bool] = None
-
-
-def _onednn_conv_available() -> bool:
-    global _onednn_conv_ok
-    if _onednn_conv_ok is None:
-        try:
-            _onednn_conv_ok = bool(
-                torch.backends.mkldnn.is_available()
-                and hasattr(torch.ops.mkldnn, "_reorder_convolution_weight")
-                and hasattr(torch.ops.mkldnn, "_convolution_pointwise")
-            )
-        except (AttributeError, RuntimeError):
-            _onednn_conv_ok = False
-    return _onednn_conv_ok
 
 
 class Conv2d(nn.Conv2d):

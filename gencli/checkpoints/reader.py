@@ -102,7 +102,7 @@ class TensorReader:
         fh = self._files.get(header.path)
         try:
             if fh is None:
-                fh = self._files[header.path] = open(header.path, "rb")  # noqa: SIM115 - closed in close()
+                fh = self._files[header.path] = open(header.path, "rb")  # closed in close()
             fh.seek(header.data_start + info.begin)
             got = fh.readinto(memoryview(view))
         except OSError as exc:

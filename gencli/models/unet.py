@@ -25,9 +25,12 @@ folder loads by identity; :mod:`gencli.models.unet_single_file` maps original-la
 Speed: attention runs through the backend's one entry point (SDPA kernels); the 1x1 ``proj_in/out``
 convolutions run as matmuls on the token layout; GEGLU multiplies by the two halves of its projection
 separately (the gate's GELU fused into the bf16 matmul on CPUs with native bf16) and gates in place;
-GroupNorm + SiLU write one tensor; residual additions are in place. ``unet.to(memory_format=
-torch.channels_last)`` (see :meth:`UNet2DConditionModel.use_channels_last`) keeps feature maps in NHWC,
-where the token layout of the transformers is a free view.
+GroupNorm + SiLU write one tensor; residual additions are in place (the ResNet blocks' inside the
+conv kernel). On a CPU, :meth:`UNet2DConditionModel.use_channels_last` keeps the feature maps in
+NHWC (what oneDNN's convolutions work in, and the transformers' token layout becomes a free view)
+and :meth:`UNet2DConditionModel.prepack_convolutions` keeps the conv weights in oneDNN's own layout
+after the first call (the weight reorder otherwise costs more than the convolution at the low
+resolutions); the loaders in :mod:`gencli.pipelines.unet_loader` turn both on for CPU placements.
 """
 
 from __future__ import annotations
@@ -37,7 +40,6 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from gencli.backend.layers import Conv2d, GroupNorm, LayerNorm, Linear, get_activation, linear, prepack_convolutions
 from gencli.backend.positional import timestep_embedding

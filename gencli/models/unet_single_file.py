@@ -140,10 +140,10 @@ def _fail(what: str) -> CheckpointError:
     return CheckpointError(f"not a Stable Diffusion UNet in the original layout: {what}")
 
 
-def _count(keys: set[str], prefix: str) -> int:
-    """How many consecutive indices ``prefix{i}.`` exist (0, 1, 2, ...)."""
+def _count(prefixes: set[str], prefix: str) -> int:
+    """How many consecutive indices ``prefix{i}.`` exist (0, 1, 2, ...) among the dotted prefixes of the names."""
     n = 0
-    while any(k.startswith(f"{prefix}{n}.") for k in keys):
+    while f"{prefix}{n}." in prefixes:
         n += 1
     return n
 
@@ -159,6 +159,7 @@ def infer_unet_config(shapes: Mapping[str, Sequence[int]], *, prefix: str = UNET
     if not sd:
         raise CheckpointError(f"no UNet tensors ('{prefix}*') in this checkpoint")
     keys = set(sd)
+    prefixes = {name[: i + 1] for name in keys for i, ch in enumerate(name) if ch == "."}
 
     def shape(name: str) -> tuple[int, ...]:
         try:
@@ -174,7 +175,7 @@ def infer_unet_config(shapes: Mapping[str, Sequence[int]], *, prefix: str = UNET
 
     # down path: levels of [ResBlock, (transformer)] entries, closed by a downsampler
     levels: list[list[tuple[int, int, Optional[tuple[int, ...]]]]] = [[]]  # (channels, depth, attn1.to_k shape)
-    n_input = _count(keys, "input_blocks.")
+    n_input = _count(prefixes, "input_blocks.")
     context_dims: set[int] = set()
     linear_proj: set[bool] = set()
     for i in range(1, n_input):
@@ -182,7 +183,7 @@ def infer_unet_config(shapes: Mapping[str, Sequence[int]], *, prefix: str = UNET
             levels.append([])
             continue
         width = shape(f"input_blocks.{i}.0.out_layers.3.weight")[0]
-        depth = _count(keys, f"input_blocks.{i}.1.transformer_blocks.")
+        depth = _count(prefixes, f"input_blocks.{i}.1.transformer_blocks.")
         to_k = None
         if depth:
             p = f"input_blocks.{i}.1."
@@ -205,14 +206,14 @@ def infer_unet_config(shapes: Mapping[str, Sequence[int]], *, prefix: str = UNET
     attention = [level[0][1] > 0 for level in levels]
 
     # middle block: ResBlock, transformer, ResBlock
-    mid_depth = _count(keys, "middle_block.1.transformer_blocks.")
+    mid_depth = _count(prefixes, "middle_block.1.transformer_blocks.")
     if not mid_depth:
         raise _fail(f"'{prefix}middle_block.1' has no transformer blocks")
     context_dims.add(shape("middle_block.1.transformer_blocks.0.attn2.to_k.weight")[1])
     linear_proj.add(len(shape("middle_block.1.proj_in.weight")) == 2)
 
     # up path: the transformer depth of every up layer
-    n_output = _count(keys, "output_blocks.")
+    n_output = _count(prefixes, "output_blocks.")
     if n_output != sum(x + 1 for x in layers):
         raise _fail(f"{n_output} '{prefix}output_blocks' for {sum(layers)} down layers in {n} levels (expected {sum(x + 1 for x in layers)})")
     up_depths: list[list[int]] = []
@@ -221,7 +222,7 @@ def infer_unet_config(shapes: Mapping[str, Sequence[int]], *, prefix: str = UNET
         level = n - 1 - u
         row = []
         for _ in range(layers[level] + 1):
-            row.append(_count(keys, f"output_blocks.{k}.1.transformer_blocks."))
+            row.append(_count(prefixes, f"output_blocks.{k}.1.transformer_blocks."))
             k += 1
         if any(d > 0 for d in row) != attention[level]:
             raise _fail(f"'{prefix}output_blocks' of level {level} disagree with 'input_blocks' about having transformers")

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from gencli.backend.device import Placement
+from gencli.backend.layers import prepack_convolutions
 from gencli.checkpoints.formats import CheckpointSource, open_source
 from gencli.checkpoints.keymap import Drop, KeyMap
-from gencli.backend.layers import prepack_convolutions
 from gencli.checkpoints.loader import load_model
 from gencli.checkpoints.reader import TensorReader
 from gencli.errors import CheckpointError
@@ -139,13 +139,6 @@ def load_unet_single_file(
         return load_unet_from_reader(reader, placement, config=config)
 
 
-def is_single_file_unet(src: CheckpointSource) -> bool:
-    """Whether a checkpoint holds an original-layout UNet (``model.diffusion_model.*``)."""
-    if src.kind == "diffusers-pipeline" or src.is_pickle:
-        return False
-    return any(k.startswith(UNET_PREFIX) for k in src.tensor_infos())
-
-
 def load_unet(
     path: str | Path,
     placement: Placement,
@@ -160,8 +153,9 @@ def load_unet(
     p = Path(path).expanduser()
     if p.is_file():
         src = open_source(p, allow_pickle=allow_pickle)
-        if is_single_file_unet(src):
-            return load_unet_single_file(p, placement, config=config, allow_pickle=allow_pickle)
+        with TensorReader(src, allow_pickle=allow_pickle) as reader:
+            if any(k.startswith(UNET_PREFIX) for k in reader.keys()):
+                return load_unet_from_reader(reader, placement, config=config)
         if config is None and src.config is None:
             raise CheckpointError(f"'{p}' is neither a single-file Stable Diffusion checkpoint (no '{UNET_PREFIX}*' tensors) nor next to a config.json")
         return _load_diffusers_layout(src, _read_config(config) if config is not None else dict(src.config or {}), placement, allow_pickle)
@@ -175,6 +169,5 @@ __all__ = [
     "load_unet_from_reader",
     "single_file_unet_config",
     "unet_shapes",
-    "is_single_file_unet",
     "prepare_for_device",
 ]
