@@ -173,8 +173,11 @@ def _onednn_linear_available() -> bool:
     return _onednn_ops_available(("_linear_pointwise",), bf16=True)
 
 
+_CONV_OPS = ("_reorder_convolution_weight", "_convolution_pointwise")
+
+
 def _onednn_conv_available() -> bool:
-    return _onednn_ops_available(("_reorder_convolution_weight", "_convolution_pointwise"))
+    return _onednn_ops_available(_CONV_OPS)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, activation: Optional[str] = None) -> torch.Tensor:
@@ -271,7 +274,9 @@ class Conv2d(nn.Conv2d):
         if torch.is_grad_enabled() or x.device.type != "cpu":
             return False
         dtype = self._packed.dtype if self._packed is not None else self.weight.dtype
-        return x.dtype == dtype and x.dtype in (torch.float32, torch.bfloat16)
+        if x.dtype != dtype:
+            return False
+        return dtype == torch.float32 or (dtype == torch.bfloat16 and _onednn_ops_available(_CONV_OPS, bf16=True))
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         if self._prepack or self._packed is not None:

@@ -392,9 +392,9 @@ class Transformer2DModel(nn.Module):
         tokens = self._project(self.proj_in, tokens)
         for block in self.transformer_blocks:
             tokens = block(tokens, context)
-        out = self._project(self.proj_out, tokens)
-        # (B, H*W, C) is the memory of a channels-last (B, C, H, W) map: no copy back
-        return out.view(b, h, w, c).permute(0, 3, 1, 2).add_(x)
+        # (B, H*W, C) is the memory of a channels-last (B, C, H, W) map: no copy back in that layout
+        out = self._project(self.proj_out, tokens).view(b, h, w, c).permute(0, 3, 1, 2)
+        return out.add_(x) if x.is_contiguous(memory_format=torch.channels_last) else x + out  # x + out: NCHW like x
 
 
 # -- UNet blocks (diffusers' unet_2d_blocks.py names) --------------------------------------------
