@@ -83,8 +83,18 @@ def run_worker(mod, args) -> None:
 
 
 def _peak_rss_mb() -> float:
+    """This worker's peak resident memory. On Linux ``VmHWM``: ``ru_maxrss`` keeps the high-water
+    mark of the parent it was forked from (a parent that built a large checkpoint in ``setup`` would
+    set a floor under both sides)."""
     import resource
 
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return round(peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024, 1)
 

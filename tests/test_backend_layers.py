@@ -178,3 +178,34 @@ def test_seeded_noise_is_reproducible_and_device_independent():
     draws = [multinomial(probs, make_generator(7)[0]).tolist() for _ in range(2)]
     assert draws[0] == draws[1]
     assert all(row[0] != 2 for row in [draws[0][0]])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_conv2d_prepacked_matches_plain_and_stays_a_conv(dtype):
+    """Packed for oneDNN on the first inference call: same outputs (residual fused), other input
+    sizes too, the dense weight in state_dict, and back to a plain trainable conv on demand."""
+    from gencli.backend.layers import Conv2d, _onednn_conv_available, prepack_convolutions
+
+    torch.manual_seed(0)
+    conv = Conv2d(16, 24, kernel_size=3, padding=1)
+    weight = conv.weight.detach().clone()
+    x = torch.randn(2, 16, 9, 7).to(dtype).to(memory_format=torch.channels_last)
+    residual = torch.randn(2, 24, 9, 7).to(dtype).to(memory_format=torch.channels_last)
+    conv = conv.to(dtype)
+    with torch.no_grad():
+        plain = torch.nn.functional.conv2d(x.float(), weight, conv.bias.float(), padding=1)
+        assert prepack_convolutions(torch.nn.Sequential(conv)) == (1 if _onednn_conv_available() else 0)
+        first = conv(x)  # packs
+        assert conv.packed == _onednn_conv_available()
+        tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=0.1, rtol=0.05)
+        torch.testing.assert_close(first.float(), plain, **tol)
+        torch.testing.assert_close(conv(x, residual=residual).float(), plain + residual.float(), **tol)
+        other = torch.randn(1, 16, 5, 12).to(dtype).to(memory_format=torch.channels_last)
+        torch.testing.assert_close(conv(other).float(), torch.nn.functional.conv2d(other.float(), weight, conv.bias.float(), padding=1), **tol)
+        assert torch.equal(conv.state_dict()["weight"], weight.to(dtype))
+    # autograd needs the dense parameter back
+    conv = conv.float()
+    assert not conv.packed and conv.weight.requires_grad
+    out = conv(x.float().requires_grad_())
+    out.sum().backward()
+    assert conv.weight.grad is not None and conv.weight.grad.shape == weight.shape

@@ -277,3 +277,42 @@ def test_save_model_roundtrip_stores_tied_once(tmp_path):
     loaded = load_model(Tiny, open_reader(tmp_path / "model.safetensors"), dtype=torch.float32)
     assert torch.allclose(loaded.proj.weight, m.proj.weight, atol=1e-3)
     assert build_on_meta(Tiny).proj.weight.is_meta
+
+
+def test_private_reads_equal_mapped_reads(tmp_path):
+    """TensorReader.get(private=True) reads the bytes with file reads: the same tensors as the mapped views."""
+    tensors = {
+        "f32": torch.randn(3, 5),
+        "bf16": torch.randn(4, 2, 3).bfloat16(),
+        "f16": torch.randn(7).half(),
+        "i64": torch.arange(6).reshape(2, 3),
+        "scalar": torch.tensor(2.5),
+        "flag": torch.tensor([True, False, True]),
+    }
+    save_file(tensors, str(tmp_path / "t.safetensors"))
+    with open_reader(tmp_path / "t.safetensors") as reader:
+        for name, t in tensors.items():
+            got = reader.get(name, private=True)
+            assert got.dtype == t.dtype and torch.equal(got, t) and torch.equal(got, reader.get(name))
+            assert reader.dtype(name) == t.dtype
+    # a converting load reads privately and gives the same model as a mapped one
+    model = load_model(lambda: torch.nn.Linear(5, 3), open_reader(_linear_file(tmp_path)), dtype=torch.bfloat16)
+    assert model.weight.dtype == torch.bfloat16
+
+
+def _linear_file(tmp_path):
+    save_file({"weight": torch.randn(3, 5), "bias": torch.randn(3)}, str(tmp_path / "lin.safetensors"))
+    return tmp_path / "lin.safetensors"
+
+
+def test_diffusers_variant_files(tmp_path):
+    folder = tmp_path / "unet"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    save_file({"w": torch.zeros(2)}, str(folder / "diffusion_pytorch_model.safetensors"))
+    save_file({"w": torch.ones(2).half()}, str(folder / "diffusion_pytorch_model.fp16.safetensors"))
+    assert open_source(folder).weight_files[0].name == "diffusion_pytorch_model.safetensors"
+    assert open_source(folder, variant="fp16").weight_files[0].name == "diffusion_pytorch_model.fp16.safetensors"
+    with pytest.raises(CheckpointError, match="no 'bf16' variant"):
+        open_source(folder, variant="bf16")
+    assert open_source(folder, variant="bf16", variant_fallback=True).weight_files[0].name == "diffusion_pytorch_model.safetensors"

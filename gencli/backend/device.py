@@ -159,6 +159,30 @@ def choose_placement(device: str = "auto", dtype: str = "auto", family_kind: Fam
     return Placement(dev, resolve_dtype(dtype, dev, family_kind, n_params))
 
 
+@functools.lru_cache(maxsize=1)
+def _malloc_trim():
+    if platform.system() != "Linux":
+        return None
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def release_free_memory() -> None:
+    """Give the memory the C allocator holds free back to the system (glibc's ``malloc_trim``).
+
+    glibc keeps freed blocks of up to 32 MB in its heap for reuse; after a one-off reshuffle of
+    weights (repacking a model's convolutions, say) that can leave gigabytes counted against the
+    process. A no-op where there is no glibc.
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -5,11 +5,14 @@ Key names follow transformers/diffusers (``weight``/``bias``) so checkpoints map
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+import functools
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from gencli.backend.device import release_free_memory
 
 
 class RMSNorm(nn.Module):
@@ -151,21 +154,53 @@ class Activation(nn.Module):
 
 # activations oneDNN can apply inside its bf16 matmul: name -> (post-op, algorithm)
 _ONEDNN_POST_OPS: dict[Optional[str], tuple[str, str]] = {None: ("none", ""), "gelu": ("gelu", "none"), "relu": ("relu", "")}
-_onednn_linear_ok: Optional[bool] = None
+
+
+@functools.lru_cache(maxsize=None)
+def _onednn_ops_available(ops: tuple[str, ...], bf16: bool = False) -> bool:
+    """Whether this torch build has these ``torch.ops.mkldnn`` kernels (and, with ``bf16``, a CPU they run bf16 on)."""
+    try:
+        return bool(
+            torch.backends.mkldnn.is_available()
+            and all(hasattr(torch.ops.mkldnn, op) for op in ops)
+            and (not bf16 or torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        )
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def _onednn_linear_available() -> bool:
-    global _onednn_linear_ok
-    if _onednn_linear_ok is None:
-        try:
-            _onednn_linear_ok = bool(
-                torch.backends.mkldnn.is_available()
-                and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-                and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-            )
-        except (AttributeError, RuntimeError):
-            _onednn_linear_ok = False
-    return _onednn_linear_ok
+    return _onednn_ops_available(("_linear_pointwise",), bf16=True)
+
+
+_CONV_OPS = ("_reorder_convolution_weight", "_convolution_pointwise")
+
+
+def _onednn_conv_available() -> bool:
+    return _onednn_ops_available(_CONV_OPS)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, activation: Optional[str] = None) -> torch.Tensor:
+    """``activation(x @ weight.T + bias)``, the computation of :class:`Linear` for any weight (a row
+    slice of a larger matrix, say: GEGLU multiplies by the two halves of one projection).
+
+    For bf16 inference on a CPU with native bf16 support it runs oneDNN's matmul with the bias (and a
+    GELU/ReLU) fused into the kernel; everywhere else ``F.linear`` followed by the activation.
+    """
+    if (
+        x.dtype == torch.bfloat16
+        and weight.dtype == torch.bfloat16
+        and x.device.type == "cpu"
+        and activation in _ONEDNN_POST_OPS
+        and not torch.is_grad_enabled()
+        and _onednn_linear_available()
+    ):
+        op, algorithm = _ONEDNN_POST_OPS[activation]
+        flat = x.reshape(-1, x.shape[-1])
+        out = torch.ops.mkldnn._linear_pointwise(flat, weight, bias, op, [], algorithm)
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+    out = F.linear(x, weight, bias)
+    return get_activation(activation)(out) if activation is not None else out
 
 
 class Linear(nn.Linear):
@@ -178,20 +213,107 @@ class Linear(nn.Linear):
     """
 
     def forward(self, x: torch.Tensor, activation: Optional[str] = None) -> torch.Tensor:
-        if (
-            x.dtype == torch.bfloat16
-            and self.weight.dtype == torch.bfloat16
-            and x.device.type == "cpu"
-            and activation in _ONEDNN_POST_OPS
-            and not torch.is_grad_enabled()
-            and _onednn_linear_available()
-        ):
-            op, algorithm = _ONEDNN_POST_OPS[activation]
-            flat = x.reshape(-1, x.shape[-1])
-            out = torch.ops.mkldnn._linear_pointwise(flat, self.weight, self.bias, op, [], algorithm)
-            return out.reshape(*x.shape[:-1], out.shape[-1])
-        out = F.linear(x, self.weight, self.bias)
-        return get_activation(activation)(out) if activation is not None else out
+        return linear(x, self.weight, self.bias, activation)
+
+
+class Conv2d(nn.Conv2d):
+    """``nn.Conv2d`` (same parameters, same state-dict keys) that can keep its weight in oneDNN's own
+    layout for CPU inference, and add a residual to its output: ``conv(x, residual=r)``.
+
+    ``F.conv2d`` on a CPU reorders the weight into oneDNN's blocked layout on every call; for the
+    wide, low-resolution convolutions of a UNet (1280 channels at 8x8 or 4x4) that reorder costs
+    more than the convolution. After :meth:`prepack` the first inference call (no autograd, a CPU
+    input in the weight's dtype) reorders the weight once for that input's shape and releases the
+    dense parameter; every later call runs oneDNN's convolution on the packed weight, with the
+    residual added inside the kernel. The same values as ``F.conv2d`` (+ residual) up to the
+    kernel's summation order. ``state_dict()`` still returns the dense weight; :meth:`unpack` (done
+    automatically before ``.to()``, ``load_state_dict`` or a call with autograd) restores it.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._prepack = False
+        self._packed: Optional[torch.Tensor] = None
+        self._register_state_dict_hook(Conv2d._dense_weight_in_state_dict)
+
+    def prepack(self, enabled: bool = True) -> "Conv2d":
+        """Pack the weight on the next CPU inference call (``enabled=False``: unpack and stop)."""
+        self._prepack = enabled and self.padding_mode == "zeros" and not isinstance(self.padding, str) and _onednn_conv_available()
+        if not self._prepack:
+            self.unpack()
+        return self
+
+    @property
+    def packed(self) -> bool:
+        """Whether the weight is held packed now."""
+        return self._packed is not None
+
+    @property
+    def prepacking(self) -> bool:
+        """Whether the weight is (or will be, on the next CPU inference call) packed."""
+        return self._prepack
+
+    def unpack(self) -> None:
+        """Restore the dense ``weight`` parameter (a no-op when the weight is not packed)."""
+        if self._packed is None:
+            return
+        dense = self._packed.to_dense()
+        self._packed = None
+        self.weight = nn.Parameter(dense, requires_grad=self._weight_requires_grad)
+
+    def _pack(self, x: torch.Tensor) -> None:
+        weight = self.weight.detach().contiguous()
+        self._weight_requires_grad = self.weight.requires_grad
+        self._packed = torch.ops.mkldnn._reorder_convolution_weight(
+            weight, list(self.padding), list(self.stride), list(self.dilation), self.groups, list(x.shape)
+        )
+        del self.weight, weight  # the packed copy replaces it
+        release_free_memory()  # else the C allocator keeps the dense copy's memory (a few ms per call)
+
+    def _can_pack(self, x: torch.Tensor) -> bool:
+        if torch.is_grad_enabled() or x.device.type != "cpu":
+            return False
+        dtype = self._packed.dtype if self._packed is not None else self.weight.dtype
+        if x.dtype != dtype:
+            return False
+        return dtype == torch.float32 or (dtype == torch.bfloat16 and _onednn_ops_available(_CONV_OPS, bf16=True))
+
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self._prepack or self._packed is not None:
+            if self._can_pack(x):
+                if self._packed is None:
+                    self._pack(x)
+                args = (list(self.padding), list(self.stride), list(self.dilation), self.groups)
+                if residual is None:
+                    return torch.ops.mkldnn._convolution_pointwise(x, self._packed, self.bias, *args, "none", [], "")
+                cl = torch.channels_last
+                if residual.dtype == x.dtype and residual.is_contiguous(memory_format=cl) and x.is_contiguous(memory_format=cl):
+                    return torch.ops.mkldnn._convolution_pointwise.binary(x, residual, self._packed, self.bias, *args, "add", None, None, [], None)
+                return torch.ops.mkldnn._convolution_pointwise(x, self._packed, self.bias, *args, "none", [], "").add_(residual)
+            self.unpack()
+        out = self._conv_forward(x, self.weight, self.bias)
+        return out if residual is None else out.add_(residual)
+
+    # the dense weight is what the rest of torch sees
+    def _apply(self, fn, recurse=True):  # type: ignore[override]
+        self.unpack()
+        return super()._apply(fn, recurse)
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        self.unpack()
+        super()._load_from_state_dict(*args, **kwargs)
+
+    @staticmethod
+    def _dense_weight_in_state_dict(module: "Conv2d", state: dict, prefix: str, _meta: Any) -> None:
+        if module._packed is not None:
+            state[prefix + "weight"] = module._packed.to_dense()
+
+
+def prepack_convolutions(module: nn.Module, enabled: bool = True) -> int:
+    """Call :meth:`Conv2d.prepack` on every :class:`Conv2d` inside ``module``; returns how many will
+    pack (0 where oneDNN's packed convolution is not available)."""
+    convs = [m.prepack(enabled) for m in module.modules() if isinstance(m, Conv2d)]
+    return sum(c.prepacking for c in convs)
 
 
 class GatedMLP(nn.Module):
@@ -249,7 +371,10 @@ __all__ = [
     "swiglu",
     "get_activation",
     "Activation",
+    "linear",
     "Linear",
+    "Conv2d",
+    "prepack_convolutions",
     "GatedMLP",
     "FeedForward",
     "init_normal_",

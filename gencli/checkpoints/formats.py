@@ -42,6 +42,7 @@ class CheckpointSource:
     weight_map: Optional[dict[str, str]] = None  # sharded: tensor name -> file name
     folder: Optional[Path] = None
     config: Optional[dict[str, Any]] = None
+    variant: Optional[str] = None  # diffusers' weight variant ("fp16", ...) asked for, if any
     _headers: dict[Path, SafetensorsHeader] = field(default_factory=dict, repr=False)
 
     @property
@@ -86,7 +87,10 @@ class CheckpointSource:
         sub = self.folder / name
         if not sub.is_dir():
             raise CheckpointError(f"'{self.folder}' has no '{name}' component folder")
-        return open_source(sub, variant=variant)
+        if variant is not None:  # asked for by name: the component must have it
+            return open_source(sub, variant=variant)
+        # the pipeline folder's variant: a component saved without it loads its default files
+        return open_source(sub, variant=self.variant, variant_fallback=True)
 
 
 def _sharded(folder: Path, index_file: Path, kind: str) -> tuple[list[Path], dict[str, str]]:
@@ -103,28 +107,38 @@ def _sharded(folder: Path, index_file: Path, kind: str) -> tuple[list[Path], dic
     return files, weight_map
 
 
-def _named_weights(folder: Path, variant: Optional[str] = None) -> Optional[tuple[str, list[Path], Optional[dict[str, str]]]]:
-    """``model.safetensors`` / ``diffusion_pytorch_model.safetensors``, single or sharded (with its
-    ``.safetensors.index.json``); with ``variant`` the names transformers and diffusers save it under:
-    ``model.fp16.safetensors``, ``model.safetensors.index.fp16.json``."""
-    tag = f".{variant}" if variant else ""
+def _find_named(folder: Path, variant: Optional[str] = None) -> tuple[str, list[Path], Optional[dict[str, str]]]:
+    """The standard weight files (``model.safetensors``, ``diffusion_pytorch_model.safetensors`` or their
+    shard indexes), or diffusers' variant files: ``{stem}.{variant}.safetensors`` or the index
+    ``{stem}.safetensors.index.{variant}.json`` (shards ``{stem}.{variant}-0000N-of-0000M.safetensors``)."""
     for stem in SAFETENSORS_STEMS:
-        idx = folder / f"{stem}.safetensors.index{tag}.json"
+        idx = folder / (f"{stem}.safetensors.index.{variant}.json" if variant else f"{stem}.safetensors.index.json")
         if idx.is_file():
             files, wm = _sharded(folder, idx, "safetensors")
             return "safetensors-sharded", files, wm
-        single = folder / f"{stem}{tag}.safetensors"
+        single = folder / (f"{stem}.{variant}.safetensors" if variant else f"{stem}.safetensors")
         if single.is_file():
             return "safetensors", [single], None
-    return None
+    return "", [], None
 
 
-def _find_weights(folder: Path, variant: Optional[str] = None) -> tuple[str, list[Path], Optional[dict[str, str]]]:
-    found = _named_weights(folder, variant)
-    if found:
-        return found
+def _find_weights(folder: Path, variant: Optional[str] = None, *, fallback: bool = False) -> tuple[str, list[Path], Optional[dict[str, str]]]:
     if variant:
-        raise CheckpointError(f"'{folder}' has no '{variant}' variant of its weights (model.{variant}.safetensors or diffusion_pytorch_model.{variant}.safetensors)")
+        found = _find_named(folder, variant)
+        if found[0]:
+            return found
+        if not fallback:
+            raise CheckpointError(
+                f"'{folder}' has no '{variant}' variant of its weights "
+                f"(looked for diffusion_pytorch_model.{variant}.safetensors, model.{variant}.safetensors and their shard indexes)"
+            )
+    found = _find_named(folder)
+    if found[0]:
+        return found
+    indexes = [f for stem in SAFETENSORS_STEMS for f in sorted(folder.glob(f"{stem}.safetensors.index.*.json"))]
+    if len(indexes) == 1:  # the only weights are a sharded variant
+        files, wm = _sharded(folder, indexes[0], "safetensors")
+        return "safetensors-sharded", files, wm
     st = sorted(folder.glob("*.safetensors"))
     # variants such as model.fp16.safetensors, or a lone file with another name
     if len(st) == 1:
@@ -143,11 +157,15 @@ def _find_weights(folder: Path, variant: Optional[str] = None) -> tuple[str, lis
     return "", [], None
 
 
-def open_source(path: str | os.PathLike, *, allow_pickle: bool = False, variant: Optional[str] = None) -> CheckpointSource:
+def open_source(
+    path: str | os.PathLike, *, allow_pickle: bool = False, variant: Optional[str] = None, variant_fallback: bool = False
+) -> CheckpointSource:
     """Resolve a file or folder into a CheckpointSource; raise a one-line UserError when it is not one.
 
-    Pickle checkpoints are refused unless ``allow_pickle``. ``variant`` (a folder only) picks the
-    weights saved with that variant name (``model.fp16.safetensors``), as ``from_pretrained(variant=...)``.
+    Pickle checkpoints are refused unless ``allow_pickle``. ``variant`` (a folder only) picks diffusers'
+    variant files (``diffusion_pytorch_model.fp16.safetensors``, or the sharded
+    ``diffusion_pytorch_model.safetensors.index.fp16.json``); a folder without them is an error, or,
+    with ``variant_fallback`` (the components of a pipeline folder), loads its default files.
     """
     p = Path(path).expanduser()
     if not p.exists():
@@ -169,8 +187,8 @@ def open_source(path: str | os.PathLike, *, allow_pickle: bool = False, variant:
             return open_source(p.parent, allow_pickle=allow_pickle)
         raise UserError(f"'{p}' is not a checkpoint: expected a .safetensors file or a model folder")
     if (p / "model_index.json").is_file():
-        return CheckpointSource(p, "diffusers-pipeline", folder=p, config=read_json(p / "model_index.json"))
-    kind, files, weight_map = _find_weights(p, variant)
+        return CheckpointSource(p, "diffusers-pipeline", folder=p, config=read_json(p / "model_index.json"), variant=variant)
+    kind, files, weight_map = _find_weights(p, variant, fallback=variant_fallback)
     config = read_json(p / "config.json") if (p / "config.json").is_file() else None
     if not kind:
         raise UserError(
@@ -179,7 +197,7 @@ def open_source(path: str | os.PathLike, *, allow_pickle: bool = False, variant:
         )
     if kind.startswith("pickle") and not allow_pickle:
         raise CheckpointError(PICKLE_REFUSAL.format(path=files[0] if len(files) == 1 else p))
-    src = CheckpointSource(p, kind, files, weight_map, folder=p, config=config)
+    src = CheckpointSource(p, kind, files, weight_map, folder=p, config=config, variant=variant)
     if not src.is_pickle:
         src.headers()
     return src

@@ -57,6 +57,7 @@ class SafetensorsHeader:
     tensors: dict[str, TensorInfo]
     metadata: dict[str, str]
     file_size: int
+    data_start: int = 0  # byte offset of the data section in the file (8 + header length)
 
 
 def read_header(path: str | os.PathLike) -> SafetensorsHeader:
@@ -100,4 +101,4 @@ def read_header(path: str | os.PathLike) -> SafetensorsHeader:
                 f"'{p}' is truncated: tensor '{name}' ends at byte {end} of the data section but the file holds only {data_size} bytes of data"
             )
         tensors[name] = info
-    return SafetensorsHeader(p, tensors, {str(k): str(v) for k, v in metadata.items()}, size)
+    return SafetensorsHeader(p, tensors, {str(k): str(v) for k, v in metadata.items()}, size, 8 + n)

@@ -45,6 +45,7 @@ def load_state(
     config: Optional[dict] = None,
     what: Optional[str] = None,
     column_major: Iterable[str] = (),
+    private: Optional[Callable[[str, torch.Tensor], bool]] = None,
 ) -> M:
     """Fill ``model`` (usually built on meta) from ``reader`` through ``keymap``.
 
@@ -103,8 +104,13 @@ def load_state(
         if name not in plan:
             continue
         target = targets[name]
+        source_dtype = reader.dtype(plan[name].sources[0]) if len(plan[name].sources) == 1 else None
+        want = target.dtype
+        if target.is_floating_point() and (source_dtype is None or source_dtype.is_floating_point):
+            want = torch.float32 if any(r.search(name) for r in fp32_rx) else (dtype or target.dtype)
+        private_read = device.type != "cpu" or (source_dtype is not None and source_dtype != want) or bool(private and private(name, target))
         try:
-            tensor = plan[name](reader)
+            tensor = plan[name](_PrivateReads(reader) if private_read else reader)
         except ValueError as exc:
             raise CheckpointError(f"'{origin}': {exc}") from None
         if tuple(tensor.shape) != tuple(target.shape):
@@ -113,9 +119,8 @@ def load_state(
                 f"{'' if plan[name].describe() == name else ' (from ' + repr(plan[name].describe()) + ')'}, "
                 f"the model expects {list(target.shape)} (does config.json match the weights?)"
             )
-        want = target.dtype
-        if tensor.is_floating_point() and target.is_floating_point():
-            want = torch.float32 if any(r.search(name) for r in fp32_rx) else (dtype or target.dtype)
+        if not tensor.is_floating_point():
+            want = target.dtype
         converting = tensor.dtype != want or tensor.device != device  # a copy is made anyway
         if converting and tensor.dim() == 2 and tensor.is_floating_point() and any(r.search(n) for r in col_rx for n in names_of.get(name, [name])):
             placed = torch.empty_strided(tuple(tensor.shape), (1, tensor.shape[0]), dtype=want, device=device)
@@ -138,6 +143,16 @@ def load_state(
     return model.eval()
 
 
+class _PrivateReads:
+    """A reader whose every read is a private copy (see :meth:`TensorReader.get`)."""
+
+    def __init__(self, reader: TensorReader):
+        self.reader = reader
+
+    def get(self, name: str) -> torch.Tensor:
+        return self.reader.get(name, private=True)
+
+
 def _set_param(model: nn.Module, dotted: str, param: nn.Parameter) -> None:
     module_name, _, attr = dotted.rpartition(".")
     module = model.get_submodule(module_name) if module_name else model
@@ -155,11 +170,21 @@ def load_model(
     optional: Iterable[str] = (),
     config: Optional[dict] = None,
     column_major: Iterable[str] = (),
+    private: Optional[Callable[[str, torch.Tensor], bool]] = None,
 ) -> M:
     """Build ``factory()`` on the meta device and load it from ``reader`` (see :func:`load_state`)."""
     model = build_on_meta(factory)
     return load_state(
-        model, reader, keymap, device=device, dtype=dtype, keep_fp32=keep_fp32, optional=optional, config=config, column_major=column_major
+        model,
+        reader,
+        keymap,
+        device=device,
+        dtype=dtype,
+        keep_fp32=keep_fp32,
+        optional=optional,
+        config=config,
+        column_major=column_major,
+        private=private,
     )
 
 

@@ -22,6 +22,7 @@ class TensorReader:
     def __init__(self, source: CheckpointSource, *, allow_pickle: bool = False):
         self.source = source
         self._handles: dict[Path, Any] = {}
+        self._files: dict[Path, Any] = {}
         self._where: dict[str, Path] = {}
         self._state: Optional[dict[str, torch.Tensor]] = None
         if source.kind == "diffusers-pipeline":
@@ -55,8 +56,24 @@ class TensorReader:
         info = next(h.tensors[name] for h in self.source.headers() if name in h.tensors)
         return info.shape
 
-    def get(self, name: str) -> torch.Tensor:
-        """Read one tensor (a CPU tensor in the checkpoint's dtype)."""
+    def dtype(self, name: str) -> Optional[torch.dtype]:
+        """The tensor's dtype as stored (from the header; None where torch has no such dtype)."""
+        if self._state is not None:
+            return self._state[name].dtype if name in self._state else None
+        info = next((h.tensors[name] for h in self.source.headers() if name in h.tensors), None)
+        return _TORCH_DTYPES.get(info.dtype) if info is not None else None
+
+    def get(self, name: str, *, private: bool = False) -> torch.Tensor:
+        """Read one tensor (a CPU tensor in the checkpoint's dtype).
+
+        By default a safetensors tensor is a view of the memory-mapped file: no copy, and its pages
+        are read (and counted in the process's resident memory, as long as any tensor of the file
+        is alive) when first touched. ``private=True`` reads the bytes with ordinary file reads into
+        a new tensor instead, leaving the mapping untouched: for tensors that are converted or
+        repacked anyway, this keeps the file's pages out of the process's memory.
+        """
+        if private and self._state is None and name in self._where:
+            return self._read_private(name)
         if self._state is not None:
             try:
                 return self._state[name]
@@ -74,7 +91,30 @@ class TensorReader:
         except SafetensorError as exc:
             raise CheckpointError(f"cannot read tensor '{name}' from '{path}': {exc}") from None
 
+    def _read_private(self, name: str) -> torch.Tensor:
+        header = next(h for h in self.source.headers() if name in h.tensors)
+        info = header.tensors[name]
+        dtype = _TORCH_DTYPES.get(info.dtype)
+        if dtype is None:
+            return self.get(name)
+        out = torch.empty(info.shape, dtype=dtype)
+        view = out.reshape(-1).view(torch.uint8).numpy()
+        fh = self._files.get(header.path)
+        try:
+            if fh is None:
+                fh = self._files[header.path] = open(header.path, "rb")  # closed in close()
+            fh.seek(header.data_start + info.begin)
+            got = fh.readinto(memoryview(view))
+        except OSError as exc:
+            raise CheckpointError(f"cannot read tensor '{name}' from '{header.path}': {exc.strerror or exc}") from None
+        if got != info.end - info.begin:
+            raise CheckpointError(f"cannot read tensor '{name}' from '{header.path}': the file ends early")
+        return out
+
     def close(self) -> None:
+        for fh in self._files.values():
+            fh.close()
+        self._files.clear()
         self._handles.clear()
         self._state = None if self._state is None else {}
 
@@ -83,6 +123,13 @@ class TensorReader:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+_TORCH_DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+    **{code: getattr(torch, name) for code, name in (("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2")) if hasattr(torch, name)},
+}  # fmt: skip
 
 
 def _load_pickle(path: Path) -> dict[str, torch.Tensor]:

@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gencli.backend.layers import GroupNorm, Linear, get_activation
+from gencli.backend.layers import Conv2d, GroupNorm, Linear, get_activation
 
 
 class ResnetBlock2D(nn.Module):
@@ -52,7 +52,7 @@ class ResnetBlock2D(nn.Module):
         self.time_embedding_norm = time_embedding_norm
         self.output_scale_factor = output_scale_factor
         self.norm1 = GroupNorm(groups, in_channels, eps=eps, affine=True)
-        self.conv1 = nn.Conv2d(in_channels, out_channels, kernel_size=3, stride=1, padding=1)
+        self.conv1 = Conv2d(in_channels, out_channels, kernel_size=3, stride=1, padding=1)
         if temb_channels is not None:
             width = 2 * out_channels if time_embedding_norm == "scale_shift" else out_channels
             self.time_emb_proj: Optional[Linear] = Linear(temb_channels, width)
@@ -60,9 +60,9 @@ class ResnetBlock2D(nn.Module):
             self.time_emb_proj = None
         self.norm2 = GroupNorm(groups_out or groups, out_channels, eps=eps, affine=True)
         self.dropout = nn.Dropout(dropout)
-        self.conv2 = nn.Conv2d(out_channels, out_channels, kernel_size=3, stride=1, padding=1)
+        self.conv2 = Conv2d(out_channels, out_channels, kernel_size=3, stride=1, padding=1)
         shortcut = in_channels != out_channels if use_in_shortcut is None else use_in_shortcut
-        self.conv_shortcut = nn.Conv2d(in_channels, out_channels, kernel_size=1, bias=conv_shortcut_bias) if shortcut else None
+        self.conv_shortcut = Conv2d(in_channels, out_channels, kernel_size=1, bias=conv_shortcut_bias) if shortcut else None
 
     def forward(self, x: torch.Tensor, temb: Optional[torch.Tensor] = None) -> torch.Tensor:
         h = self.conv1(self.norm1(x, self.act))
@@ -70,19 +70,18 @@ class ResnetBlock2D(nn.Module):
         if self.time_emb_proj is not None and temb is not None:
             t = self.time_emb_proj(get_activation(self.act)(temb))[:, :, None, None]
             if self.time_embedding_norm == "default":
-                h = h + t
+                h = h.add_(t)
             else:
                 scale_shift = t.chunk(2, dim=1)
         if scale_shift is None:
             h = self.norm2(h, self.act)
         else:
             h = get_activation(self.act)(self.norm2(h) * (1 + scale_shift[0]) + scale_shift[1])
-        h = self.conv2(self.dropout(h))
         if self.conv_shortcut is not None:
             x = self.conv_shortcut(x)
-        out = x + h
+        out = self.conv2(self.dropout(h), residual=x)  # the residual added inside the conv kernel where it can be
         if self.output_scale_factor != 1.0:
-            out = out / self.output_scale_factor
+            out = out.div_(self.output_scale_factor)
         return out
 
 
@@ -99,7 +98,7 @@ class Downsample2D(nn.Module):
         self.padding = padding
         self.use_conv = use_conv
         if use_conv:
-            self.conv = nn.Conv2d(channels, out_channels, kernel_size=3, stride=2, padding=padding)
+            self.conv = Conv2d(channels, out_channels, kernel_size=3, stride=2, padding=padding)
         elif channels != out_channels:
             raise ValueError("average-pool downsampling keeps the channel count")
 
@@ -118,7 +117,7 @@ class Upsample2D(nn.Module):
     def __init__(self, channels: int, *, use_conv: bool = True, out_channels: Optional[int] = None):
         super().__init__()
         self.use_conv = use_conv
-        self.conv = nn.Conv2d(channels, out_channels or channels, kernel_size=3, padding=1) if use_conv else None
+        self.conv = Conv2d(channels, out_channels or channels, kernel_size=3, padding=1) if use_conv else None
 
     def forward(self, x: torch.Tensor, output_size: Optional[tuple[int, int]] = None) -> torch.Tensor:
         if output_size is None:
