@@ -20,12 +20,19 @@ import torch
 from gencli.io import atomic_path
 
 
-def warmup_cosine_lr(step: int, total: int, peak: float, *, warmup: int = 0, floor: float = 0.0) -> float:
+def warmup_cosine_lr(step: int, total: int, peak: float, *, warmup: int = 0, floor: float = 0.0, decay_start: Optional[int] = None) -> float:
     """Linear warmup over ``warmup`` steps to ``peak``, then a cosine decay to ``floor * peak`` at
-    ``total`` steps (and flat after it)."""
+    ``total`` steps (and flat after it).
+
+    ``decay_start`` holds the rate at ``peak`` from the end of the warmup until that step and starts
+    the cosine there (a warmup-stable-decay schedule, whose ``total`` may still change while the
+    rate is stable)."""
     if step < warmup:
         return peak * (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    start = warmup if decay_start is None else decay_start
+    if step < start:
+        return peak
+    progress = min(1.0, (step - start) / max(1, total - start))
     return peak * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 

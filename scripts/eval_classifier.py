@@ -61,12 +61,11 @@ def main() -> None:
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
 
-    from gencli.backend.device import choose_placement
     from gencli.pipelines.classify import DEFAULT_MODEL, ImageClassifier
     from gencli.weights import resolve_model
 
-    placement = choose_placement(args.device, args.dtype, "transformer", args.threads)
-    clf = ImageClassifier.load(resolve_model(args.model, DEFAULT_MODEL), placement)
+    clf = ImageClassifier.load(resolve_model(args.model, DEFAULT_MODEL), device=args.device, dtype=args.dtype, threads=args.threads)
+    placement = clf.placement
     seeds = shapes.split_seeds("test", args.n, offset=args.offset)
     results = []
     for res in (int(r) for r in args.resolutions.split(",")):
@@ -78,7 +77,11 @@ def main() -> None:
             print(f"{res}x{res}: accuracy {r['accuracy']:.4f} on {r['n']} held-out scenes ({placement.describe()}); "
                   f"per shape {r['per_shape']}; confusions {r['confusions']}", flush=True)
     if args.json:
-        print(json.dumps({"model": str(clf.path), "dtype": str(placement.dtype).replace("torch.", ""), "split": "test", "offset": args.offset, "results": results}))
+        print(
+            json.dumps(
+                {"model": str(clf.path), "dtype": str(placement.dtype).replace("torch.", ""), "split": "test", "offset": args.offset, "results": results}
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -34,13 +34,13 @@ def run_eval(model: str, *, split: str = "test", n: int = 1000, n_held_out: int 
              shape_template=None, colour_template=None, combo_template=None, threads=None) -> dict:  # fmt: skip
     from PIL import Image
 
-    from gencli.backend.device import DTYPE_NAMES, choose_placement
+    from gencli.backend.device import DTYPE_NAMES
     from gencli.data import shapes_clip
     from gencli.pipelines import zeroshot as zs
     from gencli.weights import resolve_model
 
-    placement = choose_placement(device, dtype, "transformer", threads)
-    bundle = zs.load(resolve_model(model, zs.DEFAULT_MODEL), placement)
+    bundle = zs.load(resolve_model(model, zs.DEFAULT_MODEL), device=device, dtype=dtype, threads=threads)
+    placement = bundle.placement
     kwargs = {k: v for k, v in dict(shape_template=shape_template, colour_template=colour_template, combo_template=combo_template).items() if v}
     sets = shapes_clip.label_sets(**kwargs)
 
@@ -48,7 +48,13 @@ def run_eval(model: str, *, split: str = "test", n: int = 1000, n_held_out: int 
         return zs.encode_images(bundle, [Image.fromarray(a) for a in arrays])
 
     start = time.perf_counter()
-    result = {"model": str(bundle.path), "split": split, "dtype": DTYPE_NAMES[placement.dtype], "image_size": size, "templates": {s.name: s.template for s in sets}}
+    result = {
+        "model": str(bundle.path),
+        "split": split,
+        "dtype": DTYPE_NAMES[placement.dtype],
+        "image_size": size,
+        "templates": {s.name: s.template for s in sets},
+    }
     ordinary = shapes_clip.evaluate(enc_images, bundle.encode_texts, shapes_clip.eval_scenes(split, n), sets, size=size)
     held = shapes_clip.evaluate(enc_images, bundle.encode_texts, shapes_clip.eval_scenes(split, n_held_out, held_out=True, offset=500_000), sets, size=size)
     result["n"] = n
@@ -81,40 +87,45 @@ def write_readme(folder: Path, res: dict, plain: dict, command: str) -> None:
     training = re.sub(r"\s+# then, resumed at step (\d+): ", r"\n    # resumed at step \1 with:\n    ", meta.get("command", "python scripts/train_clip.py"))
     text = f"""# clip-shapes: a small CLIP for the shapes world
 
-A {n_params / 1e6:.1f}M-parameter CLIP in transformers' `CLIPModel` layout (vision: ViT {v['num_hidden_layers']} layers x {v['hidden_size']}, patch {v['patch_size']} at {v['image_size']}x{v['image_size']}; text: {t['num_hidden_layers']} layers x {t['hidden_size']}, CLIP BPE vocabulary of {t['vocab_size']}; projection {cfg['projection_dim']}), trained from scratch with CLIP's contrastive loss on shapes-world image/caption pairs, for `gencli zeroshot` and `gencli similarity` on pictures of coloured shapes. It knows eight shapes (circle, square, triangle, star, heart, cross, diamond, crescent) and ten colours; it is not a general-purpose image model.
+A {n_params / 1e6:.1f}M-parameter CLIP in transformers' `CLIPModel` layout (vision: ViT {v["num_hidden_layers"]} layers x {v["hidden_size"]},
+patch {v["patch_size"]} at {v["image_size"]}x{v["image_size"]}; text: {t["num_hidden_layers"]} layers x {t["hidden_size"]}, CLIP BPE vocabulary of
+{t["vocab_size"]}; projection {cfg["projection_dim"]}), trained from scratch with CLIP's contrastive loss on shapes-world image/caption pairs,
+for `gencli zeroshot` and `gencli similarity` on pictures of coloured shapes. It knows eight shapes (circle, square, triangle, star, heart,
+cross, diamond, crescent) and ten colours; it is not a general-purpose image model.
 
 task: zeroshot
 
 ## Files
 
 `config.json`, `model.safetensors` (fp16), `vocab.json` + `merges.txt` (CLIP BPE), `preprocessor_config.json`
-(CLIPImageProcessor: bicubic resize of the shorter side to {v['image_size']}, centre crop, OpenAI CLIP mean/std).
+(CLIPImageProcessor: bicubic resize of the shorter side to {v["image_size"]}, centre crop, OpenAI CLIP mean/std).
 transformers loads it as it is: `CLIPModel.from_pretrained(folder)`, `CLIPTokenizer.from_pretrained(folder)`.
 
 ## Training
 
     {training}
-    python scripts/train_clip.py --out {meta.get('out', 'runs/clip')} --export weights/clip-shapes
+    python scripts/train_clip.py --out {meta.get("out", "runs/clip")} --export weights/clip-shapes
 
-{meta.get('steps', '?')} steps of {meta.get('batch', '?')} image/caption pairs (shapes world version {meta.get('world_version', '?')}): groups of four scenes on one layout
-(the scene, its main object with another shape, another colour, both) as hard negatives, bf16 autocast,
-AdamW with warmup and cosine decay. From step {meta.get('partial_from', '?')} on, 40% of the captions name only the main
+{meta.get("steps", "?")} steps of {meta.get("batch", "?")} image/caption pairs (shapes world version {meta.get("world_version", "?")}):
+groups of four scenes on one layout (the scene, its main object with another shape, another colour, both) as hard negatives, bf16 autocast,
+AdamW with warmup and cosine decay. From step {meta.get("partial_from", "?")} on, 40% of the captions name only the main
 object's shape or only its colour (with its size, position or background: "a star on a blue background",
 "something red at the top left"), with every image of the batch they are true of as a positive: this
 is what makes shape-only and colour-only prompts work (in the run of these weights, zero-shot shape
-accuracy on validation scenes went from 58% at step 2000 to 88% at step 2250 and 99% at step 4000). The vision tower's 21-px patches on a 63-px input form a 3x3 grid
-that matches the world's 3x3 layout, so each object lies mostly inside one token. Auxiliary supervised heads on the vision tower during training only
+accuracy on validation scenes went from 58% at step 2000 to 88% at step 2250 and 99% at step 4000). The vision tower's 21-px
+patches on a 63-px input form a 3x3 grid that matches the world's 3x3 layout, so each object lies mostly inside one token.
+Auxiliary supervised heads on the vision tower during training only
 (each patch token decodes its object coverage and names the shape it lies on; the pooled embedding
 names the shapes and colours present) give the tower a direct shape signal; they are not part of this
 file. Eight colour+shape pairs never appear in training, neither in an image nor in a caption:
-{', '.join(' '.join(p) for p in json.loads(meta['held_out_pairs'])) if 'held_out_pairs' in meta else '(see gencli/data/shapes_clip.py)'};
+{", ".join(" ".join(p) for p in json.loads(meta["held_out_pairs"])) if "held_out_pairs" in meta else "(see gencli/data/shapes_clip.py)"};
 no training caption is an evaluation prompt verbatim (the short style "a purple heart" is never used).
 
 ## Zero-shot accuracy
 
-Single-object scenes from the {res['split']} seed range (never trained on), {res['n']} ordinary scenes and
-{res['n_held_out']} scenes of the held-out pairs, drawn at {res['image_size']} px, scored through gencli's pipeline
-({res['dtype']}); top-1 over all labels of the set:
+Single-object scenes from the {res["split"]} seed range (never trained on), {res["n"]} ordinary scenes and
+{res["n_held_out"]} scenes of the held-out pairs, drawn at {res["image_size"]} px, scored through gencli's pipeline
+({res["dtype"]}); top-1 over all labels of the set:
 
 {markdown_table(res)}
 
@@ -158,8 +169,9 @@ def main() -> None:
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--write-readme", action="store_true", help="write README.md into the model folder with these figures")
     args = p.parse_args()
-    res = run_eval(args.model, split=args.split, n=args.n, n_held_out=args.n_held_out, size=args.size, dtype=args.dtype, device=args.device,
-                   shape_template=args.shape_template, colour_template=args.colour_template, combo_template=args.combo_template, threads=args.threads)  # fmt: skip
+    templates = {"shape_template": args.shape_template, "colour_template": args.colour_template, "combo_template": args.combo_template}
+    sizes = {"n": args.n, "n_held_out": args.n_held_out, "size": args.size}
+    res = run_eval(args.model, split=args.split, dtype=args.dtype, device=args.device, threads=args.threads, **sizes, **templates)
     print(json.dumps(res))
     if args.markdown:
         print()

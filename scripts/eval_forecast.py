@@ -72,7 +72,7 @@ def main(argv=None) -> None:
 
     from gencli.data.real_series import HEADLINE, iter_series
     from gencli.pipelines.forecast.evaluate import evaluate
-    from gencli.pipelines.forecast.runner import DEFAULT_MODEL, Forecaster
+    from gencli.pipelines.forecast.forecaster import DEFAULT_MODEL, Forecaster
     from gencli.weights import resolve_model
 
     torch.set_num_threads(args.threads)

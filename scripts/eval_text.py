@@ -43,14 +43,23 @@ def main() -> None:
     docs = [(name, text) for name, text in docs if text]
     start = time.perf_counter()
     score = evaluate_texts(tm, docs, stride=args.stride, max_tokens=args.max_tokens)
-    report = {"model": describe(tm), "python": sys.version.split()[0], "modules": len(docs), **score.as_dict(), "seconds": round(time.perf_counter() - start, 1)}
+    report = {
+        "model": describe(tm),
+        "python": sys.version.split()[0],
+        "modules": len(docs),
+        **score.as_dict(),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
     if args.json:
         print(json.dumps(report))
         return
     print(f"{report['model']}; Python {report['python']} standard library, {len(docs)} held-out modules")
     for name, d in score.per_document.items():
         print(f"  {name:<24} {d['tokens']:>7} tokens  loss {d['loss']:.3f}  {d['bits_per_byte']:.3f} bits/byte")
-    print(f"total: {score.tokens} tokens, {score.bytes} bytes; loss {score.loss:.4f} nats/token, perplexity {score.perplexity:.2f}, {score.bits_per_byte:.4f} bits per byte")
+    print(
+        f"total: {score.tokens} tokens, {score.bytes} bytes; loss {score.loss:.4f} nats/token, "
+        f"perplexity {score.perplexity:.2f}, {score.bits_per_byte:.4f} bits per byte"
+    )
 
 
 if __name__ == "__main__":

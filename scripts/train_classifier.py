@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -46,6 +45,7 @@ from gencli.checkpoints.loader import save_model  # noqa: E402
 from gencli.data import shapes  # noqa: E402
 from gencli.models.vit import ViTConfig, ViTForImageClassification  # noqa: E402
 from gencli.pipelines.images import ImageProcessor  # noqa: E402
+from gencli.training import load_checkpoint, save_checkpoint, set_lr, warmup_cosine_lr  # noqa: E402
 
 IMAGE_SIZE = 63  # the model's input: 3x3 patches of 21 px
 RENDER_SIZE = 64  # the scenes are drawn at 64x64 (and other sizes), then resized as the preprocessor does
@@ -172,10 +172,7 @@ def sincos_positions(rows: int, cols: int, dim: int) -> torch.Tensor:
 
 
 def lr_at(step: int, args) -> float:
-    if step < args.warmup:
-        return args.lr * (step + 1) / args.warmup
-    t = (step - args.warmup) / max(1, args.steps - args.warmup)
-    return args.lr * (0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
+    return warmup_cosine_lr(step, args.steps, args.lr, warmup=args.warmup, floor=0.02)
 
 
 def main() -> None:
@@ -234,8 +231,8 @@ def main() -> None:
     )
     state_path = run / "state.pt"
     step = 0
-    if state_path.exists():
-        state = torch.load(state_path, weights_only=True)
+    state = load_checkpoint(state_path)
+    if state is not None:
         model.load_state_dict(state["model"])
         heads.load_state_dict(state["heads"])
         opt.load_state_dict(state["optimizer"])
@@ -256,8 +253,7 @@ def main() -> None:
         images, labels, coverage = torch.from_numpy(images), torch.from_numpy(labels), torch.from_numpy(coverage)
         if not args.no_augment:
             images, coverage = augment(images, coverage, torch.Generator().manual_seed(args.seed * 1_000_003 + step))
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, args)
+        set_lr(opt, lr_at(step, args))
         with sdpa_kernel(SDPBackend.MATH), torch.autocast("cpu", dtype=torch.bfloat16):
             logits, tokens, tapped = forward(model, to_pixels(images), args.mask_layer if args.mask_loss > 0 else -1)
             token_logits = token_head(tokens) if args.token_loss > 0 else None
@@ -284,9 +280,7 @@ def main() -> None:
                   f"{(time.time() - t0) / seen:.2f}s/step", flush=True)
             t0, sums, seen = time.time(), np.zeros(3), 0
         if step % 250 == 0 or step == stop:
-            tmp = state_path.with_suffix(".tmp")
-            torch.save({"model": model.state_dict(), "heads": heads.state_dict(), "optimizer": opt.state_dict(), "step": step}, tmp)
-            tmp.replace(state_path)
+            save_checkpoint(state_path, {"model": model.state_dict(), "heads": heads.state_dict(), "optimizer": opt.state_dict(), "step": step})
         if step % args.eval_every == 0 or step == stop:
             acc, per_shape = evaluate(model, val_seeds)
             print(f"step {step} validation accuracy {acc:.4f} {per_shape}", flush=True)

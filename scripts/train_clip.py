@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -50,7 +49,7 @@ from gencli.data import shapes, shapes_clip  # noqa: E402
 from gencli.models.clip import CLIPConfig, CLIPModel, CLIPTextConfig, CLIPVisionConfig, init_clip_weights, l2_normalize  # noqa: E402
 from gencli.pipelines.images import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ImageProcessor  # noqa: E402
 from gencli.tokenizers.clip_bpe import CLIPTokenizer, train_bpe  # noqa: E402
-
+from gencli.training import command_history, load_checkpoint, save_checkpoint, set_lr, warmup_cosine_lr  # noqa: E402
 
 
 def build_config(args, tok: CLIPTokenizer) -> CLIPConfig:
@@ -236,10 +235,7 @@ def param_groups(model: CLIPModel, wd: float):
 
 
 def lr_at(step: int, args) -> float:
-    if step < args.warmup:
-        return args.lr * (step + 1) / args.warmup
-    t = (step - args.warmup) / max(1, args.steps - args.warmup)
-    return args.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(t, 1.0))))
+    return warmup_cosine_lr(step, args.steps, args.lr, warmup=args.warmup, floor=0.05)
 
 
 @torch.no_grad()
@@ -331,24 +327,27 @@ def main() -> None:
     groups[0]["params"] += list(heads.parameters())
     opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.98), eps=1e-6)
     step, cursor, history = 0, 0, []
-    command = "python scripts/train_clip.py " + " ".join(sys.argv[1:])
+    command = command_history(None, 0)
     ckpt = args.out / "ckpt.pt"
-    if ckpt.is_file():
-        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    state = load_checkpoint(ckpt)
+    if state is not None:
         model.load_state_dict(state["model"])
-        if "heads" in state:
-            heads.load_state_dict(state["heads"])
+        heads.load_state_dict(state["heads"])
         opt.load_state_dict(state["opt"])
-        step, cursor, history = state["step"], state["cursor"], state.get("history", [])
-        if not args.export:  # the schedule follows this invocation's arguments; record them with the earlier ones
-            previous = state.get("command") or ("python scripts/train_clip.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in state["args"].items() if k != "export" and v != p.get_default(k)))
-            last = previous.rsplit(": ", 1)[-1] if "  # then, resumed at step" in previous else previous
-            command = previous if last == command else f"{previous}  # then, resumed at step {step}: {command}"
-        else:
-            command = state.get("command", command)
+        step, cursor, history = state["step"], state["cursor"], state["history"]
+        # the schedule follows this invocation's arguments: record them with the earlier ones (an export only cites them)
+        command = state["command"] if args.export else command_history(state["command"], step)
         print(f"resumed at step {step}", flush=True)
 
-    meta = {"steps": step, "command": command, "out": str(args.out), "partial_from": args.partial_from, "batch": args.batch, "world_version": shapes.WORLD_VERSION, "held_out_pairs": json.dumps(shapes_clip.HELD_OUT_PAIRS)}
+    meta = {
+        "steps": step,
+        "command": command,
+        "out": str(args.out),
+        "partial_from": args.partial_from,
+        "batch": args.batch,
+        "world_version": shapes.WORLD_VERSION,
+        "held_out_pairs": json.dumps(shapes_clip.HELD_OUT_PAIRS),
+    }
     if args.export:
         export(model, tok, args.export, meta)
         print(f"exported step {step} to {args.export}")
@@ -361,8 +360,7 @@ def main() -> None:
     model.train()
     t_last, seen, aux_sum = time.time(), 0, {}
     while step < args.steps:
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, args)
+        set_lr(opt, lr_at(step, args))
         data.partial_fraction = args.partial_captions if step >= args.partial_from else 0.0
         pixels, ids, mask, targets = data.next()
         # the math kernel: CPU flash attention's backward is several times slower at these sizes
@@ -388,16 +386,18 @@ def main() -> None:
         if step % 10 == 0:
             dt = time.time() - t_last
             aux_txt = " ".join(f"{k} {v / 10:.3f}" for k, v in aux_sum.items())
-            print(f"step {step} loss {loss.item():.4f} {aux_txt} T {model.logit_scale.exp().item():.1f} lr {lr_at(step, args):.2e} {seen / dt:.0f} pairs/s", flush=True)
+            print(
+                f"step {step} loss {loss.item():.4f} {aux_txt} T {model.logit_scale.exp().item():.1f} lr {lr_at(step, args):.2e} {seen / dt:.0f} pairs/s",
+                flush=True,
+            )
             t_last, seen, aux_sum = time.time(), 0, {}
         if step % args.eval_every == 0 or step == args.steps:
             res = quick_eval(model, tok)
             history.append({"step": step, **res})
             print("eval " + json.dumps({"step": step, **{k: round(v, 4) for k, v in res.items()}}), flush=True)
         if step % args.ckpt_every == 0 or step == args.steps:
-            tmp = ckpt.with_suffix(".tmp")
-            torch.save({"model": model.state_dict(), "heads": heads.state_dict(), "opt": opt.state_dict(), "step": step, "cursor": data.cursor, "history": history, "args": vars(args), "command": command}, tmp)
-            os.replace(tmp, ckpt)
+            state = {"model": model.state_dict(), "heads": heads.state_dict(), "opt": opt.state_dict(), "step": step, "cursor": data.cursor}
+            save_checkpoint(ckpt, {**state, "history": history, "command": command})
     meta["steps"] = step
     export(model, tok, args.out / "model", meta)
     print(f"exported to {args.out / 'model'}", flush=True)

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -33,9 +31,9 @@ PRE = 128
 
 
 def default_config(hidden: int = 64, variable_size: int = 16, heads: int = 4, dropout: float = 0.1, scaling: str = "last", target_diff: bool = True):
+    from gencli.data.calendar import CALENDAR_FEATURES
     from gencli.data.series import NUM_KNOWN_SLOTS, NUM_OBSERVED_SLOTS, NUM_STATIC_CAT_SLOTS, NUM_STATIC_REAL_SLOTS
     from gencli.models.tft import TFTConfig
-    from gencli.pipelines.forecast.calendar import CALENDAR_FEATURES
 
     return TFTConfig(
         hidden_size=hidden,
@@ -105,19 +103,9 @@ def evaluate(model, batches) -> float:
     return total / len(batches)
 
 
-def lr_at(step: int, total: int, peak: float, warmup: int = 500, floor: float = 0.03) -> float:
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def save_checkpoint(path: Path, model, optimizer, step: int, extra: dict) -> None:
-    import torch
-
-    tmp = path.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "config": json.dumps(model.config.to_dict()), **extra}, tmp)
-    os.replace(tmp, path)
+def checkpoint_state(model, optimizer, step: int, extra: dict) -> dict:
+    """What a checkpoint holds: weights, optimiser, step, the architecture (a resumed run keeps it)."""
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "config": json.dumps(model.config.to_dict()), **extra}
 
 
 def export(model, out: Path, meta: dict, dtype: str = "float32") -> None:
@@ -153,10 +141,18 @@ def main(argv=None) -> None:
     p.add_argument("--stop-at", type=int, default=0, help="stop (with a checkpoint) at this step, keeping the --steps schedule")
     p.add_argument("--init-from", help="start a new run from this run folder's checkpoint (tensors of matching shape are copied)")
     p.add_argument("--warmup", type=int, default=500)
-    p.add_argument("--export-from", choices=["best", "last", "average"], default="best", help="which weights --export writes: best (lowest synthetic validation loss), last, or average (of the snapshots in --snapshots from step --average-from on, if its synthetic validation loss is not worse than best's)")
+    p.add_argument(
+        "--export-from",
+        choices=["best", "last", "average"],
+        default="best",
+        help="which weights --export writes: best (lowest synthetic validation loss), last, or average (of the snapshots in --snapshots "
+        "from step --average-from on, if its synthetic validation loss is not worse than best's)",
+    )
     p.add_argument("--snapshots", help="folder of checkpoint copies taken during training (for --export-from average)")
     p.add_argument("--average-from", type=int, default=0)
-    p.add_argument("--export-dtype", choices=["float32", "float16"], default="float32", help="tensor dtype of the exported safetensors (loaded back in the run's dtype)")
+    p.add_argument(
+        "--export-dtype", choices=["float32", "float16"], default="float32", help="tensor dtype of the exported safetensors (loaded back in the run's dtype)"
+    )
     p.add_argument("--time-steps", type=int, default=0, help="time this many steps and exit (no checkpoint)")
     args = p.parse_args(argv)
     if args.export_from == "average" and not args.snapshots:
@@ -165,13 +161,14 @@ def main(argv=None) -> None:
     import torch
 
     from gencli.models.tft import TemporalFusionTransformer, TFTConfig, quantile_loss
+    from gencli.training import load_checkpoint, save_checkpoint, set_lr, warmup_cosine_lr
 
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ckpt_path = out / "checkpoint.pt"
     config = default_config(args.hidden, args.variable_size, args.heads, args.dropout, args.scaling, not args.no_target_diff)
-    state = torch.load(ckpt_path, map_location="cpu", weights_only=True) if ckpt_path.exists() else None
+    state = load_checkpoint(ckpt_path)
     if state is not None and "config" in state:
         # a resumed run keeps the architecture it started with, whatever the flags say now
         config = TFTConfig.from_dict(json.loads(state["config"]))
@@ -188,7 +185,7 @@ def main(argv=None) -> None:
         if not args.export:
             print(f"resumed at step {step}", flush=True)
     if state is None and args.init_from and not args.export:
-        src = torch.load(Path(args.init_from) / "checkpoint.pt", map_location="cpu", weights_only=True)["model"]
+        src = load_checkpoint(Path(args.init_from) / "checkpoint.pt")["model"]
         own = model.state_dict()
         copied = 0
         for k, v in src.items():
@@ -202,14 +199,14 @@ def main(argv=None) -> None:
     if args.export:
         best_path = out / "best.pt"
         src = best_path if best_path.exists() and args.export_from in ("best", "average") else ckpt_path
-        state = torch.load(src, map_location="cpu", weights_only=True)
+        state = load_checkpoint(src)
         model.load_state_dict(state["model"])
         model.eval()
         meta = {"trained_steps": int(state["step"]), "train_batch_size": args.batch_size, "train_seed": args.seed}
         if args.export_from == "average":
             val = fixed_validation(config, identity_binding(config))
             best_val = evaluate(model, val)
-            snaps = [torch.load(f, map_location="cpu", weights_only=True) for f in sorted(Path(args.snapshots).glob("*.pt"))]
+            snaps = [load_checkpoint(f) for f in sorted(Path(args.snapshots).glob("*.pt"))]
             snaps = [x for x in snaps if int(x["step"]) >= args.average_from]
             if not snaps:
                 raise SystemExit(f"no checkpoint in {args.snapshots} from step {args.average_from} on")
@@ -238,9 +235,8 @@ def main(argv=None) -> None:
     running = None
     end = min(args.steps, args.stop_at) if args.stop_at else args.steps
     while step < end:
-        lr = lr_at(step, args.steps, args.lr, warmup=args.warmup)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        lr = warmup_cosine_lr(step, args.steps, args.lr, warmup=args.warmup, floor=0.03)
+        set_lr(optimizer, lr)
         inputs, y, mask = sample_batch(config, binding, args.seed, step, args.batch_size)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
             pred = model(**inputs)
@@ -271,9 +267,9 @@ def main(argv=None) -> None:
             log.flush()
             if v < best:
                 best = v
-                save_checkpoint(out / "best.pt", model, optimizer, step, {"best": best})
+                save_checkpoint(out / "best.pt", checkpoint_state(model, optimizer, step, {"best": best}))
         if step % args.save_every == 0 or step == end:
-            save_checkpoint(ckpt_path, model, optimizer, step, {"best": best})
+            save_checkpoint(ckpt_path, checkpoint_state(model, optimizer, step, {"best": best}))
 
 
 if __name__ == "__main__":

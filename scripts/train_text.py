@@ -40,7 +40,9 @@ import torch.nn.functional as F  # noqa: E402
 
 from gencli.backend.layers import init_normal_  # noqa: E402
 from gencli.data.pysource import HELDOUT_MODULES, heldout_files, is_test_file, read_source, stdlib_root, training_files  # noqa: E402
+from gencli.io import atomic_path, atomic_write_bytes  # noqa: E402
 from gencli.models.llama import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from gencli.training import load_checkpoint, save_checkpoint, set_lr, warmup_cosine_lr  # noqa: E402
 
 UNK, BOS, EOS = 0, 1, 2
 
@@ -86,9 +88,7 @@ def train_tokenizer(texts: list[str], vocab_size: int, path: Path) -> None:
         num_threads=1,
         minloglevel=2,
     )
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(model.getvalue())
-    os.replace(tmp, path)
+    atomic_write_bytes(path, model.getvalue(), force=True)
 
 
 def encode_files(sp, files: list[Path]) -> np.ndarray:
@@ -120,8 +120,8 @@ def prepare_data(run: Path, vocab_size: int):
         if not path.exists():
             log(f"encoding {split} files")
             arr = encode_files(sp, files)
-            np.save(run / f"{split}_tokens.tmp.npy", arr)
-            os.replace(run / f"{split}_tokens.tmp.npy", path)
+            with atomic_path(path) as tmp:
+                np.save(tmp, arr)
         data[split] = np.load(path, mmap_mode="r")
         log(f"{split}: {len(data[split]):,} tokens")
     return sp, data
@@ -189,16 +189,14 @@ def model_config(args, vocab_size: int) -> LlamaConfig:
     )
 
 
+def decay_start(args) -> int:
+    return int(args.steps * (1 - args.decay_frac))
+
+
 def lr_at(step: int, args) -> float:
     """Warmup, a constant phase, then a cosine decay over the last --decay-frac of the steps
     (warmup-stable-decay: --steps may be changed on resume while the run is in the stable phase)."""
-    if step < args.warmup:
-        return args.lr * (step + 1) / args.warmup
-    decay_start = int(args.steps * (1 - args.decay_frac))
-    if step < decay_start:
-        return args.lr
-    progress = min(1.0, (step - decay_start) / max(1, args.steps - decay_start))
-    return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+    return warmup_cosine_lr(step, args.steps, args.lr, warmup=args.warmup, floor=args.min_lr_ratio, decay_start=decay_start(args))
 
 
 def batch(tokens: np.ndarray, step: int, args, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -222,12 +220,6 @@ def quick_val(model, tokens: np.ndarray, seq: int, windows: int = 16) -> float:
     return float(np.mean(losses))
 
 
-def save_checkpoint(path: Path, model, opt, step: int, args) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "args": vars(args)}, tmp)
-    os.replace(tmp, path)
-
-
 def train(args, data, vocab_size: int) -> LlamaForCausalLM:
     torch.manual_seed(args.seed)
     cfg = model_config(args, vocab_size)
@@ -238,11 +230,13 @@ def train(args, data, vocab_size: int) -> LlamaForCausalLM:
             torch.nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.num_hidden_layers))
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95), eps=1e-8
+    )
     ckpt = Path(args.run_dir) / "ckpt.pt"
     step = 0
-    if ckpt.exists():
-        state = torch.load(ckpt, map_location="cpu", weights_only=True)
+    state = load_checkpoint(ckpt)
+    if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         step = int(state["step"])
@@ -251,13 +245,11 @@ def train(args, data, vocab_size: int) -> LlamaForCausalLM:
     log(f"model: {n_params / 1e6:.2f}M parameters; {args.steps} steps of {args.batch}x{args.seq} tokens")
     model.train()
     train_tokens, library_tokens, held = data["train"], data["library"], data["heldout"]
-    decay_start = int(args.steps * (1 - args.decay_frac))
     last_ckpt = time.time()
     t0, tokens_done, loss_avg = time.time(), 0, None
     while step < args.steps:
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, args)
-        x, y = batch(library_tokens if step >= decay_start else train_tokens, step, args, args.seed)
+        set_lr(opt, lr_at(step, args))
+        x, y = batch(library_tokens if step >= decay_start(args) else train_tokens, step, args, args.seed)
         loss = lm_loss(model, x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -272,7 +264,7 @@ def train(args, data, vocab_size: int) -> LlamaForCausalLM:
         if step % args.val_every == 0 or step == args.steps:
             log(f"step {step} heldout loss {quick_val(model, held, args.seq):.4f}")
         if time.time() - last_ckpt > args.ckpt_minutes * 60 or step == args.steps:
-            save_checkpoint(ckpt, model, opt, step, args)
+            save_checkpoint(ckpt, {"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "args": vars(args)})
             last_ckpt = time.time()
     return model.eval()
 
@@ -351,8 +343,10 @@ def main() -> None:
     sp, data = prepare_data(run, args.vocab)
     log(f"held-out modules: {', '.join(HELDOUT_MODULES)}")
     if args.export_only:
-        state = torch.load(run / "ckpt.pt", map_location="cpu", weights_only=True)
-        saved = argparse.Namespace(**{**vars(args), **{k: v for k, v in state["args"].items() if k in ("d_model", "d_ff", "layers", "heads", "kv_heads", "seq", "vocab")}})
+        state = load_checkpoint(run / "ckpt.pt")
+        saved = argparse.Namespace(
+            **{**vars(args), **{k: v for k, v in state["args"].items() if k in ("d_model", "d_ff", "layers", "heads", "kv_heads", "seq", "vocab")}}
+        )
         model = LlamaForCausalLM(model_config(saved, sp.get_piece_size()))
         model.load_state_dict(state["model"])
         export(model.eval(), run / "tokenizer.model", Path(args.out), saved)

@@ -110,7 +110,10 @@ def llama_checkpoint(folder: Path, seed: int = 1, *, rope=None, tie: bool = Fals
     from transformers import LlamaConfig, LlamaForCausalLM
 
     vocab = sentencepiece_model(folder)
-    write_json(folder / "tokenizer_config.json", {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "add_bos_token": True, "tokenizer_class": "LlamaTokenizer"})
+    write_json(
+        folder / "tokenizer_config.json",
+        {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "add_bos_token": True, "tokenizer_class": "LlamaTokenizer"},
+    )
     if rope is None:
         rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
     torch.manual_seed(seed)

@@ -4,11 +4,12 @@ reference implementations where one exists."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from gencli.backend import device as devmod
-from gencli.backend.layers import GatedMLP, GroupNorm, LayerNorm, RMSNorm, get_activation, swiglu
+from gencli.backend.layers import FeedForward, GatedMLP, GroupNorm, LayerNorm, Linear, RMSNorm, get_activation, swiglu
 from gencli.backend.positional import RotaryEmbedding, apply_rotary, rope_inverse_frequencies, timestep_embedding
-from gencli.backend.random import make_generator, multinomial, randn
+from gencli.backend.random import make_generator, multinomial, rand, randn
 from gencli.errors import UserError
 
 
@@ -66,6 +67,31 @@ def test_swiglu_and_gated_mlp():
     ours.load_state_dict(ref.state_dict())
     x = torch.randn(2, 3, 8)
     assert torch.allclose(ours(x), ref(x), atol=1e-6)
+    with torch.inference_mode():  # bf16 inference: the gate's activation applied by its Linear
+        assert torch.allclose(ours.bfloat16()(x.bfloat16()).float(), ref(x), atol=5e-2, rtol=5e-2)
+
+
+def test_feed_forward_blocks_use_the_one_linear_with_activation():
+    ff, mlp = FeedForward(8, 16, act="quick_gelu"), GatedMLP(8, 16)
+    assert all(isinstance(m, Linear) for m in (ff.fc1, ff.fc2, mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+    with pytest.raises(ValueError, match="unknown activation"):
+        FeedForward(8, 16, act="nope")
+
+
+@pytest.mark.parametrize("act", [None, "gelu", "gelu_new", "silu", "relu", "sigmoid", "tanh", "quick_gelu"])
+def test_linear_with_activation_matches_the_formula_in_bf16(act):
+    """The oneDNN path (bias and activation fused; used where the CPU multiplies bf16 natively) and
+    the plain path (one row: batch-1 decoding) both compute act(x W^T + b)."""
+    torch.manual_seed(0)
+    lin = Linear(64, 96).bfloat16()
+    x = torch.randn(5, 7, 64).bfloat16()
+    ref = F.linear(x.float(), lin.weight.float(), lin.bias.float())
+    ref = get_activation(act)(ref) if act else ref
+    with torch.inference_mode():
+        many, one = lin(x, activation=act), lin(x[:1, :1], activation=act)
+    assert many.shape == (5, 7, 96) and many.dtype == torch.bfloat16
+    assert torch.allclose(many.float(), ref, atol=3e-2, rtol=2e-2)
+    assert torch.allclose(one.float(), ref[:1, :1], atol=3e-2, rtol=2e-2)
 
 
 def test_timestep_embedding_matches_diffusers():
@@ -80,7 +106,11 @@ def test_timestep_embedding_matches_diffusers():
 
 @pytest.mark.parametrize(
     "scaling",
-    [None, {"rope_type": "linear", "factor": 4.0}, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}],
+    [
+        None,
+        {"rope_type": "linear", "factor": 4.0},
+        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+    ],
 )
 def test_rope_frequencies_match_transformers(scaling):
     from transformers import LlamaConfig
@@ -164,20 +194,50 @@ def test_threads_respected():
         torch.set_num_threads(before)
 
 
-def test_seeded_noise_is_reproducible_and_device_independent():
-    g1, s1 = make_generator(123)
-    g2, _ = make_generator(123)
-    a = randn((3, 4), g1)
-    b = randn((3, 4), g2, dtype=torch.bfloat16)
-    assert s1 == 123
-    assert torch.allclose(a.bfloat16().float(), b.float())
-    g3, s3 = make_generator(None)
-    assert 0 <= s3 < 2**31
-    assert not torch.equal(randn((3, 4), make_generator(124)[0]), a)
+# torch's CPU generator (mt19937) seeded with 123: the sequence every device's noise comes from.
+# Pinned, so that a change of generator, of the dtype of the draw or of the order of draws shows.
+SEED_123_RANDN_2x3 = [[-0.111467, 0.120363, -0.369635], [-0.240418, -1.196924, 0.209269]]
+SEED_123_RANDN_4_NEXT = [-0.972355, -0.755045, 0.323903, -0.108523]
+SEED_123_RAND_3_NEXT = [0.853572, 0.593153, 0.636725]
+
+
+def test_seeded_noise_is_a_pinned_cpu_sequence():
+    g, seed = make_generator(123)
+    assert seed == 123
+    a = randn((2, 3), g)
+    b = randn((4,), g)  # the generator advances: later draws continue the sequence
+    u = rand((3,), g)
+    assert a.dtype == torch.float32 and a.device.type == "cpu"
+    assert torch.allclose(a, torch.tensor(SEED_123_RANDN_2x3), atol=1e-6)
+    assert torch.allclose(b, torch.tensor(SEED_123_RANDN_4_NEXT), atol=1e-6)
+    assert torch.allclose(u, torch.tensor(SEED_123_RAND_3_NEXT), atol=1e-6)
+    # a reduced-precision draw is the fp32 draw rounded, not a different sequence
+    half = randn((2, 3), make_generator(123)[0], dtype=torch.bfloat16)
+    assert torch.equal(half, a.bfloat16())
+    assert not torch.equal(randn((2, 3), make_generator(124)[0]), a)
+    assert 0 <= make_generator(None)[1] < 2**31
     probs = torch.tensor([[0.1, 0.9, 0.0], [0.5, 0.0, 0.5]])
-    draws = [multinomial(probs, make_generator(7)[0]).tolist() for _ in range(2)]
-    assert draws[0] == draws[1]
-    assert all(row[0] != 2 for row in [draws[0][0]])
+    g7 = make_generator(7)[0]
+    assert [multinomial(probs, g7).tolist() for _ in range(3)] == [[[1], [0]], [[1], [2]], [[1], [0]]]
+
+
+_MPS = getattr(torch.backends, "mps", None)
+ACCELERATORS = [d for d, ok in (("cuda", torch.cuda.is_available()), ("mps", _MPS is not None and _MPS.is_available())) if ok]
+
+
+@pytest.mark.parametrize("device", ACCELERATORS or [pytest.param("cuda", marks=pytest.mark.skip(reason="no accelerator on this machine"))])
+def test_seeded_noise_is_the_same_on_every_device(device):
+    """Noise drawn for an accelerator is the CPU sequence, moved: the same seed, the same image anywhere."""
+    cpu_gen, dev_gen = make_generator(123)[0], make_generator(123)[0]
+    for dtype in (torch.float32, torch.float16):
+        a = randn((2, 3), cpu_gen, dtype=dtype)
+        b = randn((2, 3), dev_gen, device=device, dtype=dtype)
+        assert b.device.type == device and b.dtype == dtype
+        assert torch.equal(b.cpu(), a)
+    assert torch.equal(rand((5,), dev_gen, device=device).cpu(), rand((5,), cpu_gen))
+    probs = torch.tensor([[0.1, 0.9, 0.0], [0.5, 0.0, 0.5]])
+    on_device = multinomial(probs.to(device), make_generator(7)[0])
+    assert on_device.device.type == device and on_device.cpu().tolist() == multinomial(probs, make_generator(7)[0]).tolist()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -137,7 +137,7 @@ def test_rows_the_int8_copy_cannot_decide_go_to_the_bf16_copy_then_it_leads():
     assert only_int8.last_candidates > 256
     cascade = ScreenedArgmax(w, max_candidates=256)
     assert cascade.kind == "int8"
-    for call in range(ScreenedArgmax.DEMOTE_AFTER):
+    for _ in range(ScreenedArgmax.DEMOTE_AFTER):
         assert torch.equal(cascade(h), expected)
         assert cascade.last_candidates > 256  # int8 kept too many, bf16 then decided
     assert cascade.kind == "bf16"  # failing on most calls, the int8 copy was dropped

@@ -155,7 +155,13 @@ def test_keymap_rules(tmp_path):
     )
     reader = open_reader(tmp_path)
     plan = keymap.plan(reader.keys())
-    assert sorted(plan) == ["layers.0.attn.k_proj.weight", "layers.0.attn.q_proj.weight", "layers.0.attn.v_proj.weight", "layers.0.conv.weight", "layers.0.norm.weight"]
+    assert sorted(plan) == [
+        "layers.0.attn.k_proj.weight",
+        "layers.0.attn.q_proj.weight",
+        "layers.0.attn.v_proj.weight",
+        "layers.0.conv.weight",
+        "layers.0.norm.weight",
+    ]
     assert torch.equal(plan["layers.0.attn.q_proj.weight"](reader), q)
     assert torch.equal(plan["layers.0.attn.v_proj.weight"](reader), v)
     assert plan["layers.0.conv.weight"](reader).shape == (3, 4)
@@ -241,8 +247,13 @@ def test_folder_layouts_and_errors(tmp_path, single):
     pipe = tmp_path / "pipe"
     (pipe / "unet").mkdir(parents=True)
     (pipe / "scheduler").mkdir()
-    (pipe / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline", "unet": ["diffusers", "UNet2DConditionModel"], "scheduler": ["diffusers", "DDIMScheduler"]}))
-    save_file({"conv_in.weight": torch.zeros(4, 4, 3, 3), "time_embedding.linear_1.weight": torch.zeros(8, 4), "down_blocks.0.x": torch.zeros(2)}, pipe / "unet" / "diffusion_pytorch_model.safetensors")
+    (pipe / "model_index.json").write_text(
+        json.dumps({"_class_name": "StableDiffusionPipeline", "unet": ["diffusers", "UNet2DConditionModel"], "scheduler": ["diffusers", "DDIMScheduler"]})
+    )
+    save_file(
+        {"conv_in.weight": torch.zeros(4, 4, 3, 3), "time_embedding.linear_1.weight": torch.zeros(8, 4), "down_blocks.0.x": torch.zeros(2)},
+        pipe / "unet" / "diffusion_pytorch_model.safetensors",
+    )
     (pipe / "scheduler" / "scheduler_config.json").write_text("{}")
     src = open_source(pipe)
     assert src.kind == "diffusers-pipeline"

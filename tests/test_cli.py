@@ -1,11 +1,10 @@
 """CLI behaviour: help without torch, exit codes, one-line errors, JSON shape, atomic outputs."""
 
 import json
-import re
-import sys
-
 import os
-
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,8 @@ import typer
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
-from gencli.cli.common import RunOptions, command, emit_json
+from gencli.cli.common import RunOptions, command
+from gencli.console import emit_json
 from gencli.errors import UserError
 from gencli.io import atomic_open, atomic_path, ensure_writable, expand_inputs
 
@@ -60,8 +60,10 @@ def test_every_command_help_is_torch_free(name):
 def test_version_and_completion(cli):
     r = cli("--version")
     assert r.returncode == 0 and r.stdout.startswith("gencli ")
-    r = cli("--show-completion", "bash")
-    assert r.returncode == 0 and "complete" in r.stdout
+    # the shell is detected from the parent processes: run it from a bash that stays its parent
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    r = subprocess.run(["bash", "-c", f"'{sys.executable}' -m gencli --show-completion; exit $?"], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0 and "complete" in r.stdout, r.stderr
 
 
 def test_unknown_command_and_option_exit_2(cli):
@@ -70,7 +72,10 @@ def test_unknown_command_and_option_exit_2(cli):
 
 
 def test_info_on_file_table_and_json(cli, tmp_path):
-    save_file({"transformer.h.0.attn.c_attn.weight": torch.zeros(4, 12), "transformer.wte.weight": torch.zeros(10, 4, dtype=torch.float16)}, tmp_path / "m.safetensors")
+    save_file(
+        {"transformer.h.0.attn.c_attn.weight": torch.zeros(4, 12), "transformer.wte.weight": torch.zeros(10, 4, dtype=torch.float16)},
+        tmp_path / "m.safetensors",
+    )
     r = cli("info", str(tmp_path / "m.safetensors"))
     assert r.returncode == 0, r.stderr
     assert "GPT2LMHeadModel" in r.stdout and "transformer.wte.weight" in r.stdout and "88" in r.stdout
@@ -147,7 +152,7 @@ def make_app():
         if count == 99:
             raise RuntimeError("boom")
         placement = choose_placement(opts.device, opts.dtype, threads=opts.threads)
-        opts.debug_log(f"chose {placement.describe()}")
+        opts.report.debug(f"chose {placement.describe()}")
         for i in range(count):
             if opts.json:
                 emit_json({"i": i, "device": str(placement.device), "dtype": str(placement.dtype)})
@@ -175,7 +180,9 @@ def test_verbose_prints_the_choice_on_stderr():
     assert r.stdout == ""
 
 
-@pytest.mark.parametrize("args, needle", [(["--device", "tpu"], "tpu"), (["--dtype", "fp8"], "fp8"), (["--count", "-1"], "--count must be >= 0"), (["--threads", "0"], "at least 1")])
+@pytest.mark.parametrize(
+    "args, needle", [(["--device", "tpu"], "tpu"), (["--dtype", "fp8"], "fp8"), (["--count", "-1"], "--count must be >= 0"), (["--threads", "0"], "at least 1")]
+)
 def test_bad_usage_exit_2(args, needle):
     r = runner.invoke(make_app(), ["run", *args])
     assert r.exit_code == 2, r.output

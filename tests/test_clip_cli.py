@@ -10,11 +10,11 @@ import json
 
 import pytest
 import torch
+from conftest import write_scene_folder
 from typer.testing import CliRunner
 
 from gencli.cli import app
 from gencli.data import shapes
-from conftest import write_scene_folder
 from gencli.tokenizers.clip_bpe import train_bpe
 
 transformers = pytest.importorskip("transformers")
@@ -66,7 +66,7 @@ def _reference(model_dir, paths, labels, templates):
     with torch.no_grad():
         per_template = []
         for t in templates:
-            inputs = tok([t.replace("{}", l) for l in labels], padding=True, return_tensors="pt")
+            inputs = tok([t.replace("{}", label) for label in labels], padding=True, return_tensors="pt")
             e = model.get_text_features(**inputs).pooler_output
             per_template.append(e / e.norm(dim=-1, keepdim=True))
         text = torch.stack(per_template).mean(0)
@@ -112,7 +112,22 @@ def test_label_embeddings_are_computed_once(model_dir, images, monkeypatch):
         return original(self, texts, *a, **k)
 
     monkeypatch.setattr(ClipBundle, "encode_texts", counting)
-    r = invoke("zeroshot", images, "--recursive", "--model", model_dir, "--labels", ",".join(LABELS), "-t", TEMPLATES[0], "-t", TEMPLATES[1], "--batch-size", "1", "--json")
+    r = invoke(
+        "zeroshot",
+        images,
+        "--recursive",
+        "--model",
+        model_dir,
+        "--labels",
+        ",".join(LABELS),
+        "-t",
+        TEMPLATES[0],
+        "-t",
+        TEMPLATES[1],
+        "--batch-size",
+        "1",
+        "--json",
+    )
     assert r.exit_code == 2  # broken.png
     assert len([x for x in r.stdout.splitlines() if '"predictions"' in x]) == 4
     assert calls == [len(LABELS) * len(TEMPLATES)]
@@ -121,7 +136,17 @@ def test_label_embeddings_are_computed_once(model_dir, images, monkeypatch):
 def test_inputs_stdin_labels_file_errors_and_table(model_dir, images, tmp_path):
     labels = tmp_path / "labels.txt"
     labels.write_text("red star\n\nblue circle\n")
-    r = invoke("zeroshot", "-", "--model", model_dir, "--labels-file", labels, "-k", "2", input=f"{images / 'img2.png'}\n{images / 'broken.png'}\n{images / 'img0.png'}\n")
+    r = invoke(
+        "zeroshot",
+        "-",
+        "--model",
+        model_dir,
+        "--labels-file",
+        labels,
+        "-k",
+        "2",
+        input=f"{images / 'img2.png'}\n{images / 'broken.png'}\n{images / 'img0.png'}\n",
+    )
     assert r.exit_code == 2
     out = r.stdout
     assert out.index("img2.png") < out.index("img0.png") and "red star" in out and "blue circle" in out
@@ -223,7 +248,7 @@ def test_model_folder_recommends_its_templates(model_dir, images, tmp_path):
     _, probs = _reference(model_dir, [img], LABELS, ["a photo of a {}."])
     overridden = scores("-t", "a photo of a {}.")
     assert overridden != implicit
-    assert all(abs(overridden[l] - float(probs[0, i])) < 1e-4 for i, l in enumerate(LABELS))
+    assert all(abs(overridden[label] - float(probs[0, i])) < 1e-4 for i, label in enumerate(LABELS))
     for bad in ('{"templates": 1}', "[]", '["no placeholder"]', "not json"):
         (folder / "zeroshot_templates.json").write_text(bad)
         r = invoke("zeroshot", img, "--model", folder, "--labels", "a,b")

@@ -31,10 +31,9 @@ def test_embedded_weights_are_present():
 
 @pytest.fixture(scope="module")
 def bundle():
-    from gencli.backend.device import choose_placement
     from gencli.pipelines import zeroshot as zs
 
-    return zs.load(WEIGHTS, choose_placement("cpu", "auto", "transformer"))
+    return zs.load(WEIGHTS, device="cpu", dtype="auto")
 
 
 @pytest.mark.slow
@@ -90,7 +89,7 @@ def test_held_out_pairs_and_label_prompts_never_appear_in_training():
             break
         assert not any((o.colour, o.shape) in pairs for o in scene.objects)
         captions.add(caption.lower())
-        for k, (variant, caption) in enumerate(shapes_clip.contrastive_group(seed, scene)):
+        for variant, caption in shapes_clip.contrastive_group(seed, scene):
             assert not any((o.colour, o.shape) in pairs for o in variant.objects)
             captions.add(caption.lower())
             partial, attrs = shapes_clip.partial_caption(variant, rng)

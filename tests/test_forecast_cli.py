@@ -95,7 +95,14 @@ def test_long_table_with_covariates_inferred(tmp_path, model_dir):
     assert list(out["id"].unique()) == ["north", "south", "east"] and len(out) == 9
     assert list(out["time"][:3]) == ["2023-03-03", "2023-03-04", "2023-03-05"]
     assert (out["q0.1"] <= out["q0.5"]).all() and (out["q0.5"] <= out["q0.9"]).all()
-    for note in ("series id column 'store'", "'promo' used as a known", "'visits' used as a past-only", "'size' used as a static", "'area' used as a static", "horizon 3"):
+    for note in (
+        "series id column 'store'",
+        "'promo' used as a known",
+        "'visits' used as a past-only",
+        "'size' used as a static",
+        "'area' used as a static",
+        "horizon 3",
+    ):
         assert note in r.stderr, r.stderr
 
 
@@ -150,9 +157,18 @@ def _series(n=20, start="2021-01-01", freq="D"):
         ("date,y\n2021-01-01,1\n2021-01-01,2\n" + _series(10, "2021-01-02"), [], ["duplicate timestamp 2021-01-01"]),
         ("date,y\n2021-01-01,1\n2021-01-02,2\n2021-01-03 12:00,3\n2021-01-05,4\n" + _series(10, "2021-01-06"), [], ["irregular"]),
         ("date,y\n" + _series(5), [], ["too short"]),
-        ("date,y,promo\n" + "\n".join(f"{d.date()},{'' if i >= 20 else i},{'' if i == 22 else 1}" for i, d in enumerate(pd.date_range("2021-01-01", periods=23))), ["--known-cols", "promo", "-H", "3"], ["known covariate 'promo' is missing at 2021-01-23"]),
+        (
+            "date,y,promo\n"
+            + "\n".join(f"{d.date()},{'' if i >= 20 else i},{'' if i == 22 else 1}" for i, d in enumerate(pd.date_range("2021-01-01", periods=23))),
+            ["--known-cols", "promo", "-H", "3"],
+            ["known covariate 'promo' is missing at 2021-01-23"],
+        ),
         ("date,y,promo\n" + _series(), ["--known-cols", "promo", "-H", "3"], ["need the future"]),
-        ("store,date,a,b\n" + "\n".join(f"s{i % 2},{d.date()},{i},{i * 2}" for i, d in enumerate(pd.date_range("2021-01-01", periods=20))), [], ["target", "a, b", "--target-col"]),
+        (
+            "store,date,a,b\n" + "\n".join(f"s{i % 2},{d.date()},{i},{i * 2}" for i, d in enumerate(pd.date_range("2021-01-01", periods=20))),
+            [],
+            ["target", "a, b", "--target-col"],
+        ),
         ("date,time,y\n2021-01-01,2021-01-01,1\n", [], ["--time-col"]),
     ],
 )
@@ -267,18 +283,18 @@ def test_fit_steps_reports_gain_and_saves(tmp_path, model_dir):
 
 
 def test_streaming_large_files_gives_the_same_output(tmp_path, model_dir, monkeypatch):
-    import gencli.pipelines.forecast.frame as frame
+    import gencli.pipelines.forecast.table as table
 
     df = store_table(stores=[f"s{i}" for i in range(7)])
     path = tmp_path / "big.csv"
     df.to_csv(path, index=False)
     whole = run(path, "-m", model_dir, "--batch-size", "3")
-    monkeypatch.setattr(frame, "STREAM_BYTES", 0)
+    monkeypatch.setattr(table, "STREAM_BYTES", 0)
     seen = []
-    real = frame._stream_groups
-    monkeypatch.setattr(frame, "_stream_groups", lambda t, layout: (seen.append(1), (yield from real(t, layout))))
-    old = frame.Table.chunks
-    monkeypatch.setattr(frame.Table, "chunks", lambda self, usecols=None, chunksize=0: old(self, usecols, 50))
+    real = table._stream_groups
+    monkeypatch.setattr(table, "_stream_groups", lambda t, layout: (seen.append(1), (yield from real(t, layout))))
+    old = table.Table.chunks
+    monkeypatch.setattr(table.Table, "chunks", lambda self, usecols=None, chunksize=0: old(self, usecols, 50))
     streamed = run(path, "-m", model_dir, "--batch-size", "3")
     assert streamed.exit_code == 0 and seen and streamed.stdout == whole.stdout
     shuffled = tmp_path / "interleaved.csv"

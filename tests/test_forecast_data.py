@@ -6,9 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gencli.data.series import generate
-from gencli.models.tft import TFTConfig
-from gencli.pipelines.forecast.calendar import (
+from gencli.data.calendar import (
     CALENDAR_FEATURES,
     Frequency,
     IrregularError,
@@ -16,7 +14,10 @@ from gencli.pipelines.forecast.calendar import (
     future_timestamps,
     infer_frequency,
 )
-from gencli.pipelines.forecast.features import bind_columns, hash_bucket, impute_linear, make_batch, series_scale
+from gencli.data.series import generate
+from gencli.data.timeseries import impute_linear
+from gencli.models.tft import TFTConfig
+from gencli.pipelines.forecast.features import bind_columns, hash_bucket, make_batch, series_scale
 from gencli.pipelines.forecast.metrics import (
     geometric_mean,
     interpolate_quantiles,

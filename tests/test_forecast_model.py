@@ -91,12 +91,16 @@ def test_vsn_equals_independent_grns_and_softmax_weights():
     for j in range(3):
         g = GatedResidualNetwork(4, 4, 6).eval()
         with torch.no_grad():
-            g.fc2.weight.copy_(stacked.fc2_weight[j]); g.fc2.bias.copy_(stacked.fc2_bias[j])
-            g.fc1.weight.copy_(stacked.fc1_weight[j]); g.fc1.bias.copy_(stacked.fc1_bias[j])
-            g.gate_norm.glu.gate.weight.copy_(stacked.glu_weight[j, :6]); g.gate_norm.glu.gate.bias.copy_(stacked.glu_bias[j, :6])
-            g.gate_norm.glu.value.weight.copy_(stacked.glu_weight[j, 6:]); g.gate_norm.glu.value.bias.copy_(stacked.glu_bias[j, 6:])
-            g.skip.weight.copy_(stacked.skip_weight[j]); g.skip.bias.copy_(stacked.skip_bias[j])
-            g.gate_norm.norm.weight.copy_(stacked.norm_weight[j]); g.gate_norm.norm.bias.copy_(stacked.norm_bias[j])
+            pairs = [
+                (g.fc2.weight, stacked.fc2_weight[j]), (g.fc2.bias, stacked.fc2_bias[j]),
+                (g.fc1.weight, stacked.fc1_weight[j]), (g.fc1.bias, stacked.fc1_bias[j]),
+                (g.gate_norm.glu.gate.weight, stacked.glu_weight[j, :6]), (g.gate_norm.glu.gate.bias, stacked.glu_bias[j, :6]),
+                (g.gate_norm.glu.value.weight, stacked.glu_weight[j, 6:]), (g.gate_norm.glu.value.bias, stacked.glu_bias[j, 6:]),
+                (g.skip.weight, stacked.skip_weight[j]), (g.skip.bias, stacked.skip_bias[j]),
+                (g.gate_norm.norm.weight, stacked.norm_weight[j]), (g.gate_norm.norm.bias, stacked.norm_bias[j]),
+            ]  # fmt: skip
+            for param, value in pairs:
+                param.copy_(value)
         ref.append(g(x[:, j]))
     expected = weighted_sum(w, torch.stack(ref, dim=1))
     assert torch.allclose(out, expected, atol=1e-5)

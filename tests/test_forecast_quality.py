@@ -25,7 +25,7 @@ MAX_RELATIVE_MASE = 0.88
 def forecaster():
     import torch
 
-    from gencli.pipelines.forecast.runner import Forecaster
+    from gencli.pipelines.forecast.forecaster import Forecaster
 
     before = torch.get_num_threads()
     yield Forecaster(MODEL, device="cpu", threads=1)

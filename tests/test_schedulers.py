@@ -19,16 +19,14 @@ import numpy as np
 import pytest
 import torch
 
-diffusers = pytest.importorskip("diffusers")
-from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion_img2img import (
-    StableDiffusionImg2ImgPipeline,
-)
-from diffusers.utils.torch_utils import randn_tensor as diffusers_randn_tensor
-
 from gencli.backend.random import randn_tensor
 from gencli.errors import UserError
 from gencli.schedulers import SAMPLERS, get_scheduler, resolve_sampler, sampler_names
 from gencli.schedulers.base import load_scheduler_config
+
+diffusers = pytest.importorskip("diffusers")
+from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion_img2img import StableDiffusionImg2ImgPipeline  # noqa: E402
+from diffusers.utils.torch_utils import randn_tensor as diffusers_randn_tensor  # noqa: E402
 
 # diffusers' schedulers build numpy arrays from tensors the way numpy 2 deprecates; not ours to fix
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")

@@ -12,9 +12,9 @@ import types
 
 import pytest
 import torch
+from _sd_original_layout import open_clip_to_original, openai_clip_to_original, other_components
 from safetensors.torch import load_file, save_file
 
-from _sd_original_layout import open_clip_to_original, openai_clip_to_original, other_components
 from gencli.backend.device import Placement
 from gencli.checkpoints.formats import open_source
 from gencli.errors import CheckpointError, UserError
@@ -140,8 +140,9 @@ def test_shipped_vocabulary_is_openai_clips(openai_bpe):
 
 def test_shipped_vocabulary_is_package_data():
     """pyproject.toml ships the vocabulary and its licence notice with the package."""
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     root = Path(__file__).resolve().parent.parent
     patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["gencli.tokenizers"]

@@ -1,16 +1,21 @@
 """The checked worked examples of ../shared/seed-examples.md, sections 4-6, through the shared code.
 
 The texts use column vectors (a token matrix is d x n); PyTorch rows are tokens, so matrices are
-transposed on the way in and out.
+transposed on the way in and out. The attention head of section 4 runs through the model code:
+diffusers' ``Attention`` layout (``to_q``, ``to_k``, ``to_v``, ``to_out.0``) with one head of width
+d_k = 2, whose value projection is factored exactly as the text's W_Vup W_Vdown (``to_v`` projects down to
+d_k, ``to_out.0`` back up to d), and :func:`multi_head_attention` for the other scale.
 """
 
 import math
 
 import torch
+import torch.nn as nn
 
 from gencli.backend.attention import build_mask, scaled_dot_product_attention
 from gencli.backend.layers import FeedForward, LayerNorm
 from gencli.backend.positional import sinusoidal_position_encoding
+from gencli.models.attention import Attention, multi_head_attention, split_heads
 
 T = lambda rows: torch.tensor(rows, dtype=torch.float64)  # noqa: E731
 
@@ -21,41 +26,54 @@ W_VDOWN = T([[0.2, 0.3, 0.4], [0.5, 0.6, 0.7]])
 W_VUP = T([[0.25, 0.55], [0.35, 0.65], [0.45, 0.75]])
 
 
-def head():
-    tokens = E.T  # n x d
-    q = tokens @ W_Q.T
-    k = tokens @ W_K.T
-    v = tokens @ W_VDOWN.T @ W_VUP.T
-    return q, k, v
+V = T([[0.665, 0.750, 1.133], [0.813, 0.917, 1.383], [0.961, 1.084, 1.632]])  # the text's V = W_Vup W_Vdown E
+WEIGHTS_FORMULA_SCALE = T([[0.2762, 0.2993, 0.4245], [0.2688, 0.2943, 0.4369], [0.2384, 0.2724, 0.4891]])  # rows: queries
+WEIGHTS_TEXT_SCALE = T([[0.2867, 0.3061, 0.4072], [0.2806, 0.3022, 0.4172], [0.2555, 0.2850, 0.4595]])
+
+
+def head() -> Attention:
+    """The text's head as gencli's attention module (float64, no biases)."""
+    attn = Attention(3, heads=1, dim_head=2, bias=False, out_bias=False).double()
+    with torch.no_grad():
+        for linear, w in ((attn.to_q, W_Q), (attn.to_k, W_K), (attn.to_v, W_VDOWN), (attn.to_out[0], W_VUP)):
+            linear.weight.copy_(w)
+    return attn
 
 
 def test_section4_projections():
-    q, k, v = head()
+    attn, tokens = head(), E.T  # n x d
+    q, k = attn.to_q(tokens), attn.to_k(tokens)
     assert torch.allclose(q.T, T([[0.341, 0.389, 0.499], [0.821, 0.926, 1.397]]), atol=2e-3)
     assert torch.allclose(k.T, T([[0.421, 0.478, 0.649], [0.901, 1.016, 1.547]]), atol=2e-3)
-    assert torch.allclose(v.T, T([[0.665, 0.750, 1.133], [0.813, 0.917, 1.383], [0.961, 1.084, 1.632]]), atol=2e-3)
+    assert torch.allclose(attn.to_v(tokens).T, T([[0.501, 0.568, 0.799], [0.981, 1.105, 1.697]]), atol=2e-3)  # Vdown
+    assert torch.allclose(attn.to_out[0](attn.to_v(tokens)).T, V, atol=2e-3)
     scores = k @ q.T  # rows keys, cols queries
     assert torch.allclose(scores, T([[0.883, 0.998, 1.469], [0.997, 1.127, 1.658], [1.491, 1.685, 2.485]]), atol=2e-3)
 
 
-def _attend(scale):
-    q, k, v = head()
-    out, w = scaled_dot_product_attention(q[None, None], k[None, None], v[None, None], scale=scale, return_weights=True)
-    fast = scaled_dot_product_attention(q[None, None], k[None, None], v[None, None], scale=scale)
-    assert torch.allclose(out, fast, atol=1e-9)
-    return out[0, 0], w[0, 0]
+def _weights(attn: Attention, scale: float) -> torch.Tensor:
+    """The head's attention weights (rows: queries), from its own projections, through the entry point."""
+    x = E.T[None]
+    q, k, v = (split_heads(p(x), 1) for p in (attn.to_q, attn.to_k, attn.to_v))
+    _, w = scaled_dot_product_attention(q, k, v, scale=scale, return_weights=True)
+    return w[0, 0]
 
 
 def test_section4_attention_formula_scale():
-    out, w = _attend(1 / math.sqrt(2))
+    attn = head()  # the module's scale is the formula's, 1/sqrt(d_k)
+    out = attn(E.T[None])[0]
     # weights: the text's columns are queries -> our rows
-    assert torch.allclose(w, T([[0.2762, 0.2993, 0.4245], [0.2688, 0.2943, 0.4369], [0.2384, 0.2724, 0.4891]]), atol=2e-3)
+    assert torch.allclose(_weights(attn, 1 / math.sqrt(2)), WEIGHTS_FORMULA_SCALE, atol=2e-3)
     assert torch.allclose(out.T, T([[0.8890, 0.8944, 0.9170], [1.0860, 1.0925, 1.1200], [1.2829, 1.2906, 1.3230]]), atol=2e-3)
 
 
 def test_section4_attention_text_scale():
-    _, w = _attend(1 / math.sqrt(3))
-    assert torch.allclose(w, T([[0.2867, 0.3061, 0.4072], [0.2806, 0.3022, 0.4172], [0.2555, 0.2850, 0.4595]]), atol=2e-3)
+    attn = head()
+    assert torch.allclose(_weights(attn, 1 / math.sqrt(3)), WEIGHTS_TEXT_SCALE, atol=2e-3)
+    # the head output V A with the text's scale: multi_head_attention with the factored value projection
+    value = nn.Sequential(attn.to_v, attn.to_out[0])
+    out = multi_head_attention(E.T[None], attn.to_q, attn.to_k, value, 1, scale=1 / math.sqrt(3))[0]
+    assert torch.allclose(out.T, V @ WEIGHTS_TEXT_SCALE.T, atol=3e-3)
 
 
 def test_section4_causal_mask_softmax():

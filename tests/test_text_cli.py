@@ -7,9 +7,9 @@ import json
 import shutil
 
 import pytest
+from _text_fixtures import gpt2_checkpoint, llama_checkpoint, qwen2_checkpoint, write_json
 from typer.testing import CliRunner
 
-from _text_fixtures import gpt2_checkpoint, llama_checkpoint, qwen2_checkpoint, write_json
 from gencli.cli import app
 
 pytest.importorskip("transformers")

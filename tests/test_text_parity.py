@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from _text_fixtures import gpt2_checkpoint, llama_checkpoint, qwen2_checkpoint
 
 pytest.importorskip("transformers")
@@ -88,7 +87,7 @@ def test_greedy_ids_match_transformers(checkpoints, name, screened, monkeypatch)
     assert len(ours.token_ids) == 32
     assert ours.token_ids == theirs
     assert ours.finish_reason == "length"
-    assert (tm.greedy_head.kind if tm.greedy_head is not None else None) == screened
+    assert (tm.screen.kind if tm.screen is not None else None) == screened
 
 
 def test_a_screen_that_cannot_be_built_falls_back_once(checkpoints, monkeypatch):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from _text_fixtures import LLAMA3_TEMPLATE, QWEN_TEMPLATE, gpt2_bpe_files, hf_json_tokenizer, sentencepiece_model, write_json
+
 from gencli.errors import UserError
 from gencli.tokenizers.stream import REPLACEMENT, IncrementalDetokenizer, StopStringMatcher
 from gencli.tokenizers.text import load_tokenizer

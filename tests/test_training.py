@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import pickle
 
 import pytest
 import torch
@@ -18,6 +19,15 @@ def test_warmup_cosine_schedule_values():
     assert warmup_cosine_lr(100, 100, 2.0, warmup=10, floor=0.05) == pytest.approx(0.1)
     assert warmup_cosine_lr(500, 100, 2.0, floor=0.05) == pytest.approx(0.1)  # flat after the end
     assert warmup_cosine_lr(25, 100, 1.0) == pytest.approx(0.5 * (1 + math.cos(math.pi * 0.25)))
+
+
+def test_warmup_stable_decay_schedule():
+    # warmup to the peak, held until decay_start, then the cosine over the remaining steps
+    assert warmup_cosine_lr(4, 100, 2.0, warmup=10, decay_start=70) == pytest.approx(1.0)
+    assert warmup_cosine_lr(10, 100, 2.0, warmup=10, decay_start=70) == 2.0
+    assert warmup_cosine_lr(69, 100, 2.0, warmup=10, decay_start=70) == 2.0
+    assert warmup_cosine_lr(85, 100, 2.0, warmup=10, decay_start=70, floor=0.1) == pytest.approx(2.0 * (0.1 + 0.9 * 0.5))
+    assert warmup_cosine_lr(100, 100, 2.0, warmup=10, decay_start=70, floor=0.1) == pytest.approx(0.2)
 
 
 def test_checkpoint_round_trip_and_fresh_run(tmp_path):
@@ -36,7 +46,7 @@ def test_checkpoint_round_trip_and_fresh_run(tmp_path):
 def test_checkpoint_refuses_pickled_objects(tmp_path):
     path = tmp_path / "ckpt.pt"
     torch.save({"fn": print}, path)  # a callable needs unpickling of code: refused
-    with pytest.raises(Exception):
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
         load_checkpoint(path)
 
 

@@ -14,7 +14,14 @@ import torch
 from gencli.backend.device import Placement
 from gencli.errors import CheckpointError
 from gencli.models.unet import UNet2DConditionConfig, UNet2DConditionModel
-from gencli.models.unet_single_file import STANDARD_UNET_CONFIGS, infer_unet_config, original_unet_keymap, prediction_type_hint, standard_unet_config, unet_family
+from gencli.models.unet_single_file import (
+    STANDARD_UNET_CONFIGS,
+    infer_unet_config,
+    original_unet_keymap,
+    prediction_type_hint,
+    standard_unet_config,
+    unet_family,
+)
 from gencli.pipelines.unet_loader import load_unet, load_unet_single_file
 
 diffusers = pytest.importorskip("diffusers")
@@ -31,6 +38,7 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
 
 # Tiny configs of the three families. They follow the standard conventions that a single file's
 # shapes cannot tell (SD 1.x: 8 heads; SD 2.x/SDXL: 64-wide heads; SDXL: 256-wide time-id
@@ -314,7 +322,12 @@ def test_folder_config_that_does_not_match_the_weights(tmp_path):
 
 @pytest.mark.parametrize(
     "field,value",
-    [("class_embed_type", "projection"), ("down_block_types", ["AttnDownBlock2D", "DownBlock2D"]), ("addition_embed_type", "text"), ("time_embedding_type", "fourier")],
+    [
+        ("class_embed_type", "projection"),
+        ("down_block_types", ["AttnDownBlock2D", "DownBlock2D"]),
+        ("addition_embed_type", "text"),
+        ("time_embedding_type", "fourier"),
+    ],
 )
 def test_unsupported_config_is_one_clear_error(field, value, tmp_path):
     ref = _reference(SD1, seed=11)
@@ -352,19 +365,40 @@ def test_prediction_type_hint():
     "kwargs",
     [
         # asymmetric transformer depths per layer, up path given separately
-        dict(transformer_layers_per_block=[[1], [2]], reverse_transformer_layers_per_block=[[2, 1], [1, 3]], layers_per_block=1,
-             down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D")),
+        dict(
+            transformer_layers_per_block=[[1], [2]],
+            reverse_transformer_layers_per_block=[[2, 1], [1, 3]],
+            layers_per_block=1,
+            down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+            up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
+        ),
         # attn1 attends to the context too
         dict(only_cross_attention=True),
         # per-level layers, scale-shift time conditioning, an activation on the embedding, 1x1 in/out
         # convs, centred input, another sinusoid convention, no middle block
-        dict(layers_per_block=(1, 2), resnet_time_scale_shift="scale_shift", time_embedding_act_fn="silu", conv_in_kernel=1,
-             conv_out_kernel=1, center_input_sample=True, freq_shift=1, flip_sin_to_cos=False, mid_block_type=None),
+        dict(
+            layers_per_block=(1, 2),
+            resnet_time_scale_shift="scale_shift",
+            time_embedding_act_fn="silu",
+            conv_in_kernel=1,
+            conv_out_kernel=1,
+            center_input_sample=True,
+            freq_shift=1,
+            flip_sin_to_cos=False,
+            mid_block_type=None,
+        ),
     ],
 )
 def test_less_common_config_fields(kwargs):
-    base = dict(block_out_channels=(32, 64), layers_per_block=1, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-                up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=16, attention_head_dim=4, norm_num_groups=8)
+    base = dict(
+        block_out_channels=(32, 64),
+        layers_per_block=1,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=16,
+        attention_head_dim=4,
+        norm_num_groups=8,
+    )
     kwargs = {**base, **kwargs}
     ref = _reference(kwargs, seed=12)
     ours = UNet2DConditionModel(dict(ref.config)).eval()

@@ -7,10 +7,10 @@ import json
 
 import pytest
 import torch
+from conftest import write_scene_folder
 from typer.testing import CliRunner
 
 from gencli.cli import app
-from conftest import write_scene_folder
 
 transformers = pytest.importorskip("transformers")
 
@@ -108,6 +108,9 @@ def test_help_does_not_import_torch():
     import subprocess
     import sys
 
-    code = "import sys; from gencli.cli import app; sys.argv=['gencli','classify','--help']\ntry:\n    app()\nexcept SystemExit: pass\nprint('torch' in sys.modules)"
+    code = (
+        "import sys; from gencli.cli import app; sys.argv=['gencli','classify','--help']\n"
+        "try:\n    app()\nexcept SystemExit: pass\nprint('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "False"

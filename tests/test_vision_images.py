@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gencli.cli.common import RunOptions
+from gencli.cli.images import write_predictions
+from gencli.console import Reporter
 from gencli.errors import UserError
-from gencli.pipelines.images import ImageProcessor, ImageReadError, image_paths, load_image, run_image_files
+from gencli.pipelines.images import ImageProcessor, ImageReadError, image_paths, load_image, predict_image_files
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil  # noqa: E402
@@ -121,7 +122,13 @@ def _predict(images):
     return [[{"label": f"w{im.width}", "id": im.width, "score": 1.0}] for im in images]
 
 
-def test_run_image_files_reports_failures_per_file_and_exits_2_at_the_end(tmp_path, capsys):
+def _classify(inputs, report, *, recursive=False, batch_size=16):
+    """The image commands' loop: paths, batched predictions, then the output."""
+    paths = image_paths(inputs, recursive=recursive)
+    return write_predictions(predict_image_files(paths, _predict, batch_size=batch_size), len(paths), report, "classifying")
+
+
+def test_image_loop_reports_failures_per_file_and_exits_2_at_the_end(tmp_path, capsys):
     for i, w in enumerate([10, 11, 12]):
         Image.new("RGB", (w, 8)).save(tmp_path / f"{i}.png")
     (tmp_path / "1b.png").write_text("broken")
@@ -129,9 +136,8 @@ def test_run_image_files_reports_failures_per_file_and_exits_2_at_the_end(tmp_pa
     sub = tmp_path / "sub"
     sub.mkdir()
     Image.new("RGB", (13, 8)).save(sub / "deep.jpg")
-    opts = RunOptions(json=True, quiet=True)
     with pytest.raises(UserError, match="1 of 5"):
-        run_image_files([str(tmp_path)], _predict, opts, recursive=True, batch_size=2)
+        _classify([str(tmp_path)], Reporter(json=True, quiet=True), recursive=True, batch_size=2)
     out, err = capsys.readouterr()
     lines = [json.loads(line) for line in out.splitlines()]
     assert [line["image"].split("/")[-1] for line in lines] == ["0.png", "1.png", "1b.png", "2.png", "deep.jpg"]
@@ -142,14 +148,14 @@ def test_run_image_files_reports_failures_per_file_and_exits_2_at_the_end(tmp_pa
     assert len(image_paths([str(tmp_path)])) == 4
 
 
-def test_run_image_files_reads_paths_from_stdin_and_prints_a_table(tmp_path, capsys, monkeypatch):
+def test_image_loop_reads_paths_from_stdin_and_prints_a_table(tmp_path, capsys, monkeypatch):
     paths = []
     for w in (20, 21):
         p = tmp_path / f"{w}.png"
         Image.new("RGB", (w, 8)).save(p)
         paths.append(str(p))
     monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(paths) + "\n\n"))
-    n = run_image_files(["-"], _predict, RunOptions(quiet=True), batch_size=8)
+    n = _classify(["-"], Reporter(quiet=True), batch_size=8)
     assert n == 2
     out = capsys.readouterr().out
     assert "w20" in out and "w21" in out and "20.png" in out

@@ -19,10 +19,9 @@ MODEL = weights_dir() / "vit-shapes"
 
 @pytest.fixture(scope="module")
 def classifier():
-    from gencli.backend.device import choose_placement
     from gencli.pipelines.classify import ImageClassifier
 
-    return ImageClassifier.load(MODEL, choose_placement("cpu", "auto", "transformer"))
+    return ImageClassifier.load(MODEL, device="cpu", dtype="auto")
 
 
 @pytest.mark.slow

@@ -8,7 +8,6 @@ import json
 import pytest
 import torch
 
-from gencli.backend.device import Placement
 from gencli.checkpoints.loader import load_model, save_model
 from gencli.checkpoints.reader import open_reader
 from gencli.errors import CheckpointError, UserError
@@ -17,7 +16,7 @@ from gencli.pipelines.classify import ImageClassifier
 
 transformers = pytest.importorskip("transformers")
 
-CPU32 = Placement(torch.device("cpu"), torch.float32)
+CPU32 = {"device": "cpu", "dtype": "float32"}
 
 CONFIGS = {
     # image 32, patch 8 (4x4 grid), GELU, qkv bias
@@ -64,7 +63,7 @@ def test_deit_logits_match_transformers(tmp_path, teacher):
     with torch.no_grad():  # DeiT initialises its extra tokens to zero: give them values
         hf.deit.embeddings.distillation_token.normal_(0, 0.5)
         hf.deit.embeddings.cls_token.normal_(0, 0.5)
-    clf = ImageClassifier.load(_save(hf, tmp_path), CPU32)
+    clf = ImageClassifier.load(_save(hf, tmp_path), **CPU32)
     assert clf.config.distillation_token and clf.config.distillation_head == teacher
     for h, w in [(32, 32), (48, 32)]:
         x = torch.randn(2, 3, h, w)
@@ -108,8 +107,8 @@ def test_bfloat16_stays_close_to_float32(tmp_path):
     torch.manual_seed(3)
     hf = transformers.ViTForImageClassification(transformers.ViTConfig(initializer_range=0.1, **CONFIGS["p8-i32"]))
     path = _save(hf, tmp_path)
-    f32 = ImageClassifier.load(path, CPU32)
-    b16 = ImageClassifier.load(path, Placement(torch.device("cpu"), torch.bfloat16))
+    f32 = ImageClassifier.load(path, **CPU32)
+    b16 = ImageClassifier.load(path, device="cpu", dtype="bfloat16")
     assert next(b16.model.parameters()).dtype == torch.bfloat16
     x = torch.randn(8, 3, 40, 24)  # with interpolation
     a, b = f32.logits(x), b16.logits(x)
@@ -136,10 +135,10 @@ def test_unsuitable_checkpoints_are_refused_clearly(tmp_path):
     torch.manual_seed(4)
     backbone = transformers.ViTModel(transformers.ViTConfig(**CONFIGS["p8-i32"]))
     with pytest.raises(CheckpointError, match="no classification head"):
-        ImageClassifier.load(_save(backbone, tmp_path / "backbone"), CPU32)
+        ImageClassifier.load(_save(backbone, tmp_path / "backbone"), **CPU32)
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=16))
     with pytest.raises(UserError, match="ViT and DeiT"):
-        ImageClassifier.load(_save(gpt2, tmp_path / "gpt2"), CPU32)
+        ImageClassifier.load(_save(gpt2, tmp_path / "gpt2"), **CPU32)
     # weights that do not fit the config: the tensor is named
     hf = transformers.ViTForImageClassification(transformers.ViTConfig(**CONFIGS["p8-i32"]))
     path = _save(hf, tmp_path / "vit")
@@ -147,7 +146,7 @@ def test_unsuitable_checkpoints_are_refused_clearly(tmp_path):
     cfg["intermediate_size"] = 256
     (path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="intermediate.dense.weight"):
-        ImageClassifier.load(path, CPU32)
+        ImageClassifier.load(path, **CPU32)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

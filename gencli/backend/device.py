@@ -20,12 +20,12 @@ from __future__ import annotations
 import functools
 import os
 import platform
-import re
 from dataclasses import dataclass
 from typing import Literal, Optional
 
 import torch
 
+from gencli.backend.names import DEVICE_PATTERN
 from gencli.errors import UserError
 
 FamilyKind = Literal["transformer", "decoder", "float"]
@@ -68,13 +68,10 @@ def cpu_has_native_bf16() -> bool:
     return False
 
 
-_DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:(\d+))?)$")
-
-
 def resolve_device(spec: str = "auto") -> torch.device:
     """Turn ``auto|cpu|cuda|cuda:N|mps`` into a torch.device that exists, or raise UserError."""
     spec = (spec or "auto").strip().lower()
-    m = _DEVICE_RE.match(spec)
+    m = DEVICE_PATTERN.match(spec)
     if not m:
         raise UserError(f"unknown device '{spec}': use auto, cpu, cuda, cuda:N or mps")
     if spec == "auto":
@@ -152,7 +149,9 @@ class Placement:
         return f"device {self.device}, dtype {DTYPE_NAMES.get(self.dtype, str(self.dtype))}"
 
 
-def choose_placement(device: str = "auto", dtype: str = "auto", family_kind: FamilyKind = "transformer", threads: Optional[int] = None, n_params: Optional[int] = None) -> Placement:
+def choose_placement(
+    device: str = "auto", dtype: str = "auto", family_kind: FamilyKind = "transformer", threads: Optional[int] = None, n_params: Optional[int] = None
+) -> Placement:
     """Resolve the user's ``--device/--dtype/--threads`` for one model family."""
     set_threads(threads)
     dev = resolve_device(device)

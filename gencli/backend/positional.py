@@ -6,7 +6,9 @@
 - ``timestep_embedding``: the diffusion-model form (sin and cos halves, diffusers'
   ``get_timestep_embedding`` conventions: ``flip_sin_to_cos``, ``downscale_freq_shift``);
 - ``RotaryEmbedding`` / ``apply_rotary``: RoPE (Su et al. 2021) in the half-split layout used by
-  transformers' Llama, with the ``linear`` and ``llama3`` frequency scalings.
+  transformers' Llama, with the ``linear`` and ``llama3`` frequency scalings;
+- ``interpolate_position_table``: a learned patch-position table (ViT, CLIP's vision tower) resized
+  bicubically to another patch grid, as transformers' ``interpolate_pos_encoding`` does.
 """
 
 from __future__ import annotations
@@ -126,3 +128,37 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     cos = cos.unsqueeze(1)
     sin = sin.unsqueeze(1)
     return x * cos + rotate_half(x) * sin
+
+
+def interpolate_position_table(
+    table: torch.Tensor,
+    grid: tuple[int, int],
+    new_grid: tuple[int, int],
+    *,
+    num_prefix: int = 1,
+    cache: Optional[dict] = None,
+) -> torch.Tensor:
+    """A learned position table ``(1, prefix + rows * cols, D)`` for another patch grid.
+
+    The patch part is resized bicubically (``align_corners=False``, computed in fp32, cast back) from
+    ``grid`` to ``new_grid`` (rows, columns); the ``num_prefix`` leading entries (class and
+    distillation tokens) are kept. The table itself is returned when the grid is unchanged. With a
+    ``cache`` dict, inference calls reuse the last resized table of this table's version (the dict
+    holds one entry; a changed weight is a new version).
+    """
+    if tuple(new_grid) == tuple(grid):
+        return table
+    key = (tuple(new_grid), table.dtype, table.device, table._version)
+    cached = cache.get(key) if cache is not None else None
+    if cached is not None and not torch.is_grad_enabled():
+        return cached
+    prefix, patches = table[:, :num_prefix], table[:, num_prefix:]
+    dim = table.shape[-1]
+    resized = patches.float().reshape(1, grid[0], grid[1], dim).permute(0, 3, 1, 2)
+    resized = torch.nn.functional.interpolate(resized, size=tuple(new_grid), mode="bicubic", align_corners=False)
+    patches = resized.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim).to(table.dtype)
+    out = torch.cat((prefix, patches), dim=1)
+    if cache is not None and not torch.is_grad_enabled():
+        cache.clear()
+        cache[key] = out
+    return out

@@ -30,15 +30,10 @@ def make_generator(seed: Optional[int]) -> tuple[torch.Generator, int]:
 
 
 def randn(
-    shape: Sequence[int],
-    generator: Optional[torch.Generator],
-    *,
-    device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.float32,
+    shape: Sequence[int], generator: Optional[torch.Generator], *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
     """Standard normal noise drawn on the CPU in fp32, then moved to ``device`` and cast to ``dtype``."""
-    x = torch.randn(tuple(shape), generator=generator, dtype=torch.float32, device="cpu")
-    return x.to(device=device, dtype=dtype)
+    return _draw(torch.randn, shape, generator, device, dtype)
 
 
 def randn_tensor(
@@ -75,14 +70,14 @@ def randn_tensor(
 
 
 def rand(
-    shape: Sequence[int],
-    generator: Optional[torch.Generator],
-    *,
-    device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.float32,
+    shape: Sequence[int], generator: Optional[torch.Generator], *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
     """Uniform [0, 1) noise, drawn like :func:`randn`."""
-    x = torch.rand(tuple(shape), generator=generator, dtype=torch.float32, device="cpu")
+    return _draw(torch.rand, shape, generator, device, dtype)
+
+
+def _draw(sample, shape: Sequence[int], generator: Optional[torch.Generator], device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
+    x = sample(tuple(shape), generator=generator, dtype=torch.float32, device="cpu")
     return x.to(device=device, dtype=dtype)
 
 

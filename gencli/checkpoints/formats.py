@@ -255,7 +255,11 @@ def _builtin_detectors() -> None:
         return None
 
     def autoencoder_kl(keys, _cfg):
-        if _has_prefix(keys, "encoder.down_blocks.") and _has_prefix(keys, "decoder.up_blocks.") and ("quant_conv.weight" in keys or "post_quant_conv.weight" in keys):
+        if (
+            _has_prefix(keys, "encoder.down_blocks.")
+            and _has_prefix(keys, "decoder.up_blocks.")
+            and ("quant_conv.weight" in keys or "post_quant_conv.weight" in keys)
+        ):
             return "AutoencoderKL"
         return None
 
@@ -264,7 +268,15 @@ def _builtin_detectors() -> None:
             return "UNet2DConditionModel"
         return None
 
-    for name, det in [("sd-single-file", sd_single_file), ("gpt2", gpt2), ("llama", llama), ("vit", vit), ("clip", clip), ("autoencoder-kl", autoencoder_kl), ("unet", unet)]:
+    for name, det in [
+        ("sd-single-file", sd_single_file),
+        ("gpt2", gpt2),
+        ("llama", llama),
+        ("vit", vit),
+        ("clip", clip),
+        ("autoencoder-kl", autoencoder_kl),
+        ("unet", unet),
+    ]:
         register_detector(name, det)
 
 

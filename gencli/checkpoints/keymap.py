@@ -116,7 +116,7 @@ class Split(Rule):
             n = len(self.into)
             sizes = self.sizes(config) if callable(self.sizes) else self.sizes
 
-            def part(i: int, p: Producer = prod, sizes=sizes) -> Callable[[Reader], torch.Tensor]:
+            def part(i: int, p: Producer = prod, sizes=sizes, n: int = n) -> Callable[[Reader], torch.Tensor]:
                 def make(reader: Reader) -> torch.Tensor:
                     t = p(reader)
                     chunks = torch.split(t, list(sizes), dim=self.dim) if sizes is not None else torch.chunk(t, n, dim=self.dim)

@@ -11,7 +11,7 @@ stay tied.
 from __future__ import annotations
 
 import re
-from typing import Callable, Iterable, Optional, TypeVar
+from typing import Any, Callable, Iterable, Optional, TypeVar
 
 import torch
 import torch.nn as nn
@@ -63,42 +63,17 @@ def load_state(
     memory-mapped file: a column-major copy would keep both in memory.
     """
     device = torch.device(device)
-    what = what or type(model).__name__
-    origin = reader.source.path
+    where = f"'{reader.source.path}' does not fit {what or type(model).__name__}"
     try:
         plan = keymap.plan(reader.keys(), config)
     except ValueError as exc:
-        raise CheckpointError(f"'{origin}' does not fit {what}: {exc}") from None
-
-    # Tied parameters appear under several names: load one, re-tie the others afterwards.
-    by_id: dict[int, list[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        by_id.setdefault(id(param), []).append(name)
-    alias_of: dict[str, str] = {}
-    names_of: dict[str, list[str]] = {}
-    for names in by_id.values():
-        for n in names:
-            names_of[n] = names
-        if len(names) > 1:
-            present = [n for n in names if n in plan] or names[:1]
-            for n in names:
-                if n != present[0]:
-                    alias_of[n] = present[0]
-
+        raise CheckpointError(f"{where}: {exc}") from None
+    ties = _Ties(model, plan)
     targets = model.state_dict(keep_vars=True)
-    opt_rx = [re.compile(p) for p in optional]
+    needed = [k for k in targets if k not in ties.alias_of]
+    _check_names(needed, targets, plan, [re.compile(p) for p in optional], where)
     fp32_rx = [re.compile(p) for p in keep_fp32]
     col_rx = [re.compile(p) for p in column_major]
-    needed = [k for k in targets if k not in alias_of]
-    missing = [k for k in needed if k not in plan and not any(r.search(k) for r in opt_rx)]
-    if missing:
-        raise CheckpointError(f"'{origin}' does not fit {what}: missing tensor '{missing[0]}'{_more(missing)}")
-    unexpected = [k for k in plan if k not in targets]
-    if unexpected:
-        src = plan[unexpected[0]].describe()
-        shown = f"'{unexpected[0]}'" + (f" (from '{src}')" if src != unexpected[0] else "")
-        raise CheckpointError(f"'{origin}' does not fit {what}: unexpected tensor {shown}{_more(unexpected)}")
-
     state: dict[str, torch.Tensor] = {}
     for name in needed:
         if name not in plan:
@@ -108,38 +83,25 @@ def load_state(
         want = target.dtype
         if target.is_floating_point() and (source_dtype is None or source_dtype.is_floating_point):
             want = torch.float32 if any(r.search(name) for r in fp32_rx) else (dtype or target.dtype)
+        # a read that is converted anyway, or that the caller will modify in place, is a private copy
         private_read = device.type != "cpu" or (source_dtype is not None and source_dtype != want) or bool(private and private(name, target))
-        try:
-            tensor = plan[name](_PrivateReads(reader) if private_read else reader)
-        except ValueError as exc:
-            raise CheckpointError(f"'{origin}': {exc}") from None
-        if tuple(tensor.shape) != tuple(target.shape):
-            raise CheckpointError(
-                f"'{origin}' does not fit {what}: tensor '{name}' has shape {list(tensor.shape)} in the checkpoint"
-                f"{'' if plan[name].describe() == name else ' (from ' + repr(plan[name].describe()) + ')'}, "
-                f"the model expects {list(target.shape)} (does config.json match the weights?)"
-            )
+        tensor = _read(plan, name, _PrivateReads(reader) if private_read else reader, target, where)
         if not tensor.is_floating_point():
             want = target.dtype
-        converting = tensor.dtype != want or tensor.device != device  # a copy is made anyway
-        if converting and tensor.dim() == 2 and tensor.is_floating_point() and any(r.search(n) for r in col_rx for n in names_of.get(name, [name])):
-            placed = torch.empty_strided(tuple(tensor.shape), (1, tensor.shape[0]), dtype=want, device=device)
-            state[name] = placed.copy_(tensor)
-        else:
-            state[name] = tensor.to(device=device, dtype=want)
+        column = any(r.search(n) for r in col_rx for n in ties.names_of.get(name, [name]))
+        state[name] = _place(tensor, device, want, column_major=column)
         del tensor
     model.load_state_dict(state, strict=False, assign=True)
     del state
 
-    for alias, canonical in alias_of.items():
-        _set_param(model, alias, model.get_parameter(canonical))
+    ties.retie(model)
     for module in model.modules():
         hook = getattr(module, "init_buffers", None)
         if callable(hook):
             hook(device)
     left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
     if left:
-        raise CheckpointError(f"'{origin}' does not fit {what}: tensor '{left[0]}' was not loaded{_more(left)}")
+        raise CheckpointError(f"{where}: tensor '{left[0]}' was not loaded{_more(left)}")
     return model.eval()
 
 
@@ -148,9 +110,70 @@ class _PrivateReads:
 
     def __init__(self, reader: TensorReader):
         self.reader = reader
+        self.source = reader.source
 
     def get(self, name: str) -> torch.Tensor:
         return self.reader.get(name, private=True)
+
+
+class _Ties:
+    """Tied parameters appear under several names: one is loaded, the others re-tied to it afterwards."""
+
+    def __init__(self, model: nn.Module, plan: dict):
+        by_id: dict[int, list[str]] = {}
+        for name, param in model.named_parameters(remove_duplicate=False):
+            by_id.setdefault(id(param), []).append(name)
+        self.alias_of: dict[str, str] = {}  # alias -> the name that is loaded
+        self.names_of: dict[str, list[str]] = {}  # name -> every name of the same parameter
+        for names in by_id.values():
+            for n in names:
+                self.names_of[n] = names
+            if len(names) > 1:
+                present = [n for n in names if n in plan] or names[:1]
+                for n in names:
+                    if n != present[0]:
+                        self.alias_of[n] = present[0]
+
+    def retie(self, model: nn.Module) -> None:
+        for alias, canonical in self.alias_of.items():
+            _set_param(model, alias, model.get_parameter(canonical))
+
+
+def _check_names(needed: list[str], targets: dict, plan: dict, optional: list[re.Pattern], where: str) -> None:
+    """Every tensor the model needs is in the checkpoint (unless optional), and nothing else is."""
+    missing = [k for k in needed if k not in plan and not any(r.search(k) for r in optional)]
+    if missing:
+        raise CheckpointError(f"{where}: missing tensor '{missing[0]}'{_more(missing)}")
+    unexpected = [k for k in plan if k not in targets]
+    if unexpected:
+        src = plan[unexpected[0]].describe()
+        shown = f"'{unexpected[0]}'" + (f" (from '{src}')" if src != unexpected[0] else "")
+        raise CheckpointError(f"{where}: unexpected tensor {shown}{_more(unexpected)}")
+
+
+def _read(plan: dict, name: str, reader: TensorReader, target: torch.Tensor, where: str) -> torch.Tensor:
+    """The checkpoint tensor for ``name``, checked against the shape the model expects."""
+    try:
+        tensor = plan[name](reader)
+    except ValueError as exc:
+        raise CheckpointError(f"'{reader.source.path}': {exc}") from None
+    if tuple(tensor.shape) != tuple(target.shape):
+        source = plan[name].describe()
+        raise CheckpointError(
+            f"{where}: tensor '{name}' has shape {list(tensor.shape)} in the checkpoint"
+            f"{'' if source == name else ' (from ' + repr(source) + ')'}, "
+            f"the model expects {list(target.shape)} (does config.json match the weights?)"
+        )
+    return tensor
+
+
+def _place(tensor: torch.Tensor, device: torch.device, dtype: torch.dtype, *, column_major: bool) -> torch.Tensor:
+    """``tensor`` on ``device`` in ``dtype``; a converted 2-D weight column-major when asked (see load_state)."""
+    converting = tensor.dtype != dtype or tensor.device != device  # a copy is made anyway
+    if converting and column_major and tensor.dim() == 2 and tensor.is_floating_point():
+        placed = torch.empty_strided(tuple(tensor.shape), (1, tensor.shape[0]), dtype=dtype, device=device)
+        return placed.copy_(tensor)
+    return tensor.to(device=device, dtype=dtype)
 
 
 def _set_param(model: nn.Module, dotted: str, param: nn.Parameter) -> None:
@@ -159,33 +182,11 @@ def _set_param(model: nn.Module, dotted: str, param: nn.Parameter) -> None:
     setattr(module, attr, param)
 
 
-def load_model(
-    factory: Callable[[], M],
-    reader: TensorReader,
-    keymap: KeyMap = IDENTITY,
-    *,
-    device: torch.device | str = "cpu",
-    dtype: Optional[torch.dtype] = None,
-    keep_fp32: Iterable[str] = (),
-    optional: Iterable[str] = (),
-    config: Optional[dict] = None,
-    column_major: Iterable[str] = (),
-    private: Optional[Callable[[str, torch.Tensor], bool]] = None,
-) -> M:
-    """Build ``factory()`` on the meta device and load it from ``reader`` (see :func:`load_state`)."""
-    model = build_on_meta(factory)
-    return load_state(
-        model,
-        reader,
-        keymap,
-        device=device,
-        dtype=dtype,
-        keep_fp32=keep_fp32,
-        optional=optional,
-        config=config,
-        column_major=column_major,
-        private=private,
-    )
+def load_model(factory: Callable[[], M], reader: TensorReader, keymap: KeyMap = IDENTITY, **options: Any) -> M:
+    """Build ``factory()`` on the meta device and load it from ``reader``; ``options`` are
+    :func:`load_state`'s (``device``, ``dtype``, ``keep_fp32``, ``optional``, ``config``, ``what``,
+    ``column_major``, ``private``)."""
+    return load_state(build_on_meta(factory), reader, keymap, **options)
 
 
 def save_model(model: nn.Module, path, *, dtype: Optional[torch.dtype] = None, metadata: Optional[dict[str, str]] = None) -> None:

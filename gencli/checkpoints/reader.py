@@ -34,7 +34,7 @@ class TensorReader:
             for f in source.weight_files:
                 self._state.update(_load_pickle(f))
             return
-        for name, info in source.tensor_infos().items():
+        for name in source.tensor_infos():
             self._where[name] = next(h.path for h in source.headers() if name in h.tensors)
 
     # -- queries --------------------------------------------------------------------------

@@ -29,18 +29,19 @@ def classify(
     """
     import time
 
-    from gencli.backend.device import choose_placement
+    from gencli.cli.images import write_predictions
     from gencli.pipelines.classify import DEFAULT_MODEL, ImageClassifier
-    from gencli.pipelines.images import image_paths, run_image_files
+    from gencli.pipelines.images import image_paths, predict_image_files
     from gencli.weights import resolve_model
 
+    report = opts.report
     paths = image_paths(images, recursive=recursive)  # bad inputs fail before the model loads
-    placement = choose_placement(opts.device, opts.dtype, "transformer", opts.threads)
-    opts.debug_log(f"classify: {placement.describe()}")
     start = time.perf_counter()
-    clf = ImageClassifier.load(resolve_model(opts.model, DEFAULT_MODEL), placement, allow_pickle=opts.allow_pickle, warn=opts.warn)
+    clf = ImageClassifier.load(resolve_model(opts.model, DEFAULT_MODEL), warn=report.warn, **opts.load_options())
     loaded = time.perf_counter()
-    opts.debug_log(f"loaded {clf.path} ({clf.config.model_type}, {clf.config.num_labels} labels) in {loaded - start:.2f}s")
-    n = run_image_files(paths, lambda ims: clf.predict(ims, top_k), opts, batch_size=batch_size, description="classifying")
+    report.debug(f"classify: {clf.placement.describe()}")
+    report.debug(f"loaded {clf.path} ({clf.config.model_type}, {clf.config.num_labels} labels) in {loaded - start:.2f}s")
+    results = predict_image_files(paths, lambda ims: clf.predict(ims, top_k), batch_size=batch_size)
+    n = write_predictions(results, len(paths), report, "classifying")
     took = time.perf_counter() - loaded
-    opts.debug_log(f"{n} image(s) in {took:.2f}s ({n / took:.1f} images/s)" if took > 0 else f"{n} image(s)")
+    report.debug(f"{n} image(s) in {took:.2f}s ({n / took:.1f} images/s)" if took > 0 else f"{n} image(s)")

@@ -1,7 +1,8 @@
-"""What every command shares: common options, error handling, JSON lines, logs and progress.
+"""What every command shares: the common options, the command decorator and error handling.
 
-Nothing here imports torch: ``gencli --help`` must stay fast. Command bodies import their
-pipeline (and with it torch) only when they run.
+Output (stderr lines, JSON lines, tables, progress) goes through :mod:`gencli.console`. Nothing here
+imports torch: ``gencli --help`` must stay fast. Command bodies import their pipeline (and with it
+torch) only when they run.
 """
 
 from __future__ import annotations
@@ -9,21 +10,17 @@ from __future__ import annotations
 import contextlib
 import enum
 import inspect
-import json
 import os
-import re
 import sys
 import traceback
-from dataclasses import dataclass
-from typing import Annotated, Any, Callable, Iterator, Optional
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Callable, Optional
 
 import typer
-from rich.console import Console
 
+from gencli.backend.names import DEVICE_PATTERN
+from gencli.console import Reporter, stderr
 from gencli.errors import UserError
-
-# Logs, progress and errors: always stderr. stdout carries results only.
-stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 class Dtype(str, enum.Enum):
@@ -33,11 +30,8 @@ class Dtype(str, enum.Enum):
     float16 = "float16"
 
 
-_DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
-
-
 def _check_device(value: str) -> str:
-    if not _DEVICE_RE.match(value):
+    if not DEVICE_PATTERN.match(value):
         raise typer.BadParameter(f"'{value}' is not one of auto, cpu, cuda, cuda:N, mps")
     return value
 
@@ -50,68 +44,25 @@ def _check_threads(value: Optional[int]) -> Optional[int]:
 
 @dataclass
 class RunOptions:
-    """The options every command accepts, gathered in one object for the pipelines."""
+    """The options every command accepts: what to load and where (passed on to the pipeline, which
+    chooses the placement), and the :class:`~gencli.console.Reporter` the run reports through."""
 
     model: Optional[str] = None
     device: str = "auto"
     dtype: str = "auto"
     seed: Optional[int] = None
-    json: bool = False
-    quiet: bool = False
-    verbose: bool = False
-    debug: bool = False
     threads: Optional[int] = None
     allow_pickle: bool = False
+    debug: bool = False
+    report: Reporter = field(default_factory=Reporter)
 
-    # -- output helpers -------------------------------------------------------------------
     @property
-    def interactive(self) -> bool:
-        """Human-facing extras (progress bars, info logs) only on a terminal and not --quiet."""
-        return not self.quiet and stderr.is_terminal
+    def json(self) -> bool:
+        return self.report.json
 
-    def log(self, message: str) -> None:
-        """An informational line on stderr: shown on a terminal or with --verbose, never with --quiet."""
-        if not self.quiet and (self.verbose or stderr.is_terminal):
-            stderr.print(message, markup=False)
-
-    def debug_log(self, message: str) -> None:
-        """A line shown only with --verbose (device/dtype choices, timings)."""
-        if self.verbose and not self.quiet:
-            stderr.print(message, markup=False)
-
-    def warn(self, message: str) -> None:
-        """A warning on stderr; shown unless --quiet."""
-        if not self.quiet:
-            stderr.print(f"warning: {message}", markup=False, style="yellow")
-
-    @contextlib.contextmanager
-    def progress(self, description: str, total: Optional[float] = None) -> Iterator[Callable[..., None]]:
-        """A rich progress bar on stderr when it is a terminal; a no-op in pipelines and with --quiet.
-
-        Yields ``advance(n=1, description=None)``.
-        """
-        if not self.interactive:
-            yield lambda n=1, description=None: None
-            return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-        columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn()]
-        if total is not None:
-            columns += [MofNCompleteColumn(), TimeRemainingColumn()]
-        columns.append(TimeElapsedColumn())
-        with Progress(*columns, console=stderr, transient=True) as bar:
-            task = bar.add_task(description, total=total)
-
-            def advance(n: float = 1, description: Optional[str] = None) -> None:
-                bar.update(task, advance=n, **({"description": description} if description else {}))
-
-            yield advance
-
-
-def emit_json(obj: Any) -> None:
-    """Write one JSON object as one line on stdout and flush (JSON lines for pipelines)."""
-    sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
-    sys.stdout.flush()
+    def load_options(self) -> dict[str, Any]:
+        """``--device/--dtype/--threads/--allow-pickle`` as the pipelines' loaders take them."""
+        return {"device": self.device, "dtype": self.dtype, "threads": self.threads, "allow_pickle": self.allow_pickle}
 
 
 # -- the common options, as typer parameters -----------------------------------------------
@@ -148,14 +99,21 @@ _COMMON_PARAMS: dict[str, tuple[Any, Any]] = {
     "threads": _opt(
         Annotated[
             Optional[int],
-            typer.Option("--threads", help="CPU threads for torch (default: torch's choice, or $GENCLI_THREADS).", callback=_check_threads, rich_help_panel="Common options"),
+            typer.Option(
+                "--threads",
+                help="CPU threads for torch (default: torch's choice, or $GENCLI_THREADS).",
+                callback=_check_threads,
+                rich_help_panel="Common options",
+            ),
         ],
         None,
     ),
     "allow_pickle": _opt(
         Annotated[
             bool,
-            typer.Option("--allow-pickle", help="Allow .bin/.pt/.ckpt checkpoints (loaded with torch.load(weights_only=True)).", rich_help_panel="Common options"),
+            typer.Option(
+                "--allow-pickle", help="Allow .bin/.pt/.ckpt checkpoints (loaded with torch.load(weights_only=True)).", rich_help_panel="Common options"
+            ),
         ],
         False,
     ),
@@ -184,23 +142,23 @@ def run_guarded(opts: RunOptions, body: Callable[[], Any]) -> Any:
     except UserError as exc:
         if opts.debug:
             traceback.print_exc()
-        stderr.print(f"error: {exc}", markup=False, style="red")
-        raise typer.Exit(exc.exit_code)
+        opts.report.error(str(exc))
+        raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         stderr.print("interrupted", markup=False)
-        raise typer.Exit(130)
+        raise typer.Exit(130) from None
     except BrokenPipeError:
         # the reader of our stdout went away (e.g. `| head`): not an error of ours
         with contextlib.suppress(Exception):
             sys.stdout = open(os.devnull, "w")
-        raise typer.Exit(0)
+        raise typer.Exit(0) from None
     except Exception as exc:  # noqa: BLE001 - the contract: exit 1 for internal errors
         if opts.debug:
             traceback.print_exc()
             stderr.print(f"internal error: {type(exc).__name__}: {exc}", markup=False, style="red")
         else:
             stderr.print(f"internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", markup=False, style="red")
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
 
 
 def command(app: typer.Typer, name: str, *, model_options: bool = True, **typer_kwargs: Any) -> Callable:
@@ -225,7 +183,8 @@ def command(app: typer.Typer, name: str, *, model_options: bool = True, **typer_
             common = {k: kwargs.pop(k) for k in list(kwargs) if k in extra}
             if "dtype" in common:
                 common["dtype"] = common["dtype"].value if isinstance(common["dtype"], enum.Enum) else common["dtype"]
-            opts = RunOptions(**common)
+            report = Reporter(**{k: common.pop(k) for k in ("json", "quiet", "verbose")})
+            opts = RunOptions(**common, report=report)
             if opts.threads is None and os.environ.get("GENCLI_THREADS", "").isdigit():
                 opts.threads = int(os.environ["GENCLI_THREADS"])
             return run_guarded(opts, lambda: fn(opts=opts, **kwargs))

@@ -17,30 +17,72 @@ _EVAL = "Backtest and fine-tuning"
 @command(app, "forecast")
 def forecast(
     data: Annotated[str, typer.Argument(metavar="DATA", help="A CSV file (long or wide), a Parquet file, or - for CSV on stdin.", show_default=False)],
-    horizon: Annotated[Optional[int], typer.Option("--horizon", "-H", help="Steps to forecast (default: the future rows of known covariates, else the usual horizon of the frequency).")] = None,
-    quantiles: Annotated[str, typer.Option("--quantiles", help="Comma-separated quantile levels in (0, 1); levels between the model's own grid (0.01, 0.05, 0.1, ..., 0.9, 0.95, 0.99 for the default) are interpolated monotonically.")] = "0.1,0.5,0.9",
+    horizon: Annotated[
+        Optional[int],
+        typer.Option("--horizon", "-H", help="Steps to forecast (default: the future rows of known covariates, else the usual horizon of the frequency)."),
+    ] = None,
+    quantiles: Annotated[
+        str,
+        typer.Option(
+            "--quantiles",
+            help="Comma-separated quantile levels in (0, 1); levels between the model's own grid (0.01, 0.05, 0.1, ..., 0.9, 0.95, 0.99 "
+            "for the default) are interpolated monotonically.",
+        ),
+    ] = "0.1,0.5,0.9",
     context: Annotated[Optional[int], typer.Option("--context", help="History steps the model sees (default: the model's context length).")] = None,
     time_col: Annotated[Optional[str], typer.Option("--time-col", help="Timestamp column (inferred when omitted).", rich_help_panel=_DATA)] = None,
     target_col: Annotated[Optional[str], typer.Option("--target-col", help="Column to forecast (inferred when omitted).", rich_help_panel=_DATA)] = None,
-    id_col: Annotated[Optional[str], typer.Option("--id-col", help="Series id column of a long table with many series (inferred when omitted).", rich_help_panel=_DATA)] = None,
-    known_cols: Annotated[Optional[str], typer.Option("--known-cols", help="Covariates known in advance (comma-separated); their future values go in rows with an empty target.", rich_help_panel=_DATA)] = None,
-    static_cols: Annotated[Optional[str], typer.Option("--static-cols", help="Per-series constant covariates (numbers or categories).", rich_help_panel=_DATA)] = None,
+    id_col: Annotated[
+        Optional[str], typer.Option("--id-col", help="Series id column of a long table with many series (inferred when omitted).", rich_help_panel=_DATA)
+    ] = None,
+    known_cols: Annotated[
+        Optional[str],
+        typer.Option(
+            "--known-cols", help="Covariates known in advance (comma-separated); their future values go in rows with an empty target.", rich_help_panel=_DATA
+        ),
+    ] = None,
+    static_cols: Annotated[
+        Optional[str], typer.Option("--static-cols", help="Per-series constant covariates (numbers or categories).", rich_help_panel=_DATA)
+    ] = None,
     observed_cols: Annotated[Optional[str], typer.Option("--observed-cols", help="Covariates only observed in the past.", rich_help_panel=_DATA)] = None,
     wide: Annotated[bool, typer.Option("--wide", help="Each numeric column is a series (detected when unambiguous).", rich_help_panel=_DATA)] = False,
     min_length: Annotated[int, typer.Option("--min-length", help="Series with fewer observed values are skipped.", rich_help_panel=_DATA)] = 8,
     out: Annotated[Optional[str], typer.Option("--out", "-o", help="Write the forecast CSV here (default: stdout).", rich_help_panel=_OUT)] = None,
-    plot: Annotated[Optional[str], typer.Option("--plot", help="Write a fan chart (history, median, quantile bands) to this PNG/SVG/PDF.", rich_help_panel=_OUT)] = None,
+    plot: Annotated[
+        Optional[str], typer.Option("--plot", help="Write a fan chart (history, median, quantile bands) to this PNG/SVG/PDF.", rich_help_panel=_OUT)
+    ] = None,
     plot_max: Annotated[int, typer.Option("--plot-max", help="Series plotted at most (one panel each).", rich_help_panel=_OUT)] = 12,
-    explain: Annotated[bool, typer.Option("--explain", help="Print variable-selection weights and attention over the history per series (stderr).", rich_help_panel=_OUT)] = False,
-    explain_out: Annotated[Optional[str], typer.Option("--explain-out", help="Write the explanations as CSV (id,kind,name,weight) or JSON lines (.json/.jsonl).", rich_help_panel=_OUT)] = None,
-    allow_negative: Annotated[bool, typer.Option("--allow-negative", help="Do not clip forecasts at 0 for series that were never negative.", rich_help_panel=_OUT)] = False,
+    explain: Annotated[
+        bool, typer.Option("--explain", help="Print variable-selection weights and attention over the history per series (stderr).", rich_help_panel=_OUT)
+    ] = False,
+    explain_out: Annotated[
+        Optional[str],
+        typer.Option("--explain-out", help="Write the explanations as CSV (id,kind,name,weight) or JSON lines (.json/.jsonl).", rich_help_panel=_OUT),
+    ] = None,
+    allow_negative: Annotated[
+        bool, typer.Option("--allow-negative", help="Do not clip forecasts at 0 for series that were never negative.", rich_help_panel=_OUT)
+    ] = False,
     force: Annotated[bool, typer.Option("--force", "-f", help="Overwrite existing output files.", rich_help_panel=_OUT)] = False,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 2 if any series had to be skipped.", rich_help_panel=_OUT)] = False,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Series per model batch (output is streamed batch by batch).", rich_help_panel=_OUT)] = 256,
-    backtest: Annotated[Optional[int], typer.Option("--backtest", help="Instead of forecasting, score the model on the last N windows of each series (rolling origin) against seasonal naive.", rich_help_panel=_EVAL)] = None,
-    fit_steps: Annotated[int, typer.Option("--fit-steps", help="Fine-tune the model on your own history for N steps first, and report the gain on held-out data.", rich_help_panel=_EVAL)] = 0,
+    backtest: Annotated[
+        Optional[int],
+        typer.Option(
+            "--backtest",
+            help="Instead of forecasting, score the model on the last N windows of each series (rolling origin) against seasonal naive.",
+            rich_help_panel=_EVAL,
+        ),
+    ] = None,
+    fit_steps: Annotated[
+        int,
+        typer.Option(
+            "--fit-steps", help="Fine-tune the model on your own history for N steps first, and report the gain on held-out data.", rich_help_panel=_EVAL
+        ),
+    ] = 0,
     fit_lr: Annotated[float, typer.Option("--fit-lr", help="Learning rate for --fit-steps.", rich_help_panel=_EVAL)] = 3e-4,
-    save_model: Annotated[Optional[str], typer.Option("--save-model", help="Save the fine-tuned model to this folder (config.json + model.safetensors).", rich_help_panel=_EVAL)] = None,
+    save_model: Annotated[
+        Optional[str], typer.Option("--save-model", help="Save the fine-tuned model to this folder (config.json + model.safetensors).", rich_help_panel=_EVAL)
+    ] = None,
     *,
     opts: RunOptions,
 ) -> None:
@@ -50,7 +92,8 @@ def forecast(
     one JSON object per series instead. The embedded default model forecasts zero-shot; --backtest N
     shows how much to trust it on your data, --fit-steps N adapts it to your data first.
     """
-    from gencli.pipelines.forecast.app import ForecastRequest, parse_columns, parse_quantiles, run
+    from gencli.pipelines.forecast.pipeline import run
+    from gencli.pipelines.forecast.request import ForecastRequest, parse_columns, parse_quantiles
 
     req = ForecastRequest(
         data=data,
@@ -78,5 +121,8 @@ def forecast(
         strict=strict,
         force=force,
         allow_negative=allow_negative,
+        model=opts.model,
+        seed=opts.seed,
+        **opts.load_options(),
     )
-    run(req, opts)
+    run(req, opts.report)

@@ -8,7 +8,8 @@ from typing import Annotated, Optional
 import typer
 
 from gencli.cli import app
-from gencli.cli.common import RunOptions, command, emit_json
+from gencli.cli.common import RunOptions, command
+from gencli.console import Reporter, emit_json
 
 DEFAULT_MODEL = "llama-pystdlib"
 
@@ -16,15 +17,32 @@ DEFAULT_MODEL = "llama-pystdlib"
 @command(app, "generate")
 def generate(
     prompt: Annotated[Optional[str], typer.Argument(metavar="PROMPT", help="The prompt; - reads it from stdin.", show_default=False)] = None,
-    max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", "-n", help="Most new tokens per prompt (default: generation_config.json, else 256).", show_default=False)] = None,
-    temperature: Annotated[Optional[float], typer.Option("--temperature", "-t", help="Sampling temperature; 0 = greedy (default: generation_config.json, else greedy).", show_default=False)] = None,
-    top_k: Annotated[Optional[int], typer.Option("--top-k", help="Sample among the k most likely tokens; 0 = off (default: generation_config.json, else 50).", show_default=False)] = None,
+    max_new_tokens: Annotated[
+        Optional[int],
+        typer.Option("--max-new-tokens", "-n", help="Most new tokens per prompt (default: generation_config.json, else 256).", show_default=False),
+    ] = None,
+    temperature: Annotated[
+        Optional[float],
+        typer.Option("--temperature", "-t", help="Sampling temperature; 0 = greedy (default: generation_config.json, else greedy).", show_default=False),
+    ] = None,
+    top_k: Annotated[
+        Optional[int],
+        typer.Option("--top-k", help="Sample among the k most likely tokens; 0 = off (default: generation_config.json, else 50).", show_default=False),
+    ] = None,
     top_p: Annotated[Optional[float], typer.Option("--top-p", help="Nucleus sampling mass in (0, 1]; 1 = off.", show_default=False)] = None,
-    min_p: Annotated[Optional[float], typer.Option("--min-p", help="Drop tokens below min_p x the top token's probability; 0 = off.", show_default=False)] = None,
-    repetition_penalty: Annotated[Optional[float], typer.Option("--repetition-penalty", help="Penalise tokens already present (> 1 discourages repeats; 1 = off).", show_default=False)] = None,
-    stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when this string appears (repeatable); it is not printed.", show_default=False)] = None,
+    min_p: Annotated[
+        Optional[float], typer.Option("--min-p", help="Drop tokens below min_p x the top token's probability; 0 = off.", show_default=False)
+    ] = None,
+    repetition_penalty: Annotated[
+        Optional[float], typer.Option("--repetition-penalty", help="Penalise tokens already present (> 1 discourages repeats; 1 = off).", show_default=False)
+    ] = None,
+    stop: Annotated[
+        Optional[list[str]], typer.Option("--stop", help="Stop when this string appears (repeatable); it is not printed.", show_default=False)
+    ] = None,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Keep generating past end-of-sequence tokens (benchmarks).")] = False,
-    prompts_file: Annotated[Optional[str], typer.Option("--prompts-file", "-f", help="One prompt per line (- = stdin), run as left-padded batches.", show_default=False)] = None,
+    prompts_file: Annotated[
+        Optional[str], typer.Option("--prompts-file", "-f", help="One prompt per line (- = stdin), run as left-padded batches.", show_default=False)
+    ] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Prompts per batch with --prompts-file.")] = 8,
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the checkpoint's chat template (instruct models).")] = False,
     system: Annotated[Optional[str], typer.Option("--system", help="System message for --chat.", show_default=False)] = None,
@@ -57,13 +75,14 @@ def generate(
         raise UserError("--system needs --chat")
     prompts = _read_prompts(prompt, prompts_file)
 
-    from gencli.pipelines.text import describe, encode_prompt, generate as run, load_text_model, make_sampler_generator, resolve_settings
+    from gencli.pipelines.text import describe, encode_prompt, load_text_model, make_sampler_generator, resolve_settings
     from gencli.weights import resolve_model
 
+    report = opts.report
     path = resolve_model(opts.model, DEFAULT_MODEL)
-    with opts.progress("loading model"):
-        tm = load_text_model(path, device=opts.device, dtype=opts.dtype, threads=opts.threads, allow_pickle=opts.allow_pickle)
-    opts.debug_log(f"model: {describe(tm)}; loaded in {tm.load_seconds:.2f}s")
+    with report.progress("loading model"):
+        tm = load_text_model(path, **opts.load_options())
+    report.debug(f"model: {describe(tm)}; loaded in {tm.load_seconds:.2f}s")
     settings = resolve_settings(
         tm.generation_config,
         max_new_tokens=max_new_tokens,
@@ -75,36 +94,44 @@ def generate(
         stop=stop or [],
         ignore_eos=ignore_eos,
         seed=opts.seed,
-        warn=opts.warn,
+        warn=report.warn,
     )
     generator, seed = make_sampler_generator(settings)
     s = settings.sampling
-    opts.debug_log(
+    report.debug(
         ("greedy decoding" if s.greedy else f"sampling: temperature {s.temperature}, top-k {s.top_k}, top-p {s.top_p}, min-p {s.min_p}, seed {seed}")
         + f", repetition penalty {s.repetition_penalty}, max {settings.max_new_tokens} new tokens"
     )
     encoded = [(p, encode_prompt(tm, p, chat=chat, system=system)) for p in prompts]
-
     single = prompt is not None and prompts_file is None
+    _run_batches(tm, encoded, settings, generator, seed, report, stream=single and not opts.json, echo=echo, batch_size=batch_size)
+    if seed is not None:
+        report.debug(f"seed {seed}")
+
+
+def _run_batches(tm, encoded, settings, generator, seed: Optional[int], report: Reporter, *, stream: bool, echo: bool, batch_size: int) -> None:
+    """Generate for the encoded prompts ``batch_size`` at a time and write the completions: streamed
+    piece by piece for a single prompt, else each whole (one JSON line each with --json)."""
+    from gencli.pipelines.text import generate as run
+
     out = sys.stdout
+
+    def on_text(row: int, piece: str) -> None:
+        out.write(piece)
+        out.flush()
+
     context_warned = False
     for start in range(0, len(encoded), batch_size):
         batch = encoded[start : start + batch_size]
-        stream = single and not opts.json
         if stream and echo:
             out.write(batch[0][0])
             out.flush()
-
-        def on_text(row: int, piece: str) -> None:
-            out.write(piece)
-            out.flush()
-
         completions = run(tm, batch, settings, on_text=on_text if stream else None, generator=generator)
         for c in completions:
             if c.hit_context and not context_warned:
-                opts.warn(f"stopped at the model's context length ({tm.context_length} tokens)")
+                report.warn(f"stopped at the model's context length ({tm.context_length} tokens)")
                 context_warned = True
-            if opts.json:
+            if report.json:
                 emit_json(c.as_json(str(tm.path), seed))
             elif stream:
                 out.write("\n")
@@ -114,12 +141,10 @@ def generate(
                     out.write("\n")
             out.flush()
         t = completions[0].timing
-        opts.debug_log(
+        report.debug(
             f"prefill {t['prefill_s']:.3f}s ({t['prefill_tokens_per_s'] or 0:.1f} tokens/s), "
             f"decode {t['decode_s']:.3f}s ({t['decode_tokens_per_s'] or 0:.1f} tokens/s), batch of {len(batch)}"
         )
-    if seed is not None:
-        opts.debug_log(f"seed {seed}")
 
 
 def _read_prompts(prompt: Optional[str], prompts_file: Optional[str]) -> list[str]:

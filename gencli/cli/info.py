@@ -8,13 +8,18 @@ from typing import Annotated, Optional
 import typer
 
 from gencli.cli import app
-from gencli.cli.common import RunOptions, command, emit_json
-from gencli.cli.format import human_bytes, human_count
+from gencli.cli.common import RunOptions, command
+from gencli.console import emit_json, human_bytes, human_count, stdout_console
 
 
 @command(app, "info", model_options=False)
 def info(
-    path: Annotated[str, typer.Argument(metavar="PATH", help="A .safetensors file, a model folder, a diffusers pipeline folder, or an embedded default's name.", show_default=False)],
+    path: Annotated[
+        str,
+        typer.Argument(
+            metavar="PATH", help="A .safetensors file, a model folder, a diffusers pipeline folder, or an embedded default's name.", show_default=False
+        ),
+    ],
     match: Annotated[Optional[str], typer.Option("--match", help="Only list tensors whose name matches this regular expression.")] = None,
     limit: Annotated[int, typer.Option("--limit", help="Tensors listed in the table (0 = none; --all for every one).")] = 40,
     all_: Annotated[bool, typer.Option("--all", help="List every tensor.")] = False,
@@ -41,16 +46,20 @@ def info(
 
 
 def _render(d: dict, limit: Optional[int]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    out = Console(highlight=False, soft_wrap=True)
+    out = stdout_console()
     out.print(f"[bold]{d['path']}[/bold]")
     out.print(f"  format        {d['format']}")
     out.print(f"  architecture  {d['architecture'] or 'unknown'}")
     out.print(f"  parameters    {human_count(d['parameters'])} ({d['parameters']:,})")
-    out.print(f"  size          {human_bytes(d['size_bytes'])} in {max(len(d['files']), 1) if 'components' not in d else len(d['components'])} {'component(s)' if 'components' in d else 'file(s)'}")
-    dts = ", ".join(f"{k} {human_count(v['parameters'])} in {v['tensors']} tensors" for k, v in sorted(d["dtypes"].items(), key=lambda kv: -kv[1]["parameters"]))
+    out.print(
+        f"  size          {human_bytes(d['size_bytes'])} in "
+        + (f"{len(d['components'])} component(s)" if "components" in d else f"{max(len(d['files']), 1)} file(s)")
+    )
+    dts = ", ".join(
+        f"{k} {human_count(v['parameters'])} in {v['tensors']} tensors" for k, v in sorted(d["dtypes"].items(), key=lambda kv: -kv[1]["parameters"])
+    )
     out.print(f"  dtypes        {dts or '-'}")
     if d.get("config"):
         out.print("  config        " + ", ".join(f"{k}={v}" for k, v in d["config"].items()))

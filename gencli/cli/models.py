@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from gencli.cli import app
-from gencli.cli.common import RunOptions, command, emit_json
-from gencli.cli.format import human_bytes
+from gencli.cli.common import RunOptions, command
+from gencli.console import emit_json, human_bytes, stdout_console
 
 
 @command(app, "models", model_options=False)
@@ -17,10 +17,9 @@ def models(*, opts: RunOptions) -> None:
         for m in found:
             emit_json({"name": m.name, "task": m.task, "title": m.title, "summary": m.summary, "path": str(m.path), "size_bytes": m.size_bytes})
         return
-    from rich.console import Console
     from rich.table import Table
 
-    out = Console(highlight=False)
+    out = stdout_console(soft_wrap=False)
     if not found:
         out.print(f"no embedded default models in {weights_dir()}")
         return

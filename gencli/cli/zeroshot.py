@@ -19,7 +19,12 @@ def zeroshot(
     labels_file: Annotated[Optional[str], typer.Option("--labels-file", help="A file with one label per line (- = stdin).")] = None,
     template: Annotated[
         Optional[list[str]],
-        typer.Option("--template", "-t", help='Prompt with {} for the label; repeat it to average several prompts (prompt ensembling). Default: the model\'s zeroshot_templates.json if it has one, else "a photo of a {}."'),
+        typer.Option(
+            "--template",
+            "-t",
+            help="Prompt with {} for the label; repeat it to average several prompts (prompt ensembling). "
+            'Default: the model\'s zeroshot_templates.json if it has one, else "a photo of a {}."',
+        ),
     ] = None,
     top_k: Annotated[int, typer.Option("--top-k", "-k", min=1, help="Predictions shown per image.")] = 5,
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", min=1, help="Images per forward pass.")] = 32,
@@ -35,39 +40,51 @@ def zeroshot(
     """
     import time
 
-    from gencli.backend.device import choose_placement
+    from gencli.cli.images import write_predictions
     from gencli.errors import UserError
     from gencli.pipelines import zeroshot as zs
-    from gencli.pipelines.images import image_paths, run_image_files
-    from gencli.weights import resolve_model
+    from gencli.pipelines.images import image_paths, predict_image_files
 
+    report = opts.report
     if labels_file == "-" and "-" in images:
         raise UserError("stdin cannot hold both the image paths and the labels: give --labels-file a file")
     label_list = zs.parse_labels(labels, labels_file)
     templates = zs.check_templates(template) if template else None
     paths = image_paths(images, recursive=recursive)  # bad inputs fail before the model loads
-    placement = choose_placement(opts.device, opts.dtype, "transformer", opts.threads)
-    opts.debug_log(f"zeroshot: {placement.describe()}")
     start = time.perf_counter()
-    bundle = zs.load(resolve_model(opts.model, zs.DEFAULT_MODEL), placement, allow_pickle=opts.allow_pickle, warn=opts.warn)
+    bundle = _load(opts, "zeroshot")
     loaded = time.perf_counter()
-    opts.debug_log(f"loaded {bundle.path} in {loaded - start:.2f}s")
+    report.debug(f"loaded {bundle.path} in {loaded - start:.2f}s")
     if templates is None:
         templates = zs.model_templates(bundle.path) or [zs.DEFAULT_TEMPLATE]
-        opts.debug_log(f"prompt template(s): {', '.join(repr(t) for t in templates)}")
+        report.debug(f"prompt template(s): {', '.join(repr(t) for t in templates)}")
     clf = zs.ZeroShotClassifier(bundle, label_list, templates)
     encoded = time.perf_counter()
-    opts.debug_log(f"{len(label_list)} label(s) x {len(templates)} template(s) encoded in {encoded - loaded:.2f}s")
-    n = run_image_files(paths, lambda ims: clf.predict(ims, top_k), opts, batch_size=batch_size, description="zero-shot")
+    report.debug(f"{len(label_list)} label(s) x {len(templates)} template(s) encoded in {encoded - loaded:.2f}s")
+    results = predict_image_files(paths, lambda ims: clf.predict(ims, top_k), batch_size=batch_size)
+    n = write_predictions(results, len(paths), report, "zero-shot")
     took = time.perf_counter() - encoded
-    opts.debug_log(f"{n} image(s) in {took:.2f}s ({n / took:.1f} images/s)" if took > 0 else f"{n} image(s)")
+    report.debug(f"{n} image(s) in {took:.2f}s ({n / took:.1f} images/s)" if took > 0 else f"{n} image(s)")
+
+
+def _load(opts: RunOptions, command: str):
+    """The CLIP model both commands run (``--model``, or the embedded default)."""
+    from gencli.pipelines import zeroshot as zs
+    from gencli.weights import resolve_model
+
+    path = resolve_model(opts.model, zs.DEFAULT_MODEL)
+    bundle = zs.load(path, warn=opts.report.warn, **opts.load_options())
+    opts.report.debug(f"{command}: {bundle.placement.describe()}")
+    return bundle
 
 
 @command(app, "similarity")
 def similarity(
     images: Annotated[Optional[list[str]], typer.Argument(metavar="[IMAGE]...", help=_IMAGES_HELP + " (also --images)", show_default=False)] = None,
     image_opt: Annotated[Optional[list[str]], typer.Option("--images", "-i", help="An image, a directory or - (repeatable).", show_default=False)] = None,
-    texts: Annotated[Optional[list[str]], typer.Option("--texts", "--text", "-t", help="A text to compare with every image (repeatable).", show_default=False)] = None,
+    texts: Annotated[
+        Optional[list[str]], typer.Option("--texts", "--text", "-t", help="A text to compare with every image (repeatable).", show_default=False)
+    ] = None,
     texts_file: Annotated[Optional[str], typer.Option("--texts-file", help="A file with one text per line (- = stdin).")] = None,
     csv_out: Annotated[bool, typer.Option("--csv", help="Write CSV (image, then one column per text) instead of a table.")] = False,
     out: Annotated[Optional[str], typer.Option("--out", "-o", help="Write the table/CSV/JSON lines to this file instead of stdout.")] = None,
@@ -82,13 +99,11 @@ def similarity(
     Rows are images, columns texts. Prints a table, CSV with --csv, or with --json one line per image:
     {"image", "similarities": [{"text", "cosine"}]} (texts in the order given).
     """
-    from gencli.backend.device import choose_placement
+    from gencli.cli.images import write_similarities
     from gencli.errors import UserError
-    from gencli.io import ensure_writable
+    from gencli.io import atomic_open, ensure_writable
     from gencli.pipelines import similarity as sim
-    from gencli.pipelines import zeroshot as zs
-    from gencli.pipelines.images import image_paths
-    from gencli.weights import resolve_model
+    from gencli.pipelines.images import image_paths, predict_image_files, unreadable_inputs_error
 
     if csv_out and opts.json:
         raise UserError("--csv and --json are exclusive: choose one output format")
@@ -101,8 +116,13 @@ def similarity(
     if out:
         ensure_writable(out, force)
     paths = image_paths(inputs, recursive=recursive)
-    placement = choose_placement(opts.device, opts.dtype, "transformer", opts.threads)
-    opts.debug_log(f"similarity: {placement.describe()}")
-    bundle = zs.load(resolve_model(opts.model, zs.DEFAULT_MODEL), placement, allow_pickle=opts.allow_pickle, warn=opts.warn)
+    bundle = _load(opts, "similarity")
     fmt = "csv" if csv_out else "json" if opts.json else "table"
-    sim.run(bundle, paths, text_list, opts, fmt=fmt, out=out, force=force, batch_size=batch_size)
+    results = predict_image_files(paths, sim.SimilarityScorer(bundle, text_list), batch_size=batch_size)
+    if out is None:
+        failed = write_similarities(results, len(paths), text_list, opts.report, fmt)
+    else:
+        with atomic_open(out, "w", force=force, encoding="utf-8", newline="") as fh:
+            failed = write_similarities(results, len(paths), text_list, opts.report, fmt, fh)
+    if failed:
+        raise unreadable_inputs_error(failed, len(paths))

@@ -17,7 +17,7 @@ Every series is a draw from a random composition of the things real series are m
   to ignore them zero-shot; fine-tuning can give them meaning);
 - missing stretches (imputed, with an observed mask, exactly as the CLI does for user data).
 
-``generate(seed, length)`` returns one :class:`~gencli.pipelines.forecast.features.SeriesRecord`;
+``generate(seed, length)`` returns one :class:`~gencli.data.timeseries.SeriesRecord`;
 the same seed gives the same series on every machine (numpy's PCG64).
 """
 
@@ -27,8 +27,8 @@ from typing import Optional
 
 import numpy as np
 
-from gencli.pipelines.forecast.calendar import Frequency
-from gencli.pipelines.forecast.features import SeriesRecord, impute_linear
+from gencli.data.calendar import Frequency
+from gencli.data.timeseries import SeriesRecord, impute_linear
 
 FREQ_WEIGHTS = {
     "subhourly": 0.05,

@@ -141,7 +141,7 @@ def contrastive_group(seed: int, base: shapes.Scene) -> list[tuple[shapes.Scene,
 def caption_corpus(n_scenes: int = 20_000) -> list[str]:
     """Text for learning the BPE vocabulary: every phrasing and framing of training scenes."""
     out: list[str] = []
-    for seed, scene, _ in _take(training_pairs(0), n_scenes):
+    for _seed, scene, _ in _take(training_pairs(0), n_scenes):
         for style in TRAIN_STYLES:
             out.append(scene.caption(style))
     out.extend(f.format("") for f in FRAMINGS)
@@ -207,7 +207,7 @@ def evaluate(
     """
     import torch
 
-    texts = {s.name: torch.as_tensor(encode_texts([s.template.format(l) for l in s.labels])).float() for s in sets}
+    texts = {s.name: torch.as_tensor(encode_texts([s.template.format(label) for label in s.labels])).float() for s in sets}
     correct = {s.name: 0 for s in sets}
     for start in range(0, len(scenes), batch_size):
         chunk = scenes[start : start + batch_size]

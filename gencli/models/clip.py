@@ -28,7 +28,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gencli.backend.layers import FeedForward, LayerNorm
+from gencli.backend.layers import FeedForward, LayerNorm, Linear
+from gencli.backend.positional import interpolate_position_table
 from gencli.models.attention import multi_head_attention
 
 # The token id transformers treats as "legacy": configs written before CLIP's eos_token_id was fixed
@@ -201,10 +202,10 @@ class CLIPAttention(nn.Module):
         self.head_dim = hidden_size // num_heads
         self.scale = self.head_dim**-0.5
         self.dropout = dropout
-        self.k_proj = nn.Linear(hidden_size, hidden_size)
-        self.v_proj = nn.Linear(hidden_size, hidden_size)
-        self.q_proj = nn.Linear(hidden_size, hidden_size)
-        self.out_proj = nn.Linear(hidden_size, hidden_size)
+        self.k_proj = Linear(hidden_size, hidden_size)
+        self.v_proj = Linear(hidden_size, hidden_size)
+        self.q_proj = Linear(hidden_size, hidden_size)
+        self.out_proj = Linear(hidden_size, hidden_size)
 
     def forward(self, x: torch.Tensor, *, causal: bool = False, key_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         out = multi_head_attention(
@@ -343,19 +344,15 @@ class CLIPVisionEmbeddings(nn.Module):
         self.patch_embedding = nn.Conv2d(cfg.num_channels, cfg.hidden_size, kernel_size=cfg.patch_size, stride=cfg.patch_size, bias=False)
         self.num_patches = cfg.num_patches
         self.position_embedding = nn.Embedding(self.num_patches + 1, cfg.hidden_size)
+        self._interpolated: dict[tuple, torch.Tensor] = {}  # resized tables, see interpolate_position_table
 
     def interpolated_positions(self, height: int, width: int) -> torch.Tensor:
         """Position embeddings for a ``height x width`` input: the patch grid's table resized bicubically
         (as transformers' ``interpolate_pos_encoding``), the class position kept."""
-        table = self.position_embedding.weight
         grid = int(math.sqrt(self.num_patches))
-        new_h, new_w = height // self.patch_size, width // self.patch_size
-        if (new_h, new_w) == (grid, grid):
-            return table.unsqueeze(0)
-        patch = table[1:].reshape(1, grid, grid, -1).permute(0, 3, 1, 2)
-        patch = F.interpolate(patch.float(), size=(new_h, new_w), mode="bicubic", align_corners=False).to(table.dtype)
-        patch = patch.permute(0, 2, 3, 1).reshape(1, new_h * new_w, -1)
-        return torch.cat([table[:1].unsqueeze(0), patch], dim=1)
+        new_grid = (height // self.patch_size, width // self.patch_size)
+        table = self.position_embedding.weight.unsqueeze(0)
+        return interpolate_position_table(table, (grid, grid), new_grid, num_prefix=1, cache=self._interpolated)
 
     def forward(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False) -> torch.Tensor:
         b, _, h, w = pixel_values.shape
@@ -449,7 +446,9 @@ class CLIPTextModelWithProjection(nn.Module):
         self.text_model = CLIPTextTransformer(cfg)
         self.text_projection = nn.Linear(cfg.hidden_size, projection_dim or cfg.projection_dim, bias=False)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None, *, output_hidden_states: bool = False) -> tuple[torch.Tensor, CLIPTowerOutput]:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None, *, output_hidden_states: bool = False
+    ) -> tuple[torch.Tensor, CLIPTowerOutput]:
         out = self.text_model(input_ids, attention_mask, output_hidden_states=output_hidden_states)
         return self.text_projection(out.pooler_output), out
 

@@ -12,7 +12,7 @@ Attribute names mirror transformers' so a checkpoint's keys map onto this module
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -86,7 +86,6 @@ class LlamaConfig:
     eos_token_id: Any = None
     pad_token_id: Any = None
     model_type: str = "llama"
-    extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.num_key_value_heads is None:
@@ -164,9 +163,6 @@ class LlamaConfig:
             "use_cache": True,
         }
         return d
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class LlamaAttention(nn.Module):

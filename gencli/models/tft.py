@@ -506,7 +506,10 @@ class TemporalFusionTransformer(nn.Module):
             c_e = self.static_context_enrichment(zeta)
             c_c = self.static_context_state_c(zeta)
             c_h = self.static_context_state_h(zeta)
-            state = (c_h.unsqueeze(0).expand(self.config.lstm_layers, -1, -1).contiguous(), c_c.unsqueeze(0).expand(self.config.lstm_layers, -1, -1).contiguous())
+            state = (
+                c_h.unsqueeze(0).expand(self.config.lstm_layers, -1, -1).contiguous(),
+                c_c.unsqueeze(0).expand(self.config.lstm_layers, -1, -1).contiguous(),
+            )
         else:
             c_s = c_e = None
             state = None

@@ -182,7 +182,9 @@ class UNet2DConditionConfig:
         if rev is not None:
             rev_levels = _per_block(rev, n, "reverse_transformer_layers_per_block")
             rev_layers = list(reversed(layers))
-            up_depths = tuple(tuple(int(v) for v in _per_block(x, rev_layers[i] + 1, f"reverse_transformer_layers_per_block[{i}]")) for i, x in enumerate(rev_levels))
+            up_depths = tuple(
+                tuple(int(v) for v in _per_block(x, rev_layers[i] + 1, f"reverse_transformer_layers_per_block[{i}]")) for i, x in enumerate(rev_levels)
+            )
         else:
             up_depths = tuple((d_[0] if d_ else 1,) * (layers[n - 1 - i] + 1) for i, d_ in enumerate(reversed(down_depths)))
 
@@ -443,9 +445,7 @@ class DownBlock2D(nn.Module):
             heads, cross, only = cfg.num_heads[level], cfg.cross_attention_dim[level], cfg.only_cross_attention[level]
             depths = cfg.transformer_layers_per_block[level]
             self.attentions = nn.ModuleList([_transformer(cfg, cout, heads, depths[i], cross, only) for i in range(n)])
-        self.downsamplers = (
-            nn.ModuleList([Downsample2D(cout, use_conv=True, out_channels=cout, padding=cfg.downsample_padding)]) if add_downsample else None
-        )
+        self.downsamplers = nn.ModuleList([Downsample2D(cout, use_conv=True, out_channels=cout, padding=cfg.downsample_padding)]) if add_downsample else None
 
     def forward(self, x: torch.Tensor, temb: torch.Tensor, context: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
         skips = []
@@ -476,9 +476,7 @@ class UpBlock2D(nn.Module):
         super().__init__()
         level = cfg.num_levels - 1 - index
         n = cfg.layers_per_block[level] + 1
-        self.resnets = nn.ModuleList(
-            [_resnet(cfg, (prev_out if i == 0 else cout) + (cin if i == n - 1 else cout), cout) for i in range(n)]
-        )
+        self.resnets = nn.ModuleList([_resnet(cfg, (prev_out if i == 0 else cout) + (cin if i == n - 1 else cout), cout) for i in range(n)])
         if self.has_cross_attention:
             heads, cross, only = cfg.num_heads[level], cfg.cross_attention_dim[level], cfg.only_cross_attention[level]
             depths = cfg.reverse_transformer_layers_per_block[index]
@@ -645,14 +643,18 @@ class UNet2DConditionModel(nn.Module):
     ) -> torch.Tensor:
         """The embedding every ResNet block receives: ``(batch, time_embed_dim)`` in the model's dtype."""
         cfg = self.config
-        t = timestep_embedding(self._timesteps(timestep, batch), cfg.block_out_channels[0], flip_sin_to_cos=cfg.flip_sin_to_cos, downscale_freq_shift=cfg.freq_shift)
+        t = timestep_embedding(
+            self._timesteps(timestep, batch), cfg.block_out_channels[0], flip_sin_to_cos=cfg.flip_sin_to_cos, downscale_freq_shift=cfg.freq_shift
+        )
         emb = self.time_embedding(t.to(self.dtype))
         if self.add_embedding is not None:
             if not added_cond_kwargs or "text_embeds" not in added_cond_kwargs or "time_ids" not in added_cond_kwargs:
                 raise ValueError("this UNet (addition_embed_type='text_time', SDXL) needs added_cond_kwargs with 'text_embeds' and 'time_ids'")
             text_embeds = added_cond_kwargs["text_embeds"]
             time_ids = added_cond_kwargs["time_ids"].to(self.device)
-            ids = timestep_embedding(time_ids.flatten(), int(cfg.addition_time_embed_dim), flip_sin_to_cos=cfg.flip_sin_to_cos, downscale_freq_shift=cfg.freq_shift)
+            ids = timestep_embedding(
+                time_ids.flatten(), int(cfg.addition_time_embed_dim), flip_sin_to_cos=cfg.flip_sin_to_cos, downscale_freq_shift=cfg.freq_shift
+            )
             ids = ids.reshape(text_embeds.shape[0], -1)
             emb = emb + self.add_embedding(torch.cat([text_embeds.to(self.device, torch.float32), ids], dim=-1).to(self.dtype))
         if cfg.time_embedding_act_fn:

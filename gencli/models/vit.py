@@ -22,9 +22,9 @@ from typing import Any, Optional
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from gencli.backend.layers import LayerNorm, Linear, get_activation
+from gencli.backend.positional import interpolate_position_table
 from gencli.checkpoints.keymap import Drop, KeyMap, Rename
 from gencli.models.attention import multi_head_attention
 
@@ -175,23 +175,8 @@ class ViTEmbeddings(nn.Module):
         resized bicubically (align_corners=False) to the new grid; the prefix tokens keep theirs.
         Resized tables are cached per grid (and recomputed if the weights change).
         """
-        new_h, new_w = height // self.patch_size[0], width // self.patch_size[1]
-        table = self.position_embeddings
-        if (new_h, new_w) == self.grid:
-            return table
-        key = (new_h, new_w, table.dtype, table.device, table._version)
-        cached = self._interpolated.get(key)
-        if cached is not None and not torch.is_grad_enabled():
-            return cached
-        prefix, patches = table[:, : self.num_prefix], table[:, self.num_prefix :]
-        dim = table.shape[-1]
-        grid = patches.float().reshape(1, self.grid[0], self.grid[1], dim).permute(0, 3, 1, 2)
-        grid = F.interpolate(grid, size=(new_h, new_w), mode="bicubic", align_corners=False)
-        patches = grid.permute(0, 2, 3, 1).reshape(1, new_h * new_w, dim).to(table.dtype)
-        out = torch.cat((prefix, patches), dim=1)
-        if not torch.is_grad_enabled():
-            self._interpolated = {key: out}
-        return out
+        new_grid = (height // self.patch_size[0], width // self.patch_size[1])
+        return interpolate_position_table(self.position_embeddings, self.grid, new_grid, num_prefix=self.num_prefix, cache=self._interpolated)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         b, _, height, width = pixel_values.shape

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from gencli.backend.device import Placement
+from gencli.backend.device import Placement, choose_placement
 from gencli.checkpoints.formats import CheckpointSource, detect_architecture, open_source
 from gencli.checkpoints.loader import load_model
 from gencli.checkpoints.reader import open_reader
@@ -49,11 +49,15 @@ class ImageClassifier:
     def load(
         cls,
         path: str | Path,
-        placement: Placement,
         *,
+        device: str = "auto",
+        dtype: str = "auto",
+        threads: Optional[int] = None,
         allow_pickle: bool = False,
         warn: Callable[[str], None] = lambda _m: None,
     ) -> "ImageClassifier":
+        """Load a ViT/DeiT classifier folder, placed by the user's ``--device/--dtype/--threads``."""
+        placement = choose_placement(device, dtype, "transformer", threads)
         src = open_source(path, allow_pickle=allow_pickle)
         if src.kind == "diffusers-pipeline":
             raise UserError(f"'{path}' is a diffusers pipeline, not an image classifier")

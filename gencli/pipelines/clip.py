@@ -133,7 +133,9 @@ def load_clip(path: str | Path, placement: Placement, *, allow_pickle: bool = Fa
     tokenizer = CLIPTokenizer.from_folder(tok_dir)
     text_cfg = model.config.text_config
     if max(tokenizer.encoder.values()) >= text_cfg.vocab_size:
-        raise CheckpointError(f"the tokenizer in '{tok_dir}' has ids up to {max(tokenizer.encoder.values())}, the text model only {text_cfg.vocab_size} embeddings")
+        raise CheckpointError(
+            f"the tokenizer in '{tok_dir}' has ids up to {max(tokenizer.encoder.values())}, the text model only {text_cfg.vocab_size} embeddings"
+        )
     processor = processor_factory(src.folder or src.path.parent, model.config.vision_config.image_size) if processor_factory else None
     return ClipBundle(model, tokenizer, processor, placement, src.path)
 

@@ -1,4 +1,4 @@
-"""Image inputs shared by the image families (``classify``, ``zeroshot``): reading files, the
+"""Image inputs shared by the image families (``classify``, ``zeroshot``, ``similarity``): reading files, the
 reference image preprocessing, and the per-file loop of the image commands.
 
 - :func:`load_image` reads any format PIL reads, applies the EXIF orientation and converts to RGB
@@ -8,10 +8,11 @@ reference image preprocessing, and the per-file loop of the image commands.
   PIL-based ``ViTImageProcessor`` / ``DeiTImageProcessor`` / ``CLIPImageProcessor`` exactly
   (resize with PIL, center crop with zero padding, rescale in float64 then float32, normalise in
   float32): the ``pixel_values`` are bit-identical.
-- :func:`run_image_files` is the loop both commands use: inputs from arguments, directories
-  (``--recursive``) or ``-`` (paths on stdin); images read in batches; an unreadable file is reported
-  on stderr (and as a JSON error entry with ``--json``) while the rest are processed; the command
-  exits 2 at the end if any failed.
+- :func:`predict_image_files` is the loop the image commands share: inputs from arguments,
+  directories (``--recursive``) or ``-`` (paths on stdin, :func:`image_paths`); images read and
+  predicted in batches; an unreadable file yields its error while the rest are processed. The
+  commands render the results and exit 2 at the end if any input failed
+  (:func:`unreadable_inputs_error`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Generic, Iterator, Optional, Sequence, TypeVar
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -31,6 +32,8 @@ IMAGE_EXTENSIONS = (
     ".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".gif", ".bmp", ".dib", ".webp", ".tif", ".tiff",
     ".ppm", ".pgm", ".pbm", ".pnm", ".tga", ".ico", ".jp2", ".j2k", ".avif", ".heic", ".qoi",
 )  # fmt: skip
+
+R = TypeVar("R")
 
 IMAGENET_STANDARD_MEAN = (0.5, 0.5, 0.5)
 IMAGENET_STANDARD_STD = (0.5, 0.5, 0.5)
@@ -348,6 +351,15 @@ class ImageItem:
     error: Optional[str] = None
 
 
+@dataclass
+class ImageResult(Generic[R]):
+    """What an image command made of one input: its result, or why the file could not be read."""
+
+    path: str
+    value: Optional[R] = None
+    error: Optional[str] = None
+
+
 def image_paths(inputs: Sequence[str], *, recursive: bool = False) -> list[str]:
     """Paths from arguments: files as given, directories expanded to their image files (recursively
     with ``recursive``), ``-`` = one path per line from stdin."""
@@ -370,76 +382,20 @@ def iter_image_batches(paths: Sequence[str], batch_size: int) -> Iterator[list[I
         yield batch
 
 
-Predictor = Callable[[list[Image.Image]], list[list[dict[str, Any]]]]
+def predict_image_files(paths: Sequence[str], predict: Callable[[list[Image.Image]], Sequence[R]], *, batch_size: int = 16) -> Iterator[ImageResult[R]]:
+    """The loop of the image commands: read ``paths`` in batches, ``predict`` each batch's readable
+    images (one result per image), and yield one :class:`ImageResult` per input, in input order;
+    an unreadable file yields its error and the others go on."""
+    for batch in iter_image_batches(paths, batch_size):
+        good = [it for it in batch if it.image is not None]
+        results = iter(predict([it.image for it in good]) if good else [])
+        for it in batch:
+            yield ImageResult(it.path, error=it.error) if it.error is not None else ImageResult(it.path, next(results))
 
 
-def run_image_files(
-    inputs: Sequence[str],
-    predict: Predictor,
-    opts: Any,
-    *,
-    recursive: bool = False,
-    batch_size: int = 16,
-    description: str = "classifying",
-) -> int:
-    """The loop of ``classify`` and ``zeroshot``: read the inputs in batches, ``predict`` each batch
-    (a list of predictions per image: dicts such as ``{"label", "id", "score"}``), and write results.
-
-    With ``opts.json`` one JSON line per image, in input order: ``{"image", "predictions"}`` or
-    ``{"image", "error"}``; otherwise a table on stdout after all images. Unreadable files are also
-    reported on stderr as they come. Returns the number of images processed; raises UserError at the
-    end (exit 2) if any input failed.
-    """
-    from gencli.cli.common import emit_json, stderr
-
-    paths = image_paths(inputs, recursive=recursive)
-    rows: list[tuple[str, list[dict[str, Any]]]] = []
-    failed: list[str] = []
-    done = 0
-    with opts.progress(description, total=len(paths)) as advance:
-        for batch in iter_image_batches(paths, batch_size):
-            good = [it for it in batch if it.image is not None]
-            results = iter(predict([it.image for it in good]) if good else [])
-            for it in batch:
-                if it.error is not None:
-                    failed.append(it.path)
-                    stderr.print(f"error: '{it.path}': {it.error}", markup=False, style="red")
-                    if opts.json:
-                        emit_json({"image": it.path, "error": it.error})
-                    continue
-                preds = next(results)
-                done += 1
-                if opts.json:
-                    emit_json({"image": it.path, "predictions": preds})
-                else:
-                    rows.append((it.path, preds))
-            advance(len(batch))
-    if not opts.json and rows:
-        render_predictions(rows)
-    if failed:
-        raise UserError(f"{len(failed)} of {len(paths)} input(s) could not be read" + (f" (first: '{failed[0]}')" if len(failed) > 1 else ""))
-    return done
-
-
-def render_predictions(rows: list[tuple[str, list[dict[str, Any]]]]) -> None:
-    """A table on stdout: one row per prediction, the image named on its first row."""
-    from rich.console import Console
-    from rich.table import Table
-
-    keys = [k for k in ("label", "id", "score") if any(k in p for _, preds in rows for p in preds)]
-    table = Table(box=None, header_style="bold", show_edge=False, pad_edge=False)
-    table.add_column("image", overflow="fold")
-    table.add_column("rank", justify="right")
-    for k in keys:
-        table.add_column(k, justify="right" if k in ("id", "score") else "left")
-    for path, preds in rows:
-        for rank, p in enumerate(preds, 1):
-            cells = [path if rank == 1 else "", str(rank)]
-            for k in keys:
-                v = p.get(k)
-                cells.append(f"{v:.4f}" if isinstance(v, float) else ("" if v is None else str(v)))
-            table.add_row(*cells, end_section=rank == len(preds) and len(preds) > 1)
-    Console(highlight=False, soft_wrap=True).print(table)
+def unreadable_inputs_error(failed: Sequence[str], total: int) -> UserError:
+    """The error a command ends with (exit 2) when some of its ``total`` inputs could not be read."""
+    return UserError(f"{len(failed)} of {total} input(s) could not be read" + (f" (first: '{failed[0]}')" if len(failed) > 1 else ""))
 
 
 __all__ = [
@@ -449,8 +405,9 @@ __all__ = [
     "to_rgb",
     "ImageProcessor",
     "ImageItem",
+    "ImageResult",
     "image_paths",
     "iter_image_batches",
-    "run_image_files",
-    "render_predictions",
+    "predict_image_files",
+    "unreadable_inputs_error",
 ]

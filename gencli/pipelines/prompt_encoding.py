@@ -133,7 +133,7 @@ class TextEncoderPart:
             if len(content) > room:
                 which = what if len(prompts) == 1 else f"{what} {i + 1}"
                 dropped = tok.decode(content[room:], skip_special_tokens=False)
-                notices[i] = f"{which} was truncated to the {self.max_length}-token window of CLIP; dropped: \"{dropped}\""
+                notices[i] = f'{which} was truncated to the {self.max_length}-token window of CLIP; dropped: "{dropped}"'
         return ids, (mask if self.use_attention_mask else None), notices
 
 
@@ -194,7 +194,9 @@ class PromptEncoder:
         return min(p.tower.config.num_hidden_layers for p in self.parts)
 
     # -- encoding -----------------------------------------------------------------------------
-    def encode_prompts(self, prompts: Prompts, *, clip_skip: Optional[int] = None, prompts_2: Optional[Prompts] = None, what: str = "prompt") -> PromptEmbeddings:
+    def encode_prompts(
+        self, prompts: Prompts, *, clip_skip: Optional[int] = None, prompts_2: Optional[Prompts] = None, what: str = "prompt"
+    ) -> PromptEmbeddings:
         """Conditioning for ``prompts`` (one row each).
 
         ``clip_skip`` (None or 0 = none; k >= 1 = k layers before the usual one) follows diffusers.
@@ -425,7 +427,9 @@ def prompt_encoder_from_single_file(reader: TensorReader, placement: Placement) 
             continue
         cfg = original_text_encoder_config(reader, spec)
         if cfg.vocab_size < OPENAI_VOCAB_SIZE:
-            raise CheckpointError(f"'{path}': the text encoder under '{spec.prefix}' has {cfg.vocab_size} token embeddings, the CLIP vocabulary {OPENAI_VOCAB_SIZE}")
+            raise CheckpointError(
+                f"'{path}': the text encoder under '{spec.prefix}' has {cfg.vocab_size} token embeddings, the CLIP vocabulary {OPENAI_VOCAB_SIZE}"
+            )
         encoder = load_original_text_encoder(reader, spec, placement, cfg)
         tokenizer = CLIPTokenizer.from_openai_bpe(pad_token=spec.pad_token, model_max_length=min(DEFAULT_CONTEXT, cfg.max_position_embeddings))
         parts.append(TextEncoderPart(encoder, tokenizer, name))

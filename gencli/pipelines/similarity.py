@@ -1,18 +1,15 @@
-"""`gencli similarity`: the image-text cosine similarity matrix of a CLIP model, as a table, CSV or
-JSON lines. The text embeddings are computed once; images are read and encoded in batches, and an
-unreadable image is reported and skipped (exit code 2 at the end)."""
+"""`gencli similarity`: the image-text cosine similarity matrix of a CLIP model. The text embeddings
+are computed once; images are then read and encoded in batches (:func:`gencli.pipelines.images.predict_image_files`),
+and the command renders the rows as a table, CSV or JSON lines."""
 
 from __future__ import annotations
 
-import csv
-import io
-import json
-import sys
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
+
+from PIL import Image
 
 from gencli.errors import UserError
 from gencli.pipelines.clip import ClipBundle
-from gencli.pipelines.images import iter_image_batches
 from gencli.pipelines.zeroshot import read_lines, similarity_matrix
 
 
@@ -26,98 +23,18 @@ def parse_texts(texts: Optional[Sequence[str]], texts_file: Optional[str]) -> li
     return out
 
 
-def _table(rows: list[tuple[str, list[float]]], texts: Sequence[str]):
-    """A rich table: one row per image, one column per text, each row's best text in bold."""
-    from rich.table import Table
+class SimilarityScorer:
+    """Cosine similarities of images to a fixed list of texts (embedded once, at construction)."""
 
-    table = Table(box=None, header_style="bold", show_edge=False, pad_edge=False)
-    table.add_column("image", overflow="fold")
-    for t in texts:
-        table.add_column(t, justify="right", overflow="fold")
-    for path, values in rows:
-        best = max(range(len(values)), key=values.__getitem__)
-        table.add_row(path, *[f"[bold]{v:.4f}[/bold]" if i == best else f"{v:.4f}" for i, v in enumerate(values)])
-    return table
+    def __init__(self, bundle: ClipBundle, texts: Sequence[str]):
+        self.bundle = bundle
+        self.texts = list(texts)
+        self.text_embeddings = bundle.encode_texts(self.texts)
 
-
-def _render(table, file=None) -> None:
-    from rich.console import Console
-
-    if file is None:
-        Console(highlight=False, soft_wrap=True).print(table)
-    else:  # plain text, wide enough not to wrap the columns
-        Console(file=file, highlight=False, width=100_000, color_system=None, soft_wrap=True).print(table, crop=False)
+    def __call__(self, images: Sequence[Image.Image]) -> list[list[float]]:
+        """Per image, its cosine similarity to each text (rounded to 6 decimals), texts in order."""
+        sims = similarity_matrix(self.bundle, images, self.text_embeddings).tolist()
+        return [[round(v, 6) for v in row] for row in sims]
 
 
-def run(
-    bundle: ClipBundle,
-    paths: Sequence[str],
-    texts: Sequence[str],
-    opts: Any,
-    *,
-    fmt: str = "table",
-    out: Optional[str] = None,
-    force: bool = False,
-    batch_size: int = 32,
-) -> list[tuple[str, list[float]]]:
-    """Compute and write the matrix (``fmt``: table, csv or json); returns the rows ``(image, cosines)``."""
-    from gencli.cli.common import stderr
-    from gencli.io import atomic_open
-
-    text_emb = bundle.encode_texts(list(texts))
-    rows: list[tuple[str, list[float]]] = []
-    lines: list[str] = []  # JSON lines / CSV rows, for --out
-    failed: list[str] = []
-    stream = out is None and fmt in ("json", "csv")
-    csv_buf = io.StringIO()
-    writer = csv.writer(csv_buf, lineterminator="\n")
-
-    def emit(line: str) -> None:
-        if stream:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-        else:
-            lines.append(line)
-
-    def csv_line(values: Sequence[Any]) -> str:
-        csv_buf.seek(0)
-        csv_buf.truncate()
-        writer.writerow(values)
-        return csv_buf.getvalue()
-
-    if fmt == "csv":
-        emit(csv_line(["image", *texts]))
-    with opts.progress("similarity", total=len(paths)) as advance:
-        for batch in iter_image_batches(paths, batch_size):
-            good = [it for it in batch if it.image is not None]
-            sims = iter(similarity_matrix(bundle, [it.image for it in good], text_emb).tolist() if good else [])
-            for it in batch:
-                if it.error is not None:
-                    failed.append(it.path)
-                    stderr.print(f"error: '{it.path}': {it.error}", markup=False, style="red")
-                    if fmt == "json":
-                        emit(json.dumps({"image": it.path, "error": it.error}, ensure_ascii=False) + "\n")
-                    continue
-                values = [round(v, 6) for v in next(sims)]
-                rows.append((it.path, values))
-                if fmt == "json":
-                    record = {"image": it.path, "similarities": [{"text": t, "cosine": v} for t, v in zip(texts, values)]}
-                    emit(json.dumps(record, ensure_ascii=False) + "\n")
-                elif fmt == "csv":
-                    emit(csv_line([it.path, *(f"{v:.6f}" for v in values)]))
-            advance(len(batch))
-    if out is not None:
-        with atomic_open(out, "w", force=force, encoding="utf-8", newline="") as fh:
-            if fmt == "table":
-                if rows:
-                    _render(_table(rows, texts), fh)
-            else:
-                fh.write("".join(lines))
-    elif fmt == "table" and rows:
-        _render(_table(rows, texts))
-    if failed:
-        raise UserError(f"{len(failed)} of {len(paths)} input(s) could not be read" + (f" (first: '{failed[0]}')" if len(failed) > 1 else ""))
-    return rows
-
-
-__all__ = ["parse_texts", "run"]
+__all__ = ["parse_texts", "SimilarityScorer"]

@@ -17,6 +17,7 @@ import torch
 
 from gencli.backend.device import DTYPE_NAMES, Placement, choose_placement
 from gencli.backend.random import make_generator
+from gencli.backend.screened_argmax import ScreenedArgmax
 from gencli.errors import UserError
 from gencli.models.causal_lm import CausalLM
 from gencli.pipelines.sampling import SamplingParams, next_tokens
@@ -44,7 +45,8 @@ class TextModel:
     pad_id: int
     context_length: int
     load_seconds: float
-    greedy_head: Optional[Any] = None  # the ScreenedArgmax of the LM head, built on first use (False: it cannot be)
+    screen: Optional[ScreenedArgmax] = None  # the screened argmax of the LM head, built on first use
+    screen_failed: bool = False  # no exact screen could be built on this CPU: not tried again
 
 
 # The screen of the LM head pays off once the head no longer sits in the caches, and once enough
@@ -56,26 +58,24 @@ SCREEN_MIN_STEPS = 128
 SCREEN_KIND: Optional[str] = None  # the head copy the screen reads: "int8", "bf16", None = the best exact one
 
 
-def greedy_head(tm: TextModel, params: SamplingParams, steps: int) -> Optional[Any]:
+def screen_for(tm: TextModel, params: SamplingParams, steps: int) -> Optional[ScreenedArgmax]:
     """The exact screened argmax of the LM head (:mod:`gencli.backend.screened_argmax`), when the
     tokens are plain greedy choices from a large fp32 head on a CPU with oneDNN's int8 (VNNI) or
     native bf16 kernels and the generation is long enough to repay building it (or it is built
     already); else None."""
-    from gencli.backend.screened_argmax import ScreenedArgmax
-
     weight = tm.model.lm_head.weight
     if not params.greedy or params.repetition_penalty != 1.0 or getattr(tm.model.lm_head, "bias", None) is not None:
         return None
-    if tm.greedy_head is None:
+    if tm.screen is None and not tm.screen_failed:
         if steps < SCREEN_MIN_STEPS or weight.numel() * weight.element_size() < SCREEN_MIN_HEAD_BYTES:
             return None
         if not ScreenedArgmax.supported(weight, SCREEN_KIND):
             return None
         try:
-            tm.greedy_head = ScreenedArgmax(weight, kind=SCREEN_KIND)
-        except ValueError:  # no copy passed its exactness check on this CPU: not tried again
-            tm.greedy_head = False
-    return tm.greedy_head or None
+            tm.screen = ScreenedArgmax(weight, kind=SCREEN_KIND)
+        except ValueError:  # no copy passed its exactness check on this CPU
+            tm.screen_failed = True
+    return tm.screen
 
 
 def _family(config: dict[str, Any]) -> tuple[str, str]:
@@ -276,6 +276,22 @@ class _Row:
         self.done = False
         self.pieces: list[str] = []
 
+    def take(self, token: int, eos: set[int], max_new_tokens: int) -> str:
+        """Add the row's next token (ignored once the row is done); returns the text that became final."""
+        if self.done:
+            return ""
+        self.c.token_ids.append(token)
+        if token in eos:
+            return self.finish("stop")
+        piece = self.stops.feed(self.detok.add(token))
+        self.pieces.append(piece)
+        if self.stops.stopped is not None:
+            self.finish("stop")
+        elif len(self.c.token_ids) >= self.budget:
+            self.c.hit_context = self.budget < max_new_tokens
+            piece += self.finish("length")
+        return piece
+
     def finish(self, reason: str) -> str:
         self.done = True
         self.c.finish_reason = reason
@@ -286,6 +302,49 @@ class _Row:
         self.pieces.append(tail)
         self.c.text = "".join(self.pieces)
         return tail
+
+
+@dataclass
+class _PromptBatch:
+    """The prompts as one left-padded batch on the model's device; the mask and explicit positions
+    only when the lengths differ."""
+
+    input_ids: torch.Tensor  # (B, longest)
+    lengths: list[int]
+    attention_mask: Optional[torch.Tensor] = None  # (B, capacity), True = a real token
+    position_ids: Optional[torch.Tensor] = None  # (B, longest)
+    next_pos: Optional[torch.Tensor] = None  # (B,) the position of each row's next token
+
+    @classmethod
+    def build(cls, prompts: Sequence[tuple[str, list[int]]], pad_id: int, capacity: int, device: torch.device) -> "_PromptBatch":
+        lengths = [len(ids) for _, ids in prompts]
+        b, longest = len(prompts), max(lengths)
+        input_ids = torch.full((b, longest), pad_id, dtype=torch.long)
+        for i, (_, ids) in enumerate(prompts):
+            input_ids[i, longest - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+        batch = cls(input_ids.to(device), lengths)
+        if any(n != longest for n in lengths):
+            mask = torch.ones((b, capacity), dtype=torch.bool)
+            for i, n in enumerate(lengths):
+                mask[i, : longest - n] = False
+            batch.position_ids = (mask[:, :longest].long().cumsum(-1) - 1).clamp(min=0).to(device)
+            batch.attention_mask = mask.to(device)
+            batch.next_pos = torch.tensor(lengths, dtype=torch.long).to(device)
+        return batch
+
+    @property
+    def padded(self) -> bool:
+        return self.attention_mask is not None
+
+    def seen_tokens(self, prompts: Sequence[tuple[str, list[int]]], capacity: int) -> torch.Tensor:
+        """Every token so far per row (for the repetition penalty), room for ``capacity``; the
+        padding repeats the row's first token (no effect)."""
+        b, longest = self.input_ids.shape
+        seen = torch.empty((b, capacity), dtype=torch.long, device=self.input_ids.device)
+        seen[:, :longest] = self.input_ids
+        for i, (_, ids) in enumerate(prompts):
+            seen[i, : longest - len(ids)] = ids[0]
+        return seen
 
 
 @torch.inference_mode()
@@ -305,51 +364,26 @@ def generate(
     model, device = tm.model, tm.placement.device
     params = settings.sampling
     b = len(prompts)
-    lengths = [len(ids) for _, ids in prompts]
-    longest = max(lengths)
-    budgets = [min(settings.max_new_tokens, tm.context_length - n) for n in lengths]
+    budgets = [min(settings.max_new_tokens, tm.context_length - len(ids)) for _, ids in prompts]
     steps = max(budgets)
-    capacity = longest + steps
+    batch = _PromptBatch.build(prompts, tm.pad_id, max(len(ids) for _, ids in prompts) + steps, device)
+    longest = batch.input_ids.shape[1]
     rows = [_Row(tm, Completion(text, list(ids)), settings, budget) for (text, ids), budget in zip(prompts, budgets)]
     eos = set() if settings.ignore_eos else set(tm.eos_ids)
-
-    # left-padded prompt batch; the mask and explicit positions only when the lengths differ
-    input_ids = torch.full((b, longest), tm.pad_id, dtype=torch.long)
-    for i, (_, ids) in enumerate(prompts):
-        input_ids[i, longest - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-    padded = any(n != longest for n in lengths)
-    attention_mask = position_ids = None
-    next_pos = torch.tensor(lengths, dtype=torch.long)
-    if padded:
-        attention_mask = torch.ones((b, capacity), dtype=torch.bool)
-        for i, n in enumerate(lengths):
-            attention_mask[i, : longest - n] = False
-        position_ids = (attention_mask[:, :longest].long().cumsum(-1) - 1).clamp(min=0)
-        attention_mask = attention_mask.to(device)
-        position_ids = position_ids.to(device)
-        next_pos = next_pos.to(device)
-    input_ids = input_ids.to(device)
-    seen = None
-    if params.repetition_penalty != 1.0:
-        # every token so far, per row; the padding repeats the row's first token (no effect)
-        seen = torch.empty((b, capacity), dtype=torch.long, device=device)
-        seen[:, :longest] = input_ids
-        for i, (_, ids) in enumerate(prompts):
-            seen[i, : longest - len(ids)] = ids[0]
-
-    cache = model.new_cache(b, capacity)
-    head = greedy_head(tm, params, steps)
+    seen = batch.seen_tokens(prompts, longest + steps) if params.repetition_penalty != 1.0 else None
+    cache = model.new_cache(b, longest + steps)
+    head = screen_for(tm, params, steps)
 
     def advance(ids: torch.Tensor, pos: Optional[torch.Tensor], seen_so_far: Optional[torch.Tensor]) -> torch.Tensor:
         """Run ``ids`` through the model (filling the cache) and choose the next token of each row."""
-        hidden = model.hidden_states(ids, position_ids=pos, attention_mask=attention_mask, kv_cache=cache, logits_to_keep=1)[:, -1]
+        hidden = model.hidden_states(ids, position_ids=pos, attention_mask=batch.attention_mask, kv_cache=cache, logits_to_keep=1)[:, -1]
         if head is not None:
             return head(hidden)
         return next_tokens(model.lm_head(hidden), params, generator, seen_so_far)
 
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     t0 = time.perf_counter()
-    tokens = advance(input_ids, position_ids, seen[:, :longest] if seen is not None else None)
+    tokens = advance(batch.input_ids, batch.position_ids, seen[:, :longest] if seen is not None else None)
     host = tokens.tolist()
     sync()
     t_prefill = time.perf_counter() - t0
@@ -357,44 +391,21 @@ def generate(
     t1 = time.perf_counter()
     for step in range(steps):
         for i, row in enumerate(rows):
-            if row.done:
-                continue
-            tok = host[i]
-            if tok in eos:
-                row.c.token_ids.append(tok)
-                piece = row.finish("stop")
-            else:
-                row.c.token_ids.append(tok)
-                piece = row.stops.feed(row.detok.add(tok))
-                row.pieces.append(piece)
-                if row.stops.stopped is not None:
-                    row.finish("stop")
-                elif len(row.c.token_ids) >= row.budget:
-                    row.c.hit_context = row.budget < settings.max_new_tokens
-                    piece += row.finish("length")
+            piece = row.take(host[i], eos, settings.max_new_tokens)
             if piece and on_text is not None:
                 on_text(i, piece)
         if all(r.done for r in rows) or step == steps - 1:
             break
         cur = longest + step
         # rows that already finished keep stepping; their positions must stay inside the table
-        pos = (next_pos.view(b, 1) + step).clamp_(max=tm.context_length - 1) if padded else None
+        pos = (batch.next_pos.view(b, 1) + step).clamp_(max=tm.context_length - 1) if batch.padded else None
         if seen is not None:
             seen[:, cur] = tokens
         tokens = advance(tokens.view(b, 1), pos, seen[:, : cur + 1] if seen is not None else None)
         host = tokens.tolist()
         decode_steps += 1
     sync()
-    t_decode = time.perf_counter() - t1
-    prompt_tokens = sum(lengths)
-    timing = {
-        "load_s": round(tm.load_seconds, 4),
-        "prefill_s": round(t_prefill, 4),
-        "decode_s": round(t_decode, 4),
-        "prefill_tokens_per_s": round(prompt_tokens / t_prefill, 2) if t_prefill > 0 else None,
-        "decode_tokens_per_s": round(decode_steps * b / t_decode, 2) if t_decode > 0 and decode_steps else None,
-        "batch_size": b,
-    }
+    timing = _timing(tm, sum(batch.lengths), b, t_prefill, time.perf_counter() - t1, decode_steps)
     for row in rows:
         if not row.done:  # pragma: no cover - every row ends by its budget at the latest
             row.finish("length")
@@ -402,8 +413,20 @@ def generate(
     return [r.c for r in rows]
 
 
+def _timing(tm: TextModel, prompt_tokens: int, batch_size: int, t_prefill: float, t_decode: float, decode_steps: int) -> dict[str, Any]:
+    return {
+        "load_s": round(tm.load_seconds, 4),
+        "prefill_s": round(t_prefill, 4),
+        "decode_s": round(t_decode, 4),
+        "prefill_tokens_per_s": round(prompt_tokens / t_prefill, 2) if t_prefill > 0 else None,
+        "decode_tokens_per_s": round(decode_steps * batch_size / t_decode, 2) if t_decode > 0 and decode_steps else None,
+        "batch_size": batch_size,
+    }
+
+
 def describe(tm: TextModel) -> str:
-    return f"{tm.architecture} from '{tm.path}', {DTYPE_NAMES.get(tm.placement.dtype, tm.placement.dtype)} on {tm.placement.device}, context {tm.context_length} tokens"
+    dtype = DTYPE_NAMES.get(tm.placement.dtype, tm.placement.dtype)
+    return f"{tm.architecture} from '{tm.path}', {dtype} on {tm.placement.device}, context {tm.context_length} tokens"
 
 
 def make_sampler_generator(settings: GenerationSettings) -> tuple[Optional[torch.Generator], Optional[int]]:

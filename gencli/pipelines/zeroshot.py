@@ -11,7 +11,6 @@ reproduced exactly by :mod:`gencli.pipelines.images`).
 
 from __future__ import annotations
 
-
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -19,7 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from gencli.backend.device import Placement
+from gencli.backend.device import choose_placement
 from gencli.errors import UserError
 from gencli.io import read_json
 from gencli.models.clip import l2_normalize
@@ -43,12 +42,24 @@ def make_processor(folder: Path, image_size: int, warn: Optional[Callable[[str],
             {"image_processor_type": "CLIPImageProcessor", "size": {"shortest_edge": image_size}, "crop_size": {"height": image_size, "width": image_size}}
         )
     if proc.do_center_crop and (proc.crop_size["height"], proc.crop_size["width"]) != (image_size, image_size):
-        raise UserError(f"'{folder}': preprocessor_config.json crops to {proc.crop_size['height']}x{proc.crop_size['width']}, the model takes {image_size}x{image_size}")
+        raise UserError(
+            f"'{folder}': preprocessor_config.json crops to {proc.crop_size['height']}x{proc.crop_size['width']}, the model takes {image_size}x{image_size}"
+        )
     return proc
 
 
-def load(path: str | Path, placement: Placement, *, allow_pickle: bool = False, warn: Optional[Callable[[str], None]] = None) -> ClipBundle:
-    """A CLIP checkpoint ready for zero-shot use (model, tokenizer, image preprocessing)."""
+def load(
+    path: str | Path,
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    threads: Optional[int] = None,
+    allow_pickle: bool = False,
+    warn: Optional[Callable[[str], None]] = None,
+) -> ClipBundle:
+    """A CLIP checkpoint ready for zero-shot use (model, tokenizer, image preprocessing), placed by
+    the user's ``--device/--dtype/--threads``."""
+    placement = choose_placement(device, dtype, "transformer", threads)
     return load_clip(path, placement, allow_pickle=allow_pickle, processor_factory=lambda folder, size: make_processor(Path(folder), size, warn))
 
 

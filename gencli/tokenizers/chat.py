@@ -50,7 +50,9 @@ def build_messages(prompt: str, system: Optional[str] = None) -> list[dict[str, 
     return messages
 
 
-def render_chat(template: Optional[str], messages: list[dict[str, Any]], special_tokens: dict[str, str], *, add_generation_prompt: bool = True, where: str = "") -> str:
+def render_chat(
+    template: Optional[str], messages: list[dict[str, Any]], special_tokens: dict[str, str], *, add_generation_prompt: bool = True, where: str = ""
+) -> str:
     """The prompt text for ``messages`` in the checkpoint's format (tokenize it without adding a BOS:
     the template writes the special tokens it wants)."""
     import jinja2

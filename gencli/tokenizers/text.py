@@ -259,7 +259,9 @@ def load_tokenizer(folder: Path) -> TextTokenizer:
         tok = _gpt2_bpe(folder / "vocab.json", folder / "merges.txt")
         for key in ("bos_token", "eos_token", "unk_token"):
             tok_config.setdefault(key, "<|endoftext|>")
-        specials = sorted({t for t in (_token_text(tok_config.get(k)) for k in ("bos_token", "eos_token", "unk_token", "pad_token")) if t and tok.token_to_id(t) is not None})
+        specials = sorted(
+            {t for t in (_token_text(tok_config.get(k)) for k in ("bos_token", "eos_token", "unk_token", "pad_token")) if t and tok.token_to_id(t) is not None}
+        )
         if specials:
             tok.add_special_tokens(specials)
         tokenizer = HFTokenizer(tok, folder, tok_config, add_bos=bool(tok_config.get("add_bos_token", False)))

@@ -49,10 +49,10 @@ def run(side, args, workdir):
     pixels = torch.load(workdir / "pixels.pt", weights_only=True)
     start = time.perf_counter()
     if side == "gencli":
-        from gencli.backend.device import Placement
+        from gencli.backend.device import DTYPE_NAMES
         from gencli.pipelines.classify import ImageClassifier
 
-        clf = ImageClassifier.load(workdir / "model", Placement(device, dtype))
+        clf = ImageClassifier.load(workdir / "model", device=str(device), dtype=DTYPE_NAMES[dtype])
         model = clf.model
     else:
         from transformers import ViTForImageClassification

@@ -58,23 +58,27 @@ def run(side, args, workdir):
         ets_rate = n / (time.perf_counter() - t0)
         return {"series_per_s": round(ets_rate, 2), "seasonal_naive_series_per_s": round(naive_rate, 1), "timed_series": n}
 
-    from gencli.cli.common import RunOptions
-    from gencli.pipelines.forecast.app import ForecastRequest, run as run_forecast
+    from gencli.console import Reporter
     from gencli.pipelines.forecast.features import Binding
-    from gencli.pipelines.forecast.frame import Layout, RecordOptions, build_record
-    from gencli.pipelines.forecast.runner import DEFAULT_MODEL, Forecaster
+    from gencli.pipelines.forecast.forecaster import DEFAULT_MODEL, Forecaster
+    from gencli.pipelines.forecast.layout import Layout
+    from gencli.pipelines.forecast.pipeline import run as run_forecast
+    from gencli.pipelines.forecast.records import RecordOptions, build_record
+    from gencli.pipelines.forecast.request import ForecastRequest
     from gencli.weights import resolve_model
 
     model = resolve_model(args.model, DEFAULT_MODEL)
     t0 = time.perf_counter()
     fc = Forecaster(model, device=args.device, dtype=args.dtype)
     load_s = time.perf_counter() - t0
-    opts = RunOptions(model=str(model), device=args.device, dtype=args.dtype, quiet=True)
     best = float("inf")
     for k in range(max(1, args.repeat)):
         out = workdir / f"out-{k}.csv"
         t0 = time.perf_counter()
-        run_forecast(ForecastRequest(data=str(path), horizon=args.horizon, out=str(out), batch_size=args.batch_size, force=True), opts)
+        req = ForecastRequest(
+            data=str(path), horizon=args.horizon, out=str(out), batch_size=args.batch_size, force=True, model=str(model), device=args.device, dtype=args.dtype
+        )
+        run_forecast(req, Reporter(quiet=True))
         best = min(best, time.perf_counter() - t0)
     rows = sum(1 for _ in open(workdir / "out-0.csv")) - 1
     assert rows == args.series * args.horizon, rows

@@ -103,7 +103,8 @@ def run(side, args, workdir):
 
     else:
         from gencli.pipelines.sampling import SamplingParams
-        from gencli.pipelines.text import GenerationSettings, generate as gencli_generate, load_text_model
+        from gencli.pipelines.text import GenerationSettings, load_text_model
+        from gencli.pipelines.text import generate as gencli_generate
 
         tm = load_text_model(folder, device=str(device), dtype={torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype])
         sync(device)

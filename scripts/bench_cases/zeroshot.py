@@ -131,11 +131,11 @@ def run(side, args, workdir):
             return torch.cat(out)
 
     else:
-        from gencli.backend.device import Placement
+        from gencli.backend.device import DTYPE_NAMES
         from gencli.pipelines import zeroshot as zs
         from gencli.pipelines.images import load_image
 
-        bundle = zs.load(folder, Placement(device, dtype))
+        bundle = zs.load(folder, device=str(device), dtype=DTYPE_NAMES[dtype])
         load_s = time.perf_counter() - t0
 
         def encode_labels():

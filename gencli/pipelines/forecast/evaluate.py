@@ -67,9 +67,10 @@ def evaluate(
     context: Optional[int] = None,
     log=None,
 ) -> dict:
-    """Evaluate ``fc`` (a :class:`~gencli.pipelines.forecast.runner.Forecaster`) on ``series``."""
+    """Evaluate ``fc`` (a :class:`~gencli.pipelines.forecast.forecaster.Forecaster`) on ``series``."""
     from gencli.pipelines.forecast.features import Binding
-    from gencli.pipelines.forecast.frame import Layout, RecordOptions, build_record
+    from gencli.pipelines.forecast.layout import Layout
+    from gencli.pipelines.forecast.records import RecordOptions, build_record
 
     layout = Layout("time", "datetime", None, "value")
     rows = []

@@ -1,9 +1,9 @@
 """From series records to TFT input arrays (numpy; shared by inference, fine-tuning, backtests and
 the training script, so every path sees exactly the same features).
 
-A :class:`SeriesRecord` is one series after reading and validation: its target history on a
-regular grid (missing values imputed, with an observed mask), its timestamps (history and any known
-future rows), its covariates and its frequency. :func:`make_batch` cuts a window ending at an
+A :class:`~gencli.data.timeseries.SeriesRecord` is one series after reading and validation (its
+target history on a regular grid, missing values imputed, with an observed mask; its timestamps,
+covariates and frequency). :func:`make_batch` cuts a window ending at an
 origin (the end of the history for a forecast; earlier for backtests and training), scales it per
 series and lays every model input out as arrays.
 
@@ -16,7 +16,7 @@ Inputs are matched to a model's config by name:
 - known: ``relative_time`` (steps from the origin / 100), ``seasonal_lag`` (the scaled target one
   season earlier, ``m`` = the frequency's season length; over the horizon the last observed value of
   the same phase, i.e. the seasonal-naive forecast, which is known at forecast time), the calendar
-  features (:data:`~gencli.pipelines.forecast.calendar.CALENDAR_FEATURES`); other names are user
+  features (:data:`~gencli.data.calendar.CALENDAR_FEATURES`); other names are user
   columns (generic slots ``known_<n>``);
 - static real: ``target_loc`` (asinh(loc / scale): where the series sits relative to zero); other
   names are user columns (``static_real_<n>``); static categorical: ``frequency``, else user columns
@@ -39,8 +39,9 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from gencli.data.calendar import CALENDAR_FEATURES, calendar_features
+from gencli.data.timeseries import SeriesRecord
 from gencli.errors import UserError
-from gencli.pipelines.forecast.calendar import CALENDAR_FEATURES, Frequency, calendar_features
 
 RELATIVE_TIME_SCALE = 100.0
 INPUT_CLIP = 50.0
@@ -52,28 +53,6 @@ SPECIAL = {
     "static_cat": ("frequency",),
 }
 SLOT_PREFIX = {"observed": "observed_", "known": "known_", "static_real": "static_real_", "static_cat": "static_cat_"}
-
-
-@dataclass
-class SeriesRecord:
-    """One validated series on a regular grid."""
-
-    id: str
-    target: np.ndarray  # (T,) float64, history, imputed where missing
-    observed_mask: np.ndarray  # (T,) bool, False where the value was imputed
-    freq: Frequency
-    timestamps: Optional[np.ndarray] = None  # (T + F,) datetime64[ns] or float; None = plain steps
-    known: dict[str, np.ndarray] = field(default_factory=dict)  # name -> (T + F,)
-    observed: dict[str, np.ndarray] = field(default_factory=dict)  # name -> (T,)
-    static_reals: dict[str, float] = field(default_factory=dict)
-    static_cats: dict[str, str] = field(default_factory=dict)
-    n_future: int = 0  # future rows with known values after the history
-    imputed: int = 0  # how many history values were missing
-    nonnegative: bool = False  # every observed value >= 0 (forecasts are clipped at 0)
-
-    @property
-    def length(self) -> int:
-        return len(self.target)
 
 
 @dataclass
@@ -107,7 +86,12 @@ def free_slots(config, role: str) -> list[str]:
 def bind_columns(config, known: Sequence[str] = (), observed: Sequence[str] = (), static_real: Sequence[str] = (), static_cat: Sequence[str] = ()) -> Binding:
     """Match user columns to model slots: exact name first, then generic slots in order."""
     binding = Binding()
-    what = {"known": "known covariates", "observed": "past-only (observed) covariates", "static_real": "numeric static covariates", "static_cat": "categorical static covariates"}
+    what = {
+        "known": "known covariates",
+        "observed": "past-only (observed) covariates",
+        "static_real": "numeric static covariates",
+        "static_cat": "categorical static covariates",
+    }
     for role, cols in (("known", known), ("observed", observed), ("static_real", static_real), ("static_cat", static_cat)):
         slots = free_slots(config, role)
         target = getattr(binding, role)
@@ -126,20 +110,6 @@ def bind_columns(config, known: Sequence[str] = (), observed: Sequence[str] = ()
         for col, slot in zip(rest, generic):
             target[slot] = col
     return binding
-
-
-def impute_linear(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Fill NaNs by linear interpolation between observed neighbours (the nearest observed value at
-    the ends); returns ``(filled, observed_mask)``."""
-    v = np.asarray(values, dtype=np.float64)
-    mask = np.isfinite(v)
-    if mask.all():
-        return v.copy(), mask
-    if not mask.any():
-        raise UserError("no observed values")
-    idx = np.arange(len(v))
-    filled = np.interp(idx, idx[mask], v[mask])
-    return filled, mask
 
 
 def _standardise(values: np.ndarray, hist: int) -> np.ndarray:
@@ -294,12 +264,14 @@ def make_batch(
                 col = rec.known.get(binding.known[name])
                 if col is not None:
                     if len(col) < span_end:
-                        raise UserError(f"series '{rec.id}': known covariate '{binding.known[name]}' covers {len(col) - rec.length} future steps, the horizon is {horizon}")
+                        raise UserError(
+                            f"series '{rec.id}': known covariate '{binding.known[name]}' covers {len(col) - rec.length} future steps, the horizon is {horizon}"
+                        )
                     known[i, rows, j] = _standardise(col[start:span_end], n)
         if cal_idx and rec.timestamps is not None and np.issubdtype(np.asarray(rec.timestamps).dtype, np.datetime64):
             ts = rec.timestamps
             if len(ts) < span_end:
-                from gencli.pipelines.forecast.calendar import future_timestamps
+                from gencli.data.calendar import future_timestamps
 
                 ts = np.concatenate([ts.astype("datetime64[ns]"), future_timestamps(ts[-1], rec.freq, span_end - len(ts))])
             cal = calendar_features(ts[start:span_end], span_end - start)

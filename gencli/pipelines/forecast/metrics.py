@@ -112,6 +112,11 @@ def geometric_mean(values: Sequence[float], floor: float = 1e-6) -> float:
     return float(np.exp(np.mean(np.log(np.maximum(v, floor)))))
 
 
+def rounded(x: Optional[float], nd: int = 4) -> Optional[float]:
+    """A figure for the reports: rounded, None when undefined."""
+    return None if x is None or not np.isfinite(x) else round(float(x), nd)
+
+
 @dataclass
 class Score:
     """One forecaster's errors on one series, accumulated over windows: the weighted quantile loss

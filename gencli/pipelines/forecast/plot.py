@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-
 from gencli.io import atomic_path
 
 
@@ -41,9 +40,9 @@ def fan_chart(items: list[dict], levels: Sequence[float], path: str, force: bool
         ax.plot(item["hist_t"], item["hist_y"], color="#333333", lw=1.2, label="history")
         if source == "requested":
             lv = [round(float(q), 10) for q in levels]
-            get = lambda q: item["quantiles"][:, lv.index(round(q, 10))]  # noqa: E731
+            get = lambda q, item=item, lv=lv: item["quantiles"][:, lv.index(round(q, 10))]  # noqa: E731
         else:
-            get = lambda q: interpolate_quantiles(item["grid"], item["grid_levels"], [q])[:, 0]  # noqa: E731
+            get = lambda q, item=item: interpolate_quantiles(item["grid"], item["grid_levels"], [q])[:, 0]  # noqa: E731
         t = item["fut_t"]
         for k, (lo, hi) in enumerate(pairs):
             alpha = 0.18 + 0.5 * k / max(1, len(pairs))

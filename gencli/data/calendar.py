@@ -43,7 +43,17 @@ class Frequency:
 
     @property
     def label(self) -> str:
-        base = {"subhourly": f"{self.minutes}min", "hourly": "h", "daily": "D", "business": "B", "weekly": "W", "monthly": "M", "quarterly": "Q", "yearly": "Y", "none": "step"}[self.family]
+        base = {
+            "subhourly": f"{self.minutes}min",
+            "hourly": "h",
+            "daily": "D",
+            "business": "B",
+            "weekly": "W",
+            "monthly": "M",
+            "quarterly": "Q",
+            "yearly": "Y",
+            "none": "step",
+        }[self.family]
         if self.family == "none":
             return f"step {self.step:g}" if self.step is not None else "step"
         return f"{self.multiple}{base}" if self.multiple > 1 else base

@@ -1,0 +1,175 @@
+"""The output layer every command and pipeline shares (no torch): stderr lines, JSON lines, tables,
+CSV rows, output files, human-readable numbers, and :class:`Reporter`, the small typed object a
+pipeline receives to report progress, logs and warnings.
+
+stdout carries results only (text, JSON lines, tables, CSV); logs, progress, warnings and errors go
+to stderr. It sits below ``cli`` and ``pipelines`` (and imports neither), so a pipeline reports
+through a :class:`Reporter` or callbacks and never reaches up into the command-line layer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from dataclasses import dataclass
+from typing import IO, Any, Callable, Iterable, Iterator, Optional
+
+from rich.console import Console
+
+# Logs, progress and errors: always stderr. stdout carries results only.
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+Advance = Callable[..., None]  # advance(n=1, description=None): one step of a progress bar
+
+
+# -- stdout: results -------------------------------------------------------------------------------
+def json_line(obj: Any) -> str:
+    """One JSON object as one line (UTF-8 kept as is), newline included."""
+    return json.dumps(obj, ensure_ascii=False) + "\n"
+
+
+def emit_json(obj: Any) -> None:
+    """Write one JSON object as one line on stdout and flush (JSON lines for pipelines)."""
+    sys.stdout.write(json_line(obj))
+    sys.stdout.flush()
+
+
+def csv_field(value: Any) -> str:
+    """One CSV field: quoted (quotes doubled) when it holds a comma, a quote or a line break."""
+    s = str(value)
+    if any(c in s for c in ',"\n\r'):
+        return '"' + s.replace('"', '""') + '"'
+    return s
+
+
+def csv_line(values: Iterable[Any]) -> str:
+    """One CSV row, newline included."""
+    return ",".join(csv_field(v) for v in values) + "\n"
+
+
+def stdout_console(*, soft_wrap: bool = True) -> Console:
+    """A rich console on stdout for human-facing results (tables, summaries)."""
+    return Console(highlight=False, soft_wrap=soft_wrap)
+
+
+def print_table(table: Any, file: Optional[IO[str]] = None) -> None:
+    """A rich table on stdout, or as plain text into ``file`` (wide enough that no column wraps)."""
+    if file is None:
+        stdout_console().print(table)
+    else:
+        Console(file=file, highlight=False, width=100_000, color_system=None, soft_wrap=True).print(table, crop=False)
+
+
+@contextlib.contextmanager
+def open_output(path: Optional[str], force: bool = False, *, newline: Optional[str] = None) -> Iterator[IO[str]]:
+    """Where a command writes its results: the file ``path`` (written atomically, never
+    overwritten without ``force``) or stdout when ``path`` is None."""
+    if path is None:
+        yield sys.stdout
+        return
+    from gencli.io import atomic_open
+
+    with atomic_open(path, "w", force, encoding="utf-8", newline=newline) as fh:
+        yield fh
+
+
+# -- numbers for people ------------------------------------------------------------------------------
+def human_count(n: float) -> str:
+    """1234 -> '1.2K', 124_439_808 -> '124.4M'."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return str(int(n))
+
+
+def human_bytes(n: float) -> str:
+    """Decimal units, as file managers and hubs show sizes: 18_153_600 -> '18.2 MB'."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+# -- stderr: the reporter -------------------------------------------------------------------------------
+@dataclass
+class Reporter:
+    """How a run talks to its user on stderr, and whether its results are JSON lines.
+
+    ``quiet`` silences everything but errors; ``verbose`` adds :meth:`debug` lines (choices,
+    timings); informational :meth:`log` lines appear on a terminal or with ``verbose``; progress
+    bars only on a terminal. ``json`` says the results go to stdout as JSON lines.
+    """
+
+    quiet: bool = False
+    verbose: bool = False
+    json: bool = False
+
+    @property
+    def interactive(self) -> bool:
+        """Human-facing extras (progress bars, info logs) only on a terminal and not --quiet."""
+        return not self.quiet and stderr.is_terminal
+
+    def log(self, message: str) -> None:
+        """An informational line: shown on a terminal or with --verbose, never with --quiet."""
+        if not self.quiet and (self.verbose or stderr.is_terminal):
+            stderr.print(message, markup=False)
+
+    def debug(self, message: str) -> None:
+        """A line shown only with --verbose (device/dtype choices, timings)."""
+        if self.verbose and not self.quiet:
+            stderr.print(message, markup=False)
+
+    def say(self, message: str) -> None:
+        """A report the user asked for (not only on terminals); silent with --quiet."""
+        if not self.quiet:
+            stderr.print(message, markup=False)
+
+    def warn(self, message: str) -> None:
+        """A warning; shown unless --quiet."""
+        if not self.quiet:
+            stderr.print(f"warning: {message}", markup=False, style="yellow")
+
+    def error(self, message: str) -> None:
+        """An error line (always shown): one input failed, or the run failed."""
+        stderr.print(f"error: {message}", markup=False, style="red")
+
+    @contextlib.contextmanager
+    def progress(self, description: str, total: Optional[float] = None) -> Iterator[Advance]:
+        """A rich progress bar on stderr when it is a terminal; a no-op in pipelines and with --quiet.
+
+        Yields ``advance(n=1, description=None)``.
+        """
+        if not self.interactive:
+            yield lambda n=1, description=None: None
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn()]
+        if total is not None:
+            columns += [MofNCompleteColumn(), TimeRemainingColumn()]
+        columns.append(TimeElapsedColumn())
+        with Progress(*columns, console=stderr, transient=True) as bar:
+            task = bar.add_task(description, total=total)
+
+            def advance(n: float = 1, description: Optional[str] = None) -> None:
+                bar.update(task, advance=n, **({"description": description} if description else {}))
+
+            yield advance
+
+
+__all__ = [
+    "stderr",
+    "Advance",
+    "json_line",
+    "emit_json",
+    "csv_field",
+    "csv_line",
+    "stdout_console",
+    "print_table",
+    "open_output",
+    "human_count",
+    "human_bytes",
+    "Reporter",
+]

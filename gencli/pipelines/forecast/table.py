@@ -1,0 +1,245 @@
+"""Reading the user's table (pandas + numpy; no torch).
+
+- :func:`open_table` reads CSV (also ``.tsv``, compressed ``.gz/.bz2/.zip/.xz``), Parquet (when
+  pandas has an engine for it) or ``-`` (stdin, CSV or Parquet bytes).
+- :func:`iter_groups` yields one ``(id, frame)`` per series of a :class:`~gencli.pipelines.forecast.layout.Layout`,
+  streaming large id-sorted CSV files chunk by chunk (memory stays bounded), else from the whole
+  table; :func:`prepare_frame` parses the time column once per frame.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+import numpy as np
+
+from gencli.errors import UserError
+from gencli.pipelines.forecast.layout import Layout
+
+STREAM_BYTES = 32 * 2**20  # CSV files larger than this are streamed when their ids are contiguous
+SAMPLE_ROWS = 20000
+
+
+# -- reading ---------------------------------------------------------------------------------
+@dataclass
+class Table:
+    """The user's input: a file path or stdin, read whole or in chunks."""
+
+    name: str
+    kind: str  # "csv" | "parquet"
+    path: Optional[Path] = None
+    sep: str = ","
+    frame: Optional["object"] = None  # the whole DataFrame once read
+    size: int = 0
+
+    @property
+    def streamable(self) -> bool:
+        return self.kind == "csv" and self.path is not None and self.size > STREAM_BYTES
+
+    def _read_csv(self, **kw):
+        import pandas as pd
+
+        src = self.path
+        try:
+            return pd.read_csv(src, sep=self.sep, skipinitialspace=True, **kw)
+        except pd.errors.EmptyDataError:
+            raise UserError(f"'{self.name}' is empty") from None
+        except pd.errors.ParserError as exc:
+            raise UserError(f"'{self.name}' is not a valid CSV file: {str(exc).strip().splitlines()[-1]}") from None
+        except UnicodeDecodeError:
+            raise UserError(f"'{self.name}' is not a text (UTF-8) CSV file") from None
+
+    def read(self):
+        """The whole table as a DataFrame."""
+        if self.frame is None:
+            self.frame = self._read_csv() if self.kind == "csv" else _read_parquet(self.path, self.name)
+        return self.frame
+
+    def sample(self):
+        """Enough leading rows to infer the layout from (the whole table unless it is streamed)."""
+        if self.streamable:
+            return self._read_csv(nrows=SAMPLE_ROWS)
+        return self.read()
+
+    def chunks(self, usecols=None, chunksize: int = 200_000):
+        return self._read_csv(usecols=usecols, chunksize=chunksize)
+
+
+def _read_parquet(source, name: str):
+    import pandas as pd
+
+    try:
+        return pd.read_parquet(source)
+    except ImportError:
+        raise UserError(f"reading Parquet ('{name}') needs pyarrow or fastparquet: pip install pyarrow, or pass a CSV file") from None
+    except Exception as exc:  # noqa: BLE001 - a broken file
+        raise UserError(f"'{name}' is not a readable Parquet file: {str(exc).splitlines()[0]}") from None
+
+
+def open_table(arg: str) -> Table:
+    """A :class:`Table` for a path, or ``-`` for stdin (read at once: stdin cannot be re-read)."""
+    import pandas as pd
+
+    if arg == "-":
+        data = sys.stdin.buffer.read()
+        if not data.strip():
+            raise UserError("stdin is empty")
+        if data[:4] == b"PAR1":
+            t = Table("stdin", "parquet")
+            t.frame = _read_parquet(io.BytesIO(data), "stdin")
+            return t
+        t = Table("stdin", "csv")
+        try:
+            t.frame = pd.read_csv(io.BytesIO(data), sep=_sniff_sep(data[:4096].decode("utf-8", "replace")), skipinitialspace=True)
+        except pd.errors.EmptyDataError:
+            raise UserError("stdin is empty") from None
+        except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+            raise UserError(f"stdin is not a valid CSV table: {str(exc).strip().splitlines()[-1]}") from None
+        return t
+    p = Path(arg).expanduser()
+    if not p.exists():
+        raise UserError(f"'{arg}' does not exist")
+    if p.is_dir():
+        raise UserError(f"'{arg}' is a directory, not a data file")
+    size = p.stat().st_size
+    if size == 0:
+        raise UserError(f"'{arg}' is empty")
+    suffixes = [s.lower() for s in p.suffixes]
+    if suffixes and suffixes[-1] in (".parquet", ".pq"):
+        return Table(arg, "parquet", p, size=size)
+    with open(p, "rb") as fh:
+        head = fh.read(4096)
+    if head[:4] == b"PAR1":
+        return Table(arg, "parquet", p, size=size)
+    sep = "\t" if ".tsv" in suffixes or ".tab" in suffixes else _sniff_sep(head.decode("utf-8", "replace"))
+    return Table(arg, "csv", p, sep=sep, size=size)
+
+
+def _sniff_sep(head: str) -> str:
+    first = head.splitlines()[0] if head.splitlines() else ""
+    counts = {s: first.count(s) for s in (",", ";", "\t", "|")}
+    best = max(counts, key=counts.get)
+    return best if counts[best] > 0 else ","
+
+
+# -- grouping -----------------------------------------------------------------------------------
+def iter_groups(table: Table, layout: Layout, warn=None) -> Iterator[tuple[str, object]]:
+    """``(series id, frame)`` for every series in input order.
+
+    Long tables are split by id (first appearance order); wide tables give one frame per series
+    column. A large CSV file whose ids come in contiguous blocks is streamed chunk by chunk, so
+    memory does not grow with the number of series.
+    """
+    if layout.wide:
+        df = prepare_frame(table.read(), layout)
+        tcols = [layout.time_col, TIME_PARSED] if layout.time_col else []
+        for c in layout.series_cols:
+            sub = df[tcols + [c]].rename(columns={c: "__target__"})
+            yield str(c), sub
+        return
+    if layout.id_col is None:
+        yield str(layout.target_col), prepare_frame(table.read(), layout)
+        return
+    if table.streamable and _ids_contiguous(table, layout.id_col):
+        yield from _stream_groups(table, layout)
+        return
+    if table.streamable and warn is not None:
+        warn(f"the rows of each series are not contiguous in '{table.name}': reading it whole (sort it by {layout.id_col} to stream it)")
+    df = prepare_frame(table.read(), layout)
+    for key, sub in df.groupby(layout.id_col, sort=False, dropna=False):
+        yield _key(key), sub
+
+
+TIME_PARSED = "__time_parsed__"
+
+
+def prepare_frame(df, layout: Layout):
+    """Column names as strings and the time column parsed once for the whole frame (into
+    ``TIME_PARSED``; unparseable values become NaT/NaN and are reported per series)."""
+    import warnings
+
+    import pandas as pd
+
+    df.columns = [str(c) for c in df.columns]
+    if layout.time_col is None or layout.time_col not in df.columns:
+        return df
+    col = df[layout.time_col]
+    if layout.time_kind == "datetime":
+        if pd.api.types.is_datetime64_any_dtype(col):
+            parsed = col
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                try:
+                    parsed = pd.to_datetime(col, errors="raise")
+                except (ValueError, TypeError, OverflowError):
+                    parsed = pd.to_datetime(col, errors="coerce", format="mixed")
+        if getattr(parsed.dt, "tz", None) is not None:
+            parsed = parsed.dt.tz_localize(None)
+        df[TIME_PARSED] = parsed.astype("datetime64[ns]")
+    elif layout.time_kind == "year":
+        years = pd.to_numeric(col, errors="coerce")
+        ok = years.notna() & (years >= 1678) & (years <= 2261)
+        out = pd.Series(pd.NaT, index=col.index, dtype="datetime64[ns]")
+        out[ok] = pd.to_datetime(years[ok].astype(int).astype(str), format="%Y")
+        df[TIME_PARSED] = out
+    else:
+        df[TIME_PARSED] = pd.to_numeric(col, errors="coerce")
+    return df
+
+
+def _key(key) -> str:
+    if isinstance(key, tuple):
+        key = key[0]
+    if isinstance(key, float) and key == int(key):
+        key = int(key)
+    return str(key)
+
+
+def _ids_contiguous(table: Table, id_col: str) -> bool:
+    done: set = set()
+    last = None
+    for chunk in table.chunks(usecols=[id_col], chunksize=1_000_000):
+        ids = chunk[id_col].to_numpy()
+        if len(ids) == 0:
+            continue
+        change = np.flatnonzero(ids[1:] != ids[:-1]) + 1
+        starts = np.concatenate([[0], change])
+        for s in starts:
+            v = ids[s]
+            if v == last:
+                continue
+            if v in done:
+                return False
+            if last is not None:
+                done.add(last)
+            last = v
+    return True
+
+
+def _stream_groups(table: Table, layout: Layout) -> Iterator[tuple[str, object]]:
+    import pandas as pd
+
+    pending = None
+    for chunk in table.chunks():
+        chunk.columns = [str(c) for c in chunk.columns]
+        if pending is not None:
+            chunk = pd.concat([pending, chunk], ignore_index=True)
+        ids = chunk[layout.id_col].to_numpy()
+        last_id = ids[-1]
+        tail_start = len(ids)
+        while tail_start > 0 and ids[tail_start - 1] == last_id:
+            tail_start -= 1
+        complete, pending = chunk.iloc[:tail_start], chunk.iloc[tail_start:]
+        for key, sub in prepare_frame(complete.copy(), layout).groupby(layout.id_col, sort=False, dropna=False):
+            yield _key(key), sub
+    if pending is not None and len(pending):
+        for key, sub in prepare_frame(pending.copy(), layout).groupby(layout.id_col, sort=False, dropna=False):
+            yield _key(key), sub
+
+
+__all__ = ["Table", "open_table", "iter_groups", "prepare_frame", "TIME_PARSED", "STREAM_BYTES"]
