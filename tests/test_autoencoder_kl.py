@@ -293,3 +293,58 @@ def test_tiling_of_an_image_that_fits_one_tile_changes_nothing():
     x = torch.rand(1, 3, 32, 32) * 2 - 1
     with torch.no_grad():
         assert torch.equal(model.encode(x, tile=True).mean, model.encode(x, tile=False).mean)
+
+
+def test_blended_tiles_of_a_local_operation_equal_the_untiled_result():
+    """A stack of two 3x3 convolutions sees 2 pixels around each output: with a 2-pixel halo the
+    weights never use a padding-affected output, and they sum to one, so tiling changes nothing."""
+    from gencli.models.autoencoder_kl import blend_tiles, tile_weights
+
+    torch.manual_seed(12)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Tanh(), torch.nn.Conv2d(8, 5, 3, padding=1)).eval()
+    x = torch.randn(2, 3, 70, 53)
+    with torch.no_grad():
+        whole = net(x)
+        tiled = blend_tiles(net, x, in_tile=24, in_stride=16, scale=1.0, out_channels=5)  # overlap 8: halo 2, ramp 4
+        torch.testing.assert_close(tiled, whole, atol=1e-5, rtol=0)
+        # without the halo the padding shows
+        assert (blend_tiles(net, x, 24, 16, 1.0, 5, halo=0.0) - whole).abs().max() > 1e-2
+    starts = tile_starts(70, 24, 16)
+    total = torch.zeros(70)
+    for s, w in zip(starts, tile_weights(starts, 24, 1.0, "cpu")):
+        total[s : s + 24] += w
+    torch.testing.assert_close(total, torch.ones(70))
+
+
+def test_tiles_share_the_whole_images_groupnorm_statistics():
+    """A tile of plain background normalised with its own statistics comes out unlike the untiled
+    pass; with the gathered statistics the first GroupNorm is exact."""
+    from gencli.backend.layers import GroupNorm
+    from gencli.models.autoencoder_kl import SharedGroupNormStatistics, blend_tiles
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 8, 1)
+            self.norm = GroupNorm(4, 8, eps=1e-6)
+
+        def forward(self, x):
+            return self.norm(self.conv(x), "silu")
+
+    torch.manual_seed(13)
+    net = Net().eval()
+    x = torch.zeros(1, 3, 64, 64)
+    x[:, :, 40:, 40:] = torch.randn(1, 3, 24, 24) * 3  # an object in one corner, background elsewhere
+    with torch.no_grad():
+        whole = net(x)
+        own = blend_tiles(net, x, 32, 24, 1.0, 8)
+        shared = SharedGroupNormStatistics()
+        norms = shared.install(net)
+        shared.start_pass(gather=True)
+        blend_tiles(net, x, 32, 24, 1.0, 8, before_tile=shared.set_tile)
+        shared.start_pass(gather=False)
+        together = blend_tiles(net, x, 32, 24, 1.0, 8, before_tile=shared.set_tile)
+        shared.remove(norms)
+        assert net.norm.statistics is None
+    assert (own - whole).abs().max() > 0.1
+    torch.testing.assert_close(together, whole, atol=1e-5, rtol=0)

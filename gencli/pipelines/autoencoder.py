@@ -171,6 +171,39 @@ def tensor_to_images(x: torch.Tensor) -> np.ndarray:
     return y.permute(0, 2, 3, 1).contiguous().numpy()
 
 
+@torch.inference_mode()
+def reconstruct(model: AutoencoderKL, images: np.ndarray, *, batch_size: int = 64, tile: Optional[bool] = None) -> tuple[np.ndarray, torch.Tensor]:
+    """Round-trip uint8 images ``(N, H, W, 3)`` through ``model`` with the posterior mean (deterministic).
+
+    Returns the reconstructions (uint8, same shape) and the unscaled latents ``(N, C, h, w)`` (fp32, CPU).
+    Runs in the model's device and dtype.
+    """
+    weight = model.decoder.conv_out.weight
+    out = np.empty_like(images)
+    latents = []
+    for start in range(0, len(images), batch_size):
+        x = images_to_tensor(images[start : start + batch_size]).to(weight.device, weight.dtype)
+        z = model.encode(x, tile=tile).mode()
+        out[start : start + len(x)] = tensor_to_images(model.decode(z, tile=tile))
+        latents.append(z.float().cpu())
+    return out, torch.cat(latents) if latents else torch.empty(0)
+
+
+def latent_statistics(latents: torch.Tensor, scaling_factor: float = 1.0) -> dict[str, Any]:
+    """Per-channel mean and standard deviation of latents ``(N, C, h, w)`` (after multiplying by
+    ``scaling_factor``), each channel's share of the total variance, and the overall standard
+    deviation (1 is what a diffusion model wants)."""
+    z = latents.float() * scaling_factor
+    var = z.var(dim=(0, 2, 3))
+    return {
+        "mean": [round(v, 4) for v in z.mean(dim=(0, 2, 3)).tolist()],
+        "std": [round(v, 4) for v in var.sqrt().tolist()],
+        "variance_share": [round(v, 4) for v in (var / var.sum()).tolist()],
+        "overall_std": round(float(z.std()), 4),
+        "overall_mean": round(float(z.mean()), 4),
+    }
+
+
 __all__ = [
     "LoadedAutoencoder",
     "load_autoencoder",
@@ -178,4 +211,6 @@ __all__ = [
     "save_autoencoder",
     "images_to_tensor",
     "tensor_to_images",
+    "reconstruct",
+    "latent_statistics",
 ]
