@@ -348,3 +348,23 @@ def test_tiles_share_the_whole_images_groupnorm_statistics():
         assert net.norm.statistics is None
     assert (own - whole).abs().max() > 0.1
     torch.testing.assert_close(together, whole, atol=1e-5, rtol=0)
+
+
+def test_psnr_and_ssim():
+    import numpy as np
+
+    from gencli.data import shapes
+    from gencli.pipelines.image_metrics import psnr, ssim
+
+    a = shapes.render(5, 64).image
+    shifted = np.clip(a.astype(int) + 5, 0, 255).astype(np.uint8)
+    exact = shifted.astype(float) - a  # 5 except where clipped
+    want = 10 * np.log10(255.0**2 / np.mean(exact**2))
+    assert abs(float(psnr(shifted, a)) - want) < 1e-9 and float(psnr(a, a)) == float("inf")
+    assert abs(float(ssim(a, a)) - 1.0) < 1e-12
+    noisy = np.clip(a.astype(int) + np.random.default_rng(0).integers(-20, 20, a.shape), 0, 255).astype(np.uint8)
+    # skimage.metrics.structural_similarity(a, noisy, gaussian_weights=True, sigma=1.5,
+    # use_sample_covariance=False, data_range=255, channel_axis=-1) == 0.3977659715511887 (skimage 0.24)
+    assert abs(float(ssim(noisy, a)) - 0.3977659715511887) < 1e-9
+    both = ssim(np.stack([a, noisy]), np.stack([a, a]))
+    assert both.shape == (2,) and float(both[0]) == pytest.approx(1.0)

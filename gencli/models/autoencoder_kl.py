@@ -158,23 +158,30 @@ class DiagonalGaussianDistribution:
         return 0.5 * torch.sum(self.mean.pow(2) + self.var - 1.0 - self.logvar, dim=[1, 2, 3])
 
 
+def vae_resnets(in_channels: int, out_channels: int, num_layers: int, groups: int, act: str) -> nn.ModuleList:
+    """``num_layers`` ResNet blocks without timestep input (the first one changes the width)."""
+    return nn.ModuleList(
+        ResnetBlock2D(in_channels if i == 0 else out_channels, out_channels, temb_channels=None, groups=groups, eps=1e-6, non_linearity=act)
+        for i in range(num_layers)
+    )
+
+
+def _resnets_then(resnets: nn.ModuleList, resample: Optional[nn.ModuleList], x: torch.Tensor) -> torch.Tensor:
+    for resnet in resnets:
+        x = resnet(x)
+    return resample[0](x) if resample is not None else x
+
+
 class DownEncoderBlock2D(nn.Module):
     """``num_layers`` ResNet blocks without timestep input, then (optionally) a stride-2 conv."""
 
     def __init__(self, in_channels: int, out_channels: int, num_layers: int, groups: int, act: str, add_downsample: bool):
         super().__init__()
-        self.resnets = nn.ModuleList(
-            ResnetBlock2D(in_channels if i == 0 else out_channels, out_channels, temb_channels=None, groups=groups, eps=1e-6, non_linearity=act)
-            for i in range(num_layers)
-        )
+        self.resnets = vae_resnets(in_channels, out_channels, num_layers, groups, act)
         self.downsamplers = nn.ModuleList([Downsample2D(out_channels, out_channels=out_channels, padding=0)]) if add_downsample else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for resnet in self.resnets:
-            x = resnet(x)
-        if self.downsamplers is not None:
-            x = self.downsamplers[0](x)
-        return x
+        return _resnets_then(self.resnets, self.downsamplers, x)
 
 
 class UpDecoderBlock2D(nn.Module):
@@ -182,18 +189,11 @@ class UpDecoderBlock2D(nn.Module):
 
     def __init__(self, in_channels: int, out_channels: int, num_layers: int, groups: int, act: str, add_upsample: bool):
         super().__init__()
-        self.resnets = nn.ModuleList(
-            ResnetBlock2D(in_channels if i == 0 else out_channels, out_channels, temb_channels=None, groups=groups, eps=1e-6, non_linearity=act)
-            for i in range(num_layers)
-        )
+        self.resnets = vae_resnets(in_channels, out_channels, num_layers, groups, act)
         self.upsamplers = nn.ModuleList([Upsample2D(out_channels, out_channels=out_channels)]) if add_upsample else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for resnet in self.resnets:
-            x = resnet(x)
-        if self.upsamplers is not None:
-            x = self.upsamplers[0](x)
-        return x
+        return _resnets_then(self.resnets, self.upsamplers, x)
 
 
 class UNetMidBlock2D(nn.Module):
@@ -204,11 +204,7 @@ class UNetMidBlock2D(nn.Module):
     def __init__(self, channels: int, groups: int, act: str, add_attention: bool = True):
         super().__init__()
         self.add_attention = add_attention
-
-        def resnet() -> ResnetBlock2D:
-            return ResnetBlock2D(channels, channels, temb_channels=None, groups=groups, eps=1e-6, non_linearity=act)
-
-        self.resnets = nn.ModuleList([resnet(), resnet()])
+        self.resnets = vae_resnets(channels, channels, 2, groups, act)
         if add_attention:
             attn = Attention(channels, heads=1, dim_head=channels, bias=True, norm_num_groups=groups, eps=1e-6, residual_connection=True)
             self.attentions = nn.ModuleList([attn])
