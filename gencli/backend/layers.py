@@ -71,10 +71,18 @@ class GroupNorm(nn.GroupNorm):
     :class:`Linear`, named in transformers' ``hidden_act`` vocabulary) is applied in place on the
     normalised tensor at inference, so norm + SiLU (every ResNet block runs it twice) costs one
     output tensor instead of two.
+
+    ``statistics``: when set (an object with ``normalize(norm, x) -> Tensor``), it normalises in
+    place of the per-call statistics: a tiled pass over a large image uses it to give every tile the
+    statistics of the whole image (:class:`gencli.models.autoencoder_kl.SharedGroupNormStatistics`).
     """
 
+    statistics: Optional[Any] = None
+
     def forward(self, x: torch.Tensor, activation: Optional[str] = None) -> torch.Tensor:
-        if x.dtype in (torch.float16, torch.bfloat16):
+        if self.statistics is not None:
+            out = self.statistics.normalize(self, x)
+        elif x.dtype in (torch.float16, torch.bfloat16):
             w = self.weight.float() if self.weight is not None else None
             b = self.bias.float() if self.bias is not None else None
             out = F.group_norm(x.float(), self.num_groups, w, b, self.eps).to(x.dtype)

@@ -24,6 +24,7 @@ CONFIG_FIELDS = (
     "model_type", "hidden_size", "n_embd", "num_hidden_layers", "n_layer", "num_attention_heads", "n_head",
     "num_key_value_heads", "intermediate_size", "vocab_size", "max_position_embeddings", "n_positions",
     "image_size", "patch_size", "num_labels", "projection_dim", "sample_size", "in_channels", "latent_channels",
+    "block_out_channels", "layers_per_block", "norm_num_groups", "scaling_factor", "shift_factor", "force_upcast",
     "cross_attention_dim", "torch_dtype", "dtype",
 )  # fmt: skip
 

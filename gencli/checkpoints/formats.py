@@ -255,12 +255,12 @@ def _builtin_detectors() -> None:
         return None
 
     def autoencoder_kl(keys, _cfg):
-        if (
-            _has_prefix(keys, "encoder.down_blocks.")
-            and _has_prefix(keys, "decoder.up_blocks.")
-            and ("quant_conv.weight" in keys or "post_quant_conv.weight" in keys)
-        ):
+        if _has_prefix(keys, "encoder.down_blocks.") and _has_prefix(keys, "decoder.up_blocks."):
+            if any(".mid_block.attentions.0.query." in k for k in keys):
+                return "AutoencoderKL (diffusers, legacy attention names)"
             return "AutoencoderKL"
+        if "encoder.conv_in.weight" in keys and _has_prefix(keys, "encoder.down.") and _has_prefix(keys, "decoder.up."):
+            return "AutoencoderKL (original latent-diffusion layout, e.g. a standalone SD VAE file)"
         return None
 
     def unet(keys, _cfg):

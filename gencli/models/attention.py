@@ -118,10 +118,11 @@ class Attention(nn.Module):
         out = self.to_out[0](out)
         if spatial:
             out = out.transpose(1, 2).reshape(b, -1, h, w)
+        inplace = not torch.is_grad_enabled()  # ``out`` is a fresh tensor at inference
         if self.residual_connection:
-            out = out + residual
+            out = out.add_(residual) if inplace else out + residual
         if self.rescale_output_factor != 1.0:
-            out = out / self.rescale_output_factor
+            out = out.div_(self.rescale_output_factor) if inplace else out / self.rescale_output_factor
         return out
 
 

@@ -1,0 +1,607 @@
+"""The KL-regularised autoencoder of latent diffusion (Rombach et al. 2022), in diffusers'
+``AutoencoderKL`` layout: the Stable Diffusion VAE and anything configured like it.
+
+- :class:`Encoder`: ``conv_in``, down blocks (:class:`DownEncoderBlock2D`: ``layers_per_block``
+  ResNet blocks, then a stride-2 conv padded on the right and bottom, except after the last block),
+  a mid-block (ResNet, single-head self-attention over the pixels, ResNet), then
+  GroupNorm + SiLU and ``conv_out`` to ``2 * latent_channels`` moments (mean and log-variance);
+  (that last activation is SiLU whatever ``act_fn`` says, as in diffusers);
+- :class:`Decoder`: the mirror image, up blocks of ``layers_per_block + 1`` ResNet blocks and a
+  nearest-neighbour x2 upsampling conv (except after the last block);
+- :class:`AutoencoderKL`: the two, with the optional 1x1 ``quant_conv`` / ``post_quant_conv``;
+  ``encode(x)`` gives a :class:`DiagonalGaussianDistribution`, ``decode(z)`` the image in
+  ``[-1, 1]``; :meth:`AutoencoderKL.scale_latents` / :meth:`AutoencoderKL.unscale_latents` apply the
+  config's ``scaling_factor`` (and ``shift_factor`` or ``latents_mean``/``latents_std``) the way
+  diffusers' pipelines do.
+
+Tiled encoding and decoding (:class:`Tiling`) process an image larger than memory allows in
+overlapping tiles, one tile's activations alive at a time. Every tile has the same full size (the
+last row and column are aligned to the image's edge instead of being cut short). Tiles are merged
+by a weighted average (:func:`tile_weights`): in each overlap a tile's weight is zero over the
+quarter nearest its border (outputs there saw the tile's zero padding), then ramps linearly to one
+across the middle half while its neighbour's falls, so the weights sum to one and the hand-over is
+spread over half the overlap (diffusers' ``blend_v``/``blend_h`` ramp from the tile's very border
+and then crop). GroupNorm statistics are shared between the tiles
+(:class:`SharedGroupNormStatistics`): a first pass gathers the whole image's statistics, so a tile
+of plain background is normalised like the same region of the untiled pass; the mid-block
+attention still sees only its tile.
+
+Attribute names are diffusers', so a diffusers ``vae/`` folder loads by identity; the original
+Stable Diffusion (LDM) naming is mapped in :mod:`gencli.models.autoencoder_kl_keymaps`.
+Every norm is the backend's :class:`~gencli.backend.layers.GroupNorm` (``norm(x, "silu")``), every
+attention goes through :class:`gencli.models.attention.Attention`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gencli.backend.layers import GroupNorm, get_activation
+from gencli.models.attention import Attention
+from gencli.models.resnet2d import Downsample2D, ResnetBlock2D, Upsample2D
+
+DOWN_BLOCK = "DownEncoderBlock2D"
+UP_BLOCK = "UpDecoderBlock2D"
+
+# diffusers bookkeeping fields of a config.json, not architecture
+_META_FIELDS = ("_class_name", "_diffusers_version", "_name_or_path", "_use_default_values")
+
+
+@dataclass
+class AutoencoderKLConfig:
+    """The fields of a diffusers ``AutoencoderKL`` ``config.json`` (diffusers' defaults)."""
+
+    in_channels: int = 3
+    out_channels: int = 3
+    down_block_types: tuple[str, ...] = (DOWN_BLOCK,)
+    up_block_types: tuple[str, ...] = (UP_BLOCK,)
+    block_out_channels: tuple[int, ...] = (64,)
+    layers_per_block: int = 1
+    act_fn: str = "silu"
+    latent_channels: int = 4
+    norm_num_groups: int = 32
+    sample_size: int = 32
+    scaling_factor: float = 0.18215
+    shift_factor: Optional[float] = None
+    latents_mean: Optional[tuple[float, ...]] = None
+    latents_std: Optional[tuple[float, ...]] = None
+    force_upcast: bool = True
+    use_quant_conv: bool = True
+    use_post_quant_conv: bool = True
+    mid_block_add_attention: bool = True
+
+    def __post_init__(self) -> None:
+        self.down_block_types = tuple(self.down_block_types)
+        self.up_block_types = tuple(self.up_block_types)
+        self.block_out_channels = tuple(int(c) for c in self.block_out_channels)
+        if isinstance(self.sample_size, (list, tuple)):
+            self.sample_size = int(self.sample_size[0])
+        for name in ("latents_mean", "latents_std"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, tuple(float(v) for v in value))
+        n = len(self.block_out_channels)
+        if n == 0:
+            raise ValueError("block_out_channels is empty")
+        if len(self.down_block_types) != n or len(self.up_block_types) != n:
+            raise ValueError(
+                f"{len(self.down_block_types)} down and {len(self.up_block_types)} up block types for {n} block_out_channels"
+            )
+        bad = [t for t in self.down_block_types if t != DOWN_BLOCK] + [t for t in self.up_block_types if t != UP_BLOCK]
+        if bad:
+            raise ValueError(f"unsupported block type '{bad[0]}' (AutoencoderKL uses {DOWN_BLOCK} and {UP_BLOCK})")
+        odd = [c for c in self.block_out_channels if c % self.norm_num_groups]
+        if odd:
+            raise ValueError(f"block width {odd[0]} is not divisible by norm_num_groups={self.norm_num_groups}")
+        if self.layers_per_block < 1 or self.latent_channels < 1:
+            raise ValueError("layers_per_block and latent_channels must be at least 1")
+        get_activation(self.act_fn)
+        for name in ("latents_mean", "latents_std"):
+            value = getattr(self, name)
+            if value is not None and len(value) != self.latent_channels:
+                raise ValueError(f"{name} has {len(value)} values for {self.latent_channels} latent channels")
+
+    @property
+    def downsampling(self) -> int:
+        """How many pixels one latent pixel covers along each side (8 for Stable Diffusion)."""
+        return 2 ** (len(self.block_out_channels) - 1)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "AutoencoderKLConfig":
+        """From a diffusers ``config.json`` (unknown fields are ignored, as diffusers does)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known and k not in _META_FIELDS})
+
+    def to_dict(self) -> dict[str, Any]:
+        """A diffusers ``config.json`` (with ``_class_name``), loadable by ``AutoencoderKL.from_pretrained``."""
+        out: dict[str, Any] = {"_class_name": "AutoencoderKL", "_diffusers_version": "0.30.0"}
+        for k, v in asdict(self).items():
+            out[k] = list(v) if isinstance(v, tuple) else v
+        return out
+
+
+class DiagonalGaussianDistribution:
+    """The encoder's posterior: a Gaussian per latent element, from ``moments = cat(mean, logvar)``
+    along the channels (log-variance clamped to [-30, 20], as diffusers does)."""
+
+    def __init__(self, moments: torch.Tensor):
+        self.moments = moments
+        self.mean, logvar = torch.chunk(moments, 2, dim=1)
+        self.logvar = torch.clamp(logvar, -30.0, 20.0)
+
+    @property
+    def std(self) -> torch.Tensor:
+        return torch.exp(0.5 * self.logvar)
+
+    @property
+    def var(self) -> torch.Tensor:
+        return torch.exp(self.logvar)
+
+    def sample(self, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+        """``mean + std * eps``; ``eps`` drawn on the generator's device (so a CPU generator gives
+        the same latents whatever device the model runs on)."""
+        where = generator.device if generator is not None else self.mean.device
+        eps = torch.randn(self.mean.shape, generator=generator, device=where, dtype=self.mean.dtype).to(self.mean.device)
+        return self.mean + self.std * eps
+
+    def mode(self) -> torch.Tensor:
+        return self.mean
+
+    def kl(self) -> torch.Tensor:
+        """KL divergence to the standard normal, summed over each sample's latent elements: ``(B,)``."""
+        return 0.5 * torch.sum(self.mean.pow(2) + self.var - 1.0 - self.logvar, dim=[1, 2, 3])
+
+
+def vae_resnets(in_channels: int, out_channels: int, num_layers: int, groups: int, act: str) -> nn.ModuleList:
+    """``num_layers`` ResNet blocks without timestep input (the first one changes the width)."""
+    return nn.ModuleList(
+        ResnetBlock2D(in_channels if i == 0 else out_channels, out_channels, temb_channels=None, groups=groups, eps=1e-6, non_linearity=act)
+        for i in range(num_layers)
+    )
+
+
+def _resnets_then(resnets: nn.ModuleList, resample: Optional[nn.ModuleList], x: torch.Tensor) -> torch.Tensor:
+    for resnet in resnets:
+        x = resnet(x)
+    return resample[0](x) if resample is not None else x
+
+
+class DownEncoderBlock2D(nn.Module):
+    """``num_layers`` ResNet blocks without timestep input, then (optionally) a stride-2 conv."""
+
+    def __init__(self, in_channels: int, out_channels: int, num_layers: int, groups: int, act: str, add_downsample: bool):
+        super().__init__()
+        self.resnets = vae_resnets(in_channels, out_channels, num_layers, groups, act)
+        self.downsamplers = nn.ModuleList([Downsample2D(out_channels, out_channels=out_channels, padding=0)]) if add_downsample else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _resnets_then(self.resnets, self.downsamplers, x)
+
+
+class UpDecoderBlock2D(nn.Module):
+    """``num_layers`` ResNet blocks without timestep input, then (optionally) a x2 upsampling conv."""
+
+    def __init__(self, in_channels: int, out_channels: int, num_layers: int, groups: int, act: str, add_upsample: bool):
+        super().__init__()
+        self.resnets = vae_resnets(in_channels, out_channels, num_layers, groups, act)
+        self.upsamplers = nn.ModuleList([Upsample2D(out_channels, out_channels=out_channels)]) if add_upsample else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _resnets_then(self.resnets, self.upsamplers, x)
+
+
+class UNetMidBlock2D(nn.Module):
+    """diffusers' ``UNetMidBlock2D`` as the VAE uses it: ResNet, single-head self-attention over the
+    pixels (GroupNorm first, residual added), ResNet; the attention is left out with
+    ``add_attention=False``."""
+
+    def __init__(self, channels: int, groups: int, act: str, add_attention: bool = True):
+        super().__init__()
+        self.add_attention = add_attention
+        self.resnets = vae_resnets(channels, channels, 2, groups, act)
+        if add_attention:
+            attn = Attention(channels, heads=1, dim_head=channels, bias=True, norm_num_groups=groups, eps=1e-6, residual_connection=True)
+            self.attentions = nn.ModuleList([attn])
+        else:
+            self.attentions = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.resnets[0](x)
+        if self.attentions is not None:
+            x = self.attentions[0](x)
+        return self.resnets[1](x)
+
+
+class Encoder(nn.Module):
+    """Image ``(B, in_channels, H, W)`` -> moments ``(B, 2*latent_channels, H/f, W/f)`` (``double_z``)."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        block_out_channels: Sequence[int],
+        layers_per_block: int,
+        norm_num_groups: int,
+        act_fn: str = "silu",
+        double_z: bool = True,
+        mid_block_add_attention: bool = True,
+    ):
+        super().__init__()
+        widths = list(block_out_channels)
+        self.conv_in = nn.Conv2d(in_channels, widths[0], kernel_size=3, padding=1)
+        self.down_blocks = nn.ModuleList(
+            DownEncoderBlock2D(widths[max(i - 1, 0)], w, layers_per_block, norm_num_groups, act_fn, add_downsample=i < len(widths) - 1)
+            for i, w in enumerate(widths)
+        )
+        self.mid_block = UNetMidBlock2D(widths[-1], norm_num_groups, act_fn, mid_block_add_attention)
+        self.conv_norm_out = GroupNorm(norm_num_groups, widths[-1], eps=1e-6)
+        self.conv_out = nn.Conv2d(widths[-1], 2 * out_channels if double_z else out_channels, kernel_size=3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv_in(x)
+        for block in self.down_blocks:
+            x = block(x)
+        x = self.mid_block(x)
+        return self.conv_out(self.conv_norm_out(x, "silu"))
+
+
+class Decoder(nn.Module):
+    """Latent ``(B, in_channels, h, w)`` -> image ``(B, out_channels, h*f, w*f)``."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        block_out_channels: Sequence[int],
+        layers_per_block: int,
+        norm_num_groups: int,
+        act_fn: str = "silu",
+        mid_block_add_attention: bool = True,
+    ):
+        super().__init__()
+        widths = list(reversed(block_out_channels))
+        self.conv_in = nn.Conv2d(in_channels, widths[0], kernel_size=3, padding=1)
+        self.mid_block = UNetMidBlock2D(widths[0], norm_num_groups, act_fn, mid_block_add_attention)
+        self.up_blocks = nn.ModuleList(
+            UpDecoderBlock2D(widths[max(i - 1, 0)], w, layers_per_block + 1, norm_num_groups, act_fn, add_upsample=i < len(widths) - 1)
+            for i, w in enumerate(widths)
+        )
+        self.conv_norm_out = GroupNorm(norm_num_groups, widths[-1], eps=1e-6)
+        self.conv_out = nn.Conv2d(widths[-1], out_channels, kernel_size=3, padding=1)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        x = self.conv_in(z)
+        x = self.mid_block(x)
+        for block in self.up_blocks:
+            x = block(x)
+        return self.conv_out(self.conv_norm_out(x, "silu"))
+
+
+@dataclass
+class Tiling:
+    """How :class:`AutoencoderKL` cuts large inputs into tiles.
+
+    ``tile_size``: a tile's side in image pixels (a multiple of the downsampling factor; the latent
+    tile is ``tile_size / f``); ``overlap``: the share of a tile shared with its neighbour
+    (0 < overlap < 1; the weights ramp over all of it); ``auto_above``: with ``tile=None`` an image
+    (or the image a latent decodes to) is tiled when a side exceeds this many pixels (None: never);
+    ``shared_norm_statistics``: a first pass over the tiles gathers the whole image's GroupNorm
+    statistics, which the tiles then share in the pass that produces the output
+    (:class:`SharedGroupNormStatistics`); False: every tile normalises with its own statistics,
+    as diffusers' tiling does (half the work).
+    """
+
+    tile_size: int = 512
+    overlap: float = 0.25
+    auto_above: Optional[int] = 1024
+    shared_norm_statistics: bool = True
+
+    def __post_init__(self) -> None:
+        if self.tile_size < 8:
+            raise ValueError(f"tile size {self.tile_size} is too small (at least 8 pixels)")
+        if not 0.0 < self.overlap < 1.0:
+            raise ValueError(f"tile overlap {self.overlap} must lie strictly between 0 and 1")
+
+
+def tile_starts(length: int, tile: int, stride: int) -> list[int]:
+    """Start offsets of full-size tiles covering ``[0, length)``: every ``stride``, the last one
+    moved back so that it ends exactly at ``length`` (one tile when ``length <= tile``)."""
+    if length <= tile:
+        return [0]
+    starts = list(range(0, length - tile, stride))
+    starts.append(length - tile)
+    return starts
+
+
+def tile_weights(starts: list[int], size: int, scale: float, device, halo: float = 0.25) -> list[torch.Tensor]:
+    """Blending weights along one axis for tiles starting at ``starts`` (input units), each ``size``
+    output pixels long, ``scale`` output pixels per input unit.
+
+    Where a tile overlaps a neighbour by ``o`` output pixels, its weight is 0 over the ``halo * o``
+    pixels nearest its border (the outputs there saw the tile's zero padding), then rises linearly
+    to 1 over the middle of the overlap, where the neighbour's weight falls by the same amount: the
+    weights of the tiles covering a pixel add up to 1. Towards the image's own edges a tile keeps
+    weight 1 (it sees the same border as the untiled pass)."""
+    out = []
+    pos = torch.arange(size, device=device, dtype=torch.float32) + 0.5
+    for i, s in enumerate(starts):
+        w = torch.ones(size, device=device, dtype=torch.float32)
+        if i > 0:
+            o = (starts[i - 1] - s) * scale + size
+            h = math.floor(halo * o)
+            w = torch.minimum(w, ((pos - h) / max(o - 2 * h, 1)).clamp(0.0, 1.0))
+        if i + 1 < len(starts):
+            o = (s - starts[i + 1]) * scale + size
+            h = math.floor(halo * o)
+            w = torch.minimum(w, ((size - pos - h) / max(o - 2 * h, 1)).clamp(0.0, 1.0))
+        out.append(w)
+    return out
+
+
+def blend_tiles(
+    run,
+    x: torch.Tensor,
+    in_tile: int,
+    in_stride: int,
+    scale: float,
+    out_channels: int,
+    halo: float = 0.25,
+    before_tile=None,
+) -> torch.Tensor:
+    """Apply ``run`` to overlapping ``in_tile``-sized tiles of ``x`` (stride ``in_stride``; the last
+    row and column aligned to the edge) and merge the outputs (``scale`` times the input's size)
+    with the weights of :func:`tile_weights`. The output is accumulated in fp32; only one tile's
+    output is alive at a time. ``before_tile(weights)`` is called with each tile's ``(h, w)``
+    output weights before the tile runs."""
+    b, _, h, w = x.shape
+    out_h, out_w = round(h * scale), round(w * scale)
+    ys, xs = tile_starts(h, in_tile, in_stride), tile_starts(w, in_tile, in_stride)
+    th, tw = round(min(in_tile, h) * scale), round(min(in_tile, w) * scale)
+    wys = tile_weights(ys, th, scale, x.device, halo)
+    wxs = tile_weights(xs, tw, scale, x.device, halo)
+    acc = torch.zeros(b, out_channels, out_h, out_w, device=x.device, dtype=torch.float32)
+    total = torch.zeros(1, 1, out_h, out_w, device=x.device, dtype=torch.float32)
+    for y0, wy in zip(ys, wys):
+        for x0, wx in zip(xs, wxs):
+            wt = wy[:, None] * wx[None, :]
+            if before_tile is not None:
+                before_tile(wt)
+            tile = run(x[:, :, y0 : y0 + in_tile, x0 : x0 + in_tile])
+            oy, ox = round(y0 * scale), round(x0 * scale)
+            acc[:, :, oy : oy + th, ox : ox + tw].addcmul_(tile.float(), wt)
+            total[:, :, oy : oy + th, ox : ox + tw].add_(wt)
+            del tile
+    return acc.div_(total).to(x.dtype)
+
+
+class SharedGroupNormStatistics:
+    """GroupNorm statistics of a whole image, gathered over the tiles of a tiled pass.
+
+    GroupNorm normalises with the mean and variance of each group over the *whole* image, so a tile
+    normalised with its own statistics comes out differently from the same region of the untiled
+    pass (everywhere in the tile, not only near its border: a tile of plain background has other
+    statistics than the image with its objects). Installed on the GroupNorms of the encoder or
+    decoder (their ``statistics`` hook), this object
+
+    - in a *gathering* pass, adds each tile's weighted per-group sums of ``x`` and ``x**2`` (the
+      tile's blending weights, resampled to the layer's resolution, so each pixel of the image
+      counts once and the padding-affected halo not at all) while the tile normalises with its own
+      statistics;
+    - in the final pass, normalises every tile with the gathered whole-image statistics.
+
+    The first GroupNorm's statistics are then exact, the later ones estimates (their inputs were
+    gathered under per-tile normalisation upstream). Measured on a trained decoder (the shapes
+    autoencoder at a quarter of its training, a 256x256 scene decoded in 128-pixel tiles): mean
+    error against the untiled pass 0.44/255 instead of 0.82/255 with per-tile statistics. Repeating
+    the gathering pass does not converge (each pass makes one more layer exact and unsettles the
+    ones after it), so there is one.
+    """
+
+    def __init__(self) -> None:
+        self.current: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # norm -> (mean, var), (B, groups) fp64
+        self.sums: dict[int, list[torch.Tensor]] = {}
+        self.gather = False
+        self.weights: Optional[torch.Tensor] = None
+        self._resized: dict[tuple[int, int], torch.Tensor] = {}
+
+    def start_pass(self, gather: bool) -> None:
+        """Close the previous pass (its sums become the statistics in use) and start another."""
+        for key, (s0, s1, s2) in self.sums.items():
+            mean = s1 / s0
+            self.current[key] = (mean, (s2 / s0 - mean * mean).clamp_min(0.0))
+        self.sums = {}
+        self.gather = gather
+
+    def set_tile(self, weights: torch.Tensor) -> None:
+        """The blending weights ``(h, w)`` of the tile about to run (at the output's resolution)."""
+        self.weights = weights
+        self._resized = {}
+
+    def _weights_at(self, h: int, w: int) -> torch.Tensor:
+        if (h, w) not in self._resized:
+            assert self.weights is not None
+            wt = self.weights[None, None]
+            mode = "area" if h <= wt.shape[-2] else "nearest"
+            self._resized[(h, w)] = F.interpolate(wt, size=(h, w), mode=mode)[0, 0]
+        return self._resized[(h, w)]
+
+    def normalize(self, norm: GroupNorm, x: torch.Tensor) -> torch.Tensor:
+        b, c, h, w = x.shape
+        groups = norm.num_groups
+        xf = x.double()
+        key = id(norm)
+        if self.gather:
+            wt = self._weights_at(h, w).double()
+            per = c // groups
+            s1 = (xf * wt).sum(dim=(2, 3)).view(b, groups, per).sum(-1)
+            s2 = (xf * xf * wt).sum(dim=(2, 3)).view(b, groups, per).sum(-1)
+            s0 = wt.sum() * per
+            acc = self.sums.get(key)
+            self.sums[key] = [s0, s1, s2] if acc is None else [acc[0] + s0, acc[1] + s1, acc[2] + s2]
+        if key in self.current:
+            mean, var = self.current[key]
+        else:  # first pass: the tile's own statistics
+            flat = xf.sum(dim=(2, 3)).view(b, groups, -1).sum(-1)
+            flat2 = (xf * xf).sum(dim=(2, 3)).view(b, groups, -1).sum(-1)
+            n = (c // groups) * h * w
+            mean = flat / n
+            var = (flat2 / n - mean * mean).clamp_min(0.0)
+        rstd = torch.rsqrt(var + norm.eps).repeat_interleave(c // groups, dim=1)  # (B, C)
+        mean_c = mean.repeat_interleave(c // groups, dim=1)
+        scale = rstd * norm.weight.double() if norm.weight is not None else rstd
+        shift = (norm.bias.double() if norm.bias is not None else 0.0) - mean_c * scale
+        return (x * scale.to(x.dtype)[:, :, None, None] + shift.to(x.dtype)[:, :, None, None])
+
+    def install(self, module: nn.Module) -> list[GroupNorm]:
+        norms = [m for m in module.modules() if isinstance(m, GroupNorm)]
+        for m in norms:
+            m.statistics = self
+        return norms
+
+    @staticmethod
+    def remove(norms: list[GroupNorm]) -> None:
+        for m in norms:
+            m.statistics = None
+
+
+class AutoencoderKL(nn.Module):
+    """diffusers' ``AutoencoderKL``: ``encode(x)`` -> posterior, ``decode(z)`` -> image.
+
+    Images are ``(B, in_channels, H, W)`` in ``[-1, 1]`` with H and W multiples of the
+    downsampling factor (``config.downsampling``); latents are ``(B, latent_channels, H/f, W/f)``
+    before scaling (see :meth:`scale_latents`).
+    """
+
+    def __init__(self, config: AutoencoderKLConfig, tiling: Optional[Tiling] = None):
+        super().__init__()
+        self.config = config
+        self.tiling = tiling or Tiling()
+        c = config
+        self.encoder = Encoder(
+            c.in_channels, c.latent_channels, c.block_out_channels, c.layers_per_block, c.norm_num_groups, c.act_fn,
+            double_z=True, mid_block_add_attention=c.mid_block_add_attention,
+        )  # fmt: skip
+        self.decoder = Decoder(
+            c.latent_channels, c.out_channels, c.block_out_channels, c.layers_per_block, c.norm_num_groups, c.act_fn,
+            mid_block_add_attention=c.mid_block_add_attention,
+        )  # fmt: skip
+        z2 = 2 * c.latent_channels
+        self.quant_conv = nn.Conv2d(z2, z2, kernel_size=1) if c.use_quant_conv else None
+        self.post_quant_conv = nn.Conv2d(c.latent_channels, c.latent_channels, kernel_size=1) if c.use_post_quant_conv else None
+
+    # -- plain passes -----------------------------------------------------------------------------
+    def _memory_format(self, x: torch.Tensor) -> torch.Tensor:
+        """Inputs follow the weights' memory format (channels-last weights: channels-last activations)."""
+        if self.encoder.conv_in.weight.is_contiguous(memory_format=torch.channels_last) and not self.encoder.conv_in.weight.is_contiguous():
+            return x.contiguous(memory_format=torch.channels_last)
+        return x
+
+    def _moments(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        return self.quant_conv(h) if self.quant_conv is not None else h
+
+    def _image(self, z: torch.Tensor) -> torch.Tensor:
+        if self.post_quant_conv is not None:
+            z = self.post_quant_conv(z)
+        return self.decoder(z)
+
+    def _tiled(self, tile: Optional[bool], pixels_h: int, pixels_w: int) -> bool:
+        if tile is not None:
+            return bool(tile) and max(pixels_h, pixels_w) > self.tiling.tile_size
+        limit = self.tiling.auto_above
+        return limit is not None and max(pixels_h, pixels_w) > limit
+
+    def _tile_geometry(self) -> tuple[int, int]:
+        """(latent tile side, latent stride) from the tiling settings."""
+        f = self.config.downsampling
+        lt = max(1, self.tiling.tile_size // f)
+        stride = max(1, round(lt * (1.0 - self.tiling.overlap)))
+        return lt, stride
+
+    def encode(self, x: torch.Tensor, *, tile: Optional[bool] = None) -> DiagonalGaussianDistribution:
+        """The posterior over latents for images ``x`` in ``[-1, 1]``.
+
+        ``tile``: True tiles when the image is larger than a tile, False never, None (default)
+        when a side exceeds ``self.tiling.auto_above``.
+        """
+        f = self.config.downsampling
+        if x.shape[-1] % f or x.shape[-2] % f:
+            raise ValueError(f"image size {x.shape[-1]}x{x.shape[-2]} is not a multiple of {f}")
+        x = self._memory_format(x)
+        if not self._tiled(tile, x.shape[-2], x.shape[-1]):
+            return DiagonalGaussianDistribution(self._moments(x))
+        lt, stride = self._tile_geometry()
+        moments = self._run_tiled(self.encoder, self._moments, x, lt * f, stride * f, 1.0 / f, 2 * self.config.latent_channels)
+        return DiagonalGaussianDistribution(moments)
+
+    def decode(self, z: torch.Tensor, *, tile: Optional[bool] = None) -> torch.Tensor:
+        """Images in (about) ``[-1, 1]`` for unscaled latents ``z`` (``tile`` as in :meth:`encode`)."""
+        f = self.config.downsampling
+        z = self._memory_format(z)
+        if not self._tiled(tile, z.shape[-2] * f, z.shape[-1] * f):
+            return self._image(z)
+        lt, stride = self._tile_geometry()
+        return self._run_tiled(self.decoder, self._image, z, lt, stride, float(f), self.config.out_channels)
+
+    def _run_tiled(self, part: nn.Module, run, x: torch.Tensor, tile: int, stride: int, scale: float, channels: int) -> torch.Tensor:
+        """Tiles blended by :func:`blend_tiles`; with ``shared_norm_statistics``, after a pass that
+        gathers the whole image's GroupNorm statistics (:class:`SharedGroupNormStatistics`)."""
+        if not self.tiling.shared_norm_statistics:
+            return blend_tiles(run, x, tile, stride, scale, channels)
+        shared = SharedGroupNormStatistics()
+        norms = shared.install(part)
+        try:
+            shared.start_pass(gather=True)
+            blend_tiles(run, x, tile, stride, scale, channels, before_tile=shared.set_tile)
+            shared.start_pass(gather=False)
+            return blend_tiles(run, x, tile, stride, scale, channels, before_tile=shared.set_tile)
+        finally:
+            shared.remove(norms)
+
+    def forward(self, x: torch.Tensor, sample_posterior: bool = False, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+        posterior = self.encode(x)
+        z = posterior.sample(generator) if sample_posterior else posterior.mode()
+        return self.decode(z)
+
+    # -- latent scaling (what diffusion models see) ----------------------------------------------------
+    def scale_latents(self, z: torch.Tensor) -> torch.Tensor:
+        """Latents as a diffusion model sees them: ``(z - shift) * scaling_factor`` (Stable Diffusion:
+        ``z * 0.18215``); with ``latents_mean``/``latents_std`` per channel ``(z - mean) * scaling / std``."""
+        c = self.config
+        if c.latents_mean is not None and c.latents_std is not None:
+            mean = torch.tensor(c.latents_mean, device=z.device, dtype=z.dtype).view(1, -1, 1, 1)
+            std = torch.tensor(c.latents_std, device=z.device, dtype=z.dtype).view(1, -1, 1, 1)
+            return (z - mean) * c.scaling_factor / std
+        return (z - (c.shift_factor or 0.0)) * c.scaling_factor
+
+    def unscale_latents(self, z: torch.Tensor) -> torch.Tensor:
+        """The inverse of :meth:`scale_latents` (what :meth:`decode` takes)."""
+        c = self.config
+        if c.latents_mean is not None and c.latents_std is not None:
+            mean = torch.tensor(c.latents_mean, device=z.device, dtype=z.dtype).view(1, -1, 1, 1)
+            std = torch.tensor(c.latents_std, device=z.device, dtype=z.dtype).view(1, -1, 1, 1)
+            return z * std / c.scaling_factor + mean
+        return z / c.scaling_factor + (c.shift_factor or 0.0)
+
+
+__all__ = [
+    "AutoencoderKLConfig",
+    "AutoencoderKL",
+    "DiagonalGaussianDistribution",
+    "Encoder",
+    "Decoder",
+    "DownEncoderBlock2D",
+    "UpDecoderBlock2D",
+    "UNetMidBlock2D",
+    "Tiling",
+    "SharedGroupNormStatistics",
+    "tile_starts",
+    "tile_weights",
+    "blend_tiles",
+]
