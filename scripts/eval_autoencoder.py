@@ -26,7 +26,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,17 +119,27 @@ def main() -> None:
     loaded = load_autoencoder(resolve_model(args.model, DEFAULT_MODEL), placement)
     start = time.perf_counter()
     r = evaluate(loaded.model, args.n, args.offset)
-    r.update(model=str(loaded.path), dtype=str(loaded.placement.dtype).replace("torch.", ""), split="test", offset=args.offset, seconds=round(time.perf_counter() - start, 1))
+    r.update(
+        model=str(loaded.path),
+        dtype=str(loaded.placement.dtype).replace("torch.", ""),
+        split="test",
+        offset=args.offset,
+        seconds=round(time.perf_counter() - start, 1),
+    )
     if args.json:
         print(json.dumps(r))
     elif args.markdown:
         print(markdown(r))
     else:
-        print(f"{r['model']} ({r['dtype']}): PSNR {r['psnr']:.2f} dB, SSIM {r['ssim']:.4f} on {r['n']} held-out scenes "
-              f"(one object {r['psnr_one_object']:.2f} dB, two {r['psnr_two_objects']:.2f} dB; 5th percentile {r['psnr_p5']:.2f} dB)")
-        print(f"latent std per channel x scaling_factor {r['scaling_factor']}: {r['scaled_latents']['std']} (overall {r['scaled_latents']['overall_std']}); "
-              f"mean {r['scaled_latents']['mean']}; posterior std {r['posterior_std']}")
-        print(f"decoded with latent noise: " + ", ".join(f"{k} {v} dB" for k, v in r.items() if k.startswith("psnr_noise")))
+        print(
+            f"{r['model']} ({r['dtype']}): PSNR {r['psnr']:.2f} dB, SSIM {r['ssim']:.4f} on {r['n']} held-out scenes "
+            f"(one object {r['psnr_one_object']:.2f} dB, two {r['psnr_two_objects']:.2f} dB; 5th percentile {r['psnr_p5']:.2f} dB)"
+        )
+        print(
+            f"latent std per channel x scaling_factor {r['scaling_factor']}: {r['scaled_latents']['std']} (overall {r['scaled_latents']['overall_std']}); "
+            f"mean {r['scaled_latents']['mean']}; posterior std {r['posterior_std']}"
+        )
+        print("decoded with latent noise: " + ", ".join(f"{k} {v} dB" for k, v in r.items() if k.startswith("psnr_noise")))
 
 
 if __name__ == "__main__":

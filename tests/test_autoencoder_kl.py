@@ -49,7 +49,7 @@ def _reference(seed: int = 0, **kw):
 CASES = {
     "sd1-4blocks": {},
     "3blocks-no-quant-conv": dict(block_out_channels=(32, 64, 64), use_quant_conv=False, use_post_quant_conv=False, layers_per_block=1, norm_num_groups=16),
-    "4blocks-no-mid-attention-gelu": dict(block_out_channels=(16, 32, 32, 32), mid_block_add_attention=False, act_fn="gelu", norm_num_groups=8, latent_channels=8),
+    "4blocks-no-mid-attention-gelu": dict(block_out_channels=(16, 32, 32, 32), mid_block_add_attention=False, act_fn="gelu", norm_num_groups=8, latent_channels=8),  # noqa: E501
     "3blocks-quant-conv-only": dict(block_out_channels=(32, 32, 64), use_post_quant_conv=False, in_channels=4, out_channels=2),
 }
 
@@ -81,7 +81,7 @@ def test_encode_decode_match_diffusers(tmp_path, case):
 
 def test_config_round_trip_and_latent_scaling():
     cfg = AutoencoderKLConfig.from_dict({"_class_name": "AutoencoderKL", "block_out_channels": [32, 64], "down_block_types": ["DownEncoderBlock2D"] * 2,
-                                         "up_block_types": ["UpDecoderBlock2D"] * 2, "scaling_factor": 0.5, "shift_factor": 0.25, "unknown_field": 1})  # fmt: skip
+                                         "up_block_types": ["UpDecoderBlock2D"] * 2, "scaling_factor": 0.5, "shift_factor": 0.25, "unknown_field": 1})  # fmt: skip  # noqa: E501
     assert AutoencoderKLConfig.from_dict(cfg.to_dict()) == cfg
     assert cfg.downsampling == 2
     model = AutoencoderKL(cfg)

@@ -121,7 +121,9 @@ def load_autoencoder(
         layout, prefix = layout_of(keys)
         if not layout:
             some = next(iter(sorted(keys)), "nothing")
-            raise CheckpointError(f"'{src.path}' is not an AutoencoderKL checkpoint: no encoder/decoder tensors in diffusers or original naming (first tensor: '{some}')")
+            raise CheckpointError(
+                f"'{src.path}' is not an AutoencoderKL checkpoint: no encoder/decoder tensors in diffusers or original naming (first tensor: '{some}')"
+            )
         if src.config is not None:
             cfg = dict(src.config)
         elif layout == "ldm":

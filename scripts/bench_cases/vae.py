@@ -126,7 +126,7 @@ def run(side, args, workdir):
                 base = _reset_peak(device)
                 y = roundtrip(x, tiled)
                 result[f"peak_mb_{name}"] = round(_peak(device) - base, 1)
-                result[f"s_{name}"] = round(best_time(lambda: roundtrip(x, tiled), device, args.repeat, warmup=0), 3)
+                result[f"s_{name}"] = round(best_time(lambda x=x, tiled=tiled: roundtrip(x, tiled), device, args.repeat, warmup=0), 3)
                 if name == f"{sizes[-1]}":
                     out = y.float().cpu()
     path = workdir / "reference_out.pt"
