@@ -159,7 +159,7 @@ class DiagonalGaussianDistribution:
 
     def kl(self) -> torch.Tensor:
         """KL divergence to the standard normal, summed over each sample's latent elements: ``(B,)``."""
-        return 0.5 * torch.sum(self.mean.pow(2) + self.var - 1.0 - self.logvar, dim=[1, 2, 3])
+        return 0.5 * torch.sum(self.mean.pow(2) + self.var - 1.0 - self.logvar, dim=list(range(1, self.mean.ndim)))
 
 
 def vae_resnets(in_channels: int, out_channels: int, num_layers: int, groups: int, act: str) -> nn.ModuleList:
