@@ -61,7 +61,7 @@ def reconstruct_file(model, path: str, target: Path, *, tile: Optional[bool] = N
     if size != image.size:
         resized = image.size
         image = image.resize(size, Image.Resampling.BICUBIC)
-    x = np.asarray(image, dtype=np.uint8)[None]
+    x = np.array(image, dtype=np.uint8)[None]
     if isinstance(model, LoadedGenerative):
         y = reconstruct_vae(model, x)
     else:
