@@ -24,7 +24,8 @@ def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     torch.manual_seed(0)
     gen.save_generative(ConvVAE(ConvVAEConfig(image_size=32, latent_dim=8, block_out_channels=(8, 16), norm_num_groups=4)), root / "vae")
-    gen.save_generative(DCGAN(DCGANConfig(image_size=32, latent_dim=8, generator_channels=(16, 8), discriminator_channels=(8, 16), norm_num_groups=4)), root / "gan")
+    gan = DCGAN(DCGANConfig(image_size=32, latent_dim=8, generator_channels=(16, 8), discriminator_channels=(8, 16), norm_num_groups=4))
+    gen.save_generative(gan, root / "gan")
     return root
 
 

@@ -32,7 +32,9 @@ def sample(
         Optional[int], typer.Option("--interpolate", min=2, help="Walk STEPS latents from the first seed to the second (spherical interpolation).")
     ] = None,
     gif: Annotated[bool, typer.Option("--gif", help="With --interpolate: an animated GIF instead of a grid.")] = False,
-    truncation: Annotated[float, typer.Option("--truncation", help="GAN: pull latents towards the mean by PSI (0 < PSI <= 1: less diverse, more typical).")] = 1.0,
+    truncation: Annotated[
+        float, typer.Option("--truncation", help="GAN: pull latents towards the mean by PSI (0 < PSI <= 1: less diverse, more typical).")
+    ] = 1.0,
     temperature: Annotated[float, typer.Option("--temperature", help="VAE: scale of the prior's latents (below 1: smoother, more average samples).")] = 1.0,
     force: Annotated[bool, typer.Option("--force", "-f", help="Overwrite existing outputs.")] = False,
     *,

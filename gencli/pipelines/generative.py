@@ -83,7 +83,9 @@ def load_generative(path: Union[str, Path], family: str, placement: Placement, *
     return LoadedGenerative(model.eval(), family, placement, src.path)
 
 
-def save_generative(model: Union[ConvVAE, DCGAN], folder: Union[str, Path], *, dtype: Optional[torch.dtype] = None, metadata: Optional[dict[str, str]] = None) -> None:
+def save_generative(
+    model: Union[ConvVAE, DCGAN], folder: Union[str, Path], *, dtype: Optional[torch.dtype] = None, metadata: Optional[dict[str, str]] = None
+) -> None:
     """Write ``config.json`` + ``model.safetensors``."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
