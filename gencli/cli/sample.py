@@ -42,7 +42,6 @@ def sample(
 ) -> None:
     """Sample images from a VAE or a GAN (default: the embedded shapes models) into a grid, one PNG
     per sample, or a latent walk. With --json: one line per written file with its seed(s)."""
-    from gencli.backend.device import choose_placement
     from gencli.backend.random import new_seed
     from gencli.console import emit_json
     from gencli.errors import UserError
@@ -93,10 +92,8 @@ def sample(
         target = out or Path("samples.gif" if gif else "samples.png")
         ensure_writable(target, force)
 
-    placement = choose_placement(opts.device, opts.dtype, "float", opts.threads)
-    model_path = resolve_model(opts.model, DEFAULTS[fam])
-    loaded = gen.load_generative(model_path, fam, placement, allow_pickle=opts.allow_pickle)
-    opts.report.debug(f"sample: {loaded.path} on {placement.describe()}")
+    loaded = gen.open_generative(resolve_model(opts.model, DEFAULTS[fam]), fam, **opts.load_options())
+    opts.report.debug(f"sample: {loaded.path} on {loaded.placement.describe()}")
     dim = loaded.latent_dim
     if interpolate is not None:
         latents = gen.interpolation_latents(chosen[0], chosen[1], interpolate, dim)
@@ -145,7 +142,6 @@ def reconstruct(
     """Round-trip images through a VAE (default: the embedded shapes VAE; or any diffusers
     AutoencoderKL folder or SD VAE file) with the posterior mean, and report PSNR and SSIM per image.
     With --json: one line per image {"image", "output", "psnr", "ssim", "resized"}."""
-    from gencli.backend.device import choose_placement
     from gencli.console import emit_json, print_table
     from gencli.errors import UserError
     from gencli.pipelines import reconstruction
@@ -161,8 +157,7 @@ def reconstruct(
         seen[t] = p
         if t.exists() and not force:
             raise UserError(f"output '{t}' already exists (use --force to overwrite)")
-    placement = choose_placement(opts.device, opts.dtype, "float", opts.threads)
-    model = reconstruction.load_any_vae(resolve_model(opts.model, DEFAULTS["vae"]), placement, allow_pickle=opts.allow_pickle)
+    model = reconstruction.load_any_vae(resolve_model(opts.model, DEFAULTS["vae"]), **opts.load_options())
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     with opts.report.progress("reconstructing", total=len(paths)) as advance:

@@ -83,6 +83,15 @@ def load_generative(path: Union[str, Path], family: str, placement: Placement, *
     return LoadedGenerative(model.eval(), family, placement, src.path)
 
 
+def open_generative(
+    path: Union[str, Path], family: str, *, device: str = "auto", dtype: str = "auto", threads: Optional[int] = None, allow_pickle: bool = False
+) -> LoadedGenerative:
+    """:func:`load_generative` with the user's ``--device/--dtype/--threads`` (fp32 unless asked)."""
+    from gencli.backend.device import choose_placement
+
+    return load_generative(path, family, choose_placement(device, dtype, "float", threads), allow_pickle=allow_pickle)
+
+
 def save_generative(
     model: Union[ConvVAE, DCGAN], folder: Union[str, Path], *, dtype: Optional[torch.dtype] = None, metadata: Optional[dict[str, str]] = None
 ) -> None:
@@ -246,6 +255,7 @@ __all__ = [
     "LoadedGenerative",
     "architecture_of",
     "load_generative",
+    "open_generative",
     "save_generative",
     "seed_latent",
     "seed_latents",

@@ -10,7 +10,7 @@ from typing import Optional, Union
 
 import numpy as np
 
-from gencli.backend.device import Placement
+from gencli.backend.device import choose_placement
 from gencli.checkpoints.formats import open_source
 from gencli.errors import UserError
 from gencli.pipelines.autoencoder import LoadedAutoencoder, load_autoencoder
@@ -28,8 +28,12 @@ class Reconstruction:
     resized: Optional[tuple[int, int]]  # the input's (width, height) when it had to be resized
 
 
-def load_any_vae(path: Union[str, Path], placement: Placement, *, allow_pickle: bool = False) -> Union[LoadedGenerative, LoadedAutoencoder]:
-    """A ConvVAE folder, or an AutoencoderKL (diffusers folder, pipeline, bare or single file)."""
+def load_any_vae(
+    path: Union[str, Path], *, device: str = "auto", dtype: str = "auto", threads: Optional[int] = None, allow_pickle: bool = False
+) -> Union[LoadedGenerative, LoadedAutoencoder]:
+    """A ConvVAE folder, or an AutoencoderKL (diffusers folder, pipeline, bare or single file),
+    placed by the user's ``--device/--dtype/--threads`` (fp32 unless asked)."""
+    placement = choose_placement(device, dtype, "float", threads)
     p = Path(path)
     config = None
     if p.is_dir() and (p / "config.json").is_file():
