@@ -29,18 +29,10 @@ from torch.nn.utils.parametrizations import spectral_norm
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gencli.data import shapes  # noqa: E402
 from gencli.models.gan import DCGAN, DCGANConfig  # noqa: E402
-from gencli.pipelines.autoencoder import images_to_tensor  # noqa: E402
 from gencli.pipelines.generative import save_generative  # noqa: E402
 from gencli.training import command_history, load_checkpoint, save_checkpoint  # noqa: E402
-
-SIZE = 64
-
-
-def batch(step: int, size: int) -> torch.Tensor:
-    images, _ = shapes.render_batch(shapes.split_seeds("train", size, offset=step * size), SIZE)
-    return images_to_tensor(images)
+from scripts.train_vae import SIZE, batch  # noqa: E402  (the same stream of training scenes)
 
 
 def add_spectral_norm(module: nn.Module) -> None:

@@ -158,25 +158,22 @@ def generate(
 
 
 @torch.inference_mode()
+def _over_images(loaded: LoadedGenerative, images: np.ndarray, fn: Callable[[torch.Tensor], np.ndarray], batch_size: int) -> np.ndarray:
+    """``fn`` over uint8 images in batches, each converted to ``[-1, 1]`` in the model's placement."""
+    out = [fn(images_to_tensor(images[i : i + batch_size]).to(loaded.placement.device, loaded.placement.dtype)) for i in range(0, len(images), batch_size)]
+    return np.concatenate(out)
+
+
 def realism(loaded: LoadedGenerative, images: np.ndarray, batch_size: int = 64) -> np.ndarray:
     """The GAN discriminator's realism probability (sigmoid of its logit) for uint8 images."""
     assert isinstance(loaded.model, DCGAN)
-    scores = []
-    for start in range(0, len(images), batch_size):
-        x = images_to_tensor(images[start : start + batch_size]).to(loaded.placement.device, loaded.placement.dtype)
-        scores.append(torch.sigmoid(loaded.model.discriminator(x).float()).cpu())
-    return torch.cat(scores).numpy()
+    return _over_images(loaded, images, lambda x: torch.sigmoid(loaded.model.discriminator(x).float()).cpu().numpy(), batch_size)
 
 
-@torch.inference_mode()
 def reconstruct_vae(loaded: LoadedGenerative, images: np.ndarray, batch_size: int = 64) -> np.ndarray:
     """Round-trip uint8 images through a ConvVAE with the posterior mean (deterministic)."""
     assert isinstance(loaded.model, ConvVAE)
-    out = []
-    for start in range(0, len(images), batch_size):
-        x = images_to_tensor(images[start : start + batch_size]).to(loaded.placement.device, loaded.placement.dtype)
-        out.append(tensor_to_images(loaded.model.decode(loaded.model.encode(x).mode())))
-    return np.concatenate(out)
+    return _over_images(loaded, images, lambda x: tensor_to_images(loaded.model.decode(loaded.model.encode(x).mode())), batch_size)
 
 
 # -- seeds, grids and files -----------------------------------------------------------------------
