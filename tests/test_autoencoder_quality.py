@@ -92,10 +92,12 @@ def _hand_over_bands(starts: list[int], size: int, length: int, scale: float) ->
     return count > 1
 
 
-@pytest.mark.xfail(reason="tiling of the trained model: shared GroupNorm statistics not yet wired (issue 14 in progress)", strict=False)
 def test_tiled_decode_of_a_large_latent_matches_untiled_without_visible_seams(model):
-    """A 256x256 scene's 64x64 latent decoded in 128-pixel tiles (3x3 tiles): within 2/255 of the
-    untiled decode away from the blending bands, and no seam line: along every row and column the
+    """A 256x256 scene's 64x64 latent decoded in 128-pixel tiles (3x3 tiles). The tiles see the
+    untiled pass's mid-block output and GroupNorm statistics, so what is left is the zero padding
+    at tile borders reaching through the receptive field past the blending halo: a fraction of a
+    level away from the blending bands (measured 0.08/255), within the issue's 2/255 everywhere
+    (measured 1.6/255 at most, inside a band), and no seam line: along every row and column the
     tiled image's mean absolute step between neighbouring pixels exceeds the untiled image's by
     less than 0.25/255."""
     from gencli.models.autoencoder_kl import Tiling, tile_starts
@@ -119,8 +121,8 @@ def test_tiled_decode_of_a_large_latent_matches_untiled_without_visible_seams(mo
     band = _hand_over_bands(starts, 128, 256, f)
     away = ~(band[:, None] | band[None, :])
     err = np.abs(t - u)
-    assert err[:, away].max() <= 2.0, err[:, away].max()
-    assert err.max() <= 4.0, err.max()
+    assert err[:, away].max() <= 0.5, err[:, away].max()
+    assert err.max() <= 2.0, err.max()
     for axis in (1, 2):
         step_t = np.abs(np.diff(t, axis=axis)).mean(axis=(0, 3 - axis))
         step_u = np.abs(np.diff(u, axis=axis)).mean(axis=(0, 3 - axis))

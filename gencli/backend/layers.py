@@ -126,6 +126,7 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "elu": F.elu,
     "tanh": torch.tanh,
     "sigmoid": torch.sigmoid,
+    "leaky_relu": functools.partial(F.leaky_relu, negative_slope=0.2),  # DCGAN's discriminator slope
 }
 
 
@@ -134,6 +135,7 @@ _INPLACE_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": lambda t: F.silu(t, inplace=True),
     "swish": lambda t: F.silu(t, inplace=True),
     "relu": lambda t: F.relu(t, inplace=True),
+    "leaky_relu": lambda t: F.leaky_relu(t, 0.2, inplace=True),
 }
 
 

@@ -51,40 +51,14 @@ class LoadedAutoencoder:
     config: dict[str, Any]  # the diffusers config it was built from (shipped defaults for single files)
 
 
-def _vae_file(folder: Path, variant: Optional[str]) -> Optional[Path]:
-    """The weights file of a diffusers component folder: the ``variant`` file when asked for, else the
-    plain file, else the only variant present (None: leave it to the generic folder rules)."""
-    if variant:
-        f = folder / f"{WEIGHTS_NAME}.{variant}.safetensors"
-        if not f.is_file():
-            found = ", ".join(sorted(p.name for p in folder.glob("*.safetensors"))) or "none"
-            raise UserError(f"'{folder}' has no '{f.name}' (safetensors files there: {found})")
-        return f
-    if (folder / f"{WEIGHTS_NAME}.safetensors").is_file() or (folder / f"{WEIGHTS_NAME}.safetensors.index.json").is_file():
-        return None
-    variants = sorted(folder.glob(f"{WEIGHTS_NAME}.*.safetensors"))
-    return variants[0] if len(variants) == 1 else None
-
-
 def open_autoencoder_source(path: str | Path, *, variant: Optional[str] = None, allow_pickle: bool = False) -> CheckpointSource:
-    """The checkpoint source of an autoencoder: the ``vae/`` of a pipeline folder, the right
-    variant file of a component folder, and the ``config.json`` next to a bare file."""
-    src = open_source(path, allow_pickle=allow_pickle)
+    """The checkpoint source of an autoencoder: the ``vae/`` of a pipeline folder, the ``variant``
+    files of a component folder (both through :func:`~gencli.checkpoints.formats.open_source`), and
+    an ``AutoencoderKL`` ``config.json`` next to a bare file of any name."""
+    src = open_source(path, allow_pickle=allow_pickle, variant=variant)
     if src.kind == "diffusers-pipeline":
-        assert src.folder is not None
-        if not (src.folder / "vae").is_dir():
-            raise UserError(f"'{src.path}' is a diffusers pipeline without a 'vae' component")
-        return open_autoencoder_source(src.folder / "vae", variant=variant, allow_pickle=allow_pickle)
-    folder = src.path if src.path.is_dir() else None
-    if folder is not None:
-        chosen = _vae_file(folder, variant)
-        if chosen is not None:
-            config = src.config
-            src = open_source(chosen)
-            src.config = config
-        return src
-    if src.config is None and src.path.suffix == ".safetensors":
-        # a bare file given explicitly: use a config beside it when it describes an AutoencoderKL
+        return src.sub("vae", variant=variant)
+    if src.config is None and src.path.is_file() and src.path.suffix == ".safetensors":
         beside = src.path.parent / "config.json"
         if beside.is_file():
             cfg = read_json(beside)
