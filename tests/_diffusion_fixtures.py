@@ -72,7 +72,13 @@ def build_reference(family: str, seed: int = 0):
         te = transformers.CLIPTextModel(text_config(32, 2, "quick_gelu", 4)).eval()
         te2 = transformers.CLIPTextModelWithProjection(text_config(64, 2, "gelu", 4, projection_dim=48)).eval()
         return diffusers.StableDiffusionXLPipeline(
-            vae=vae, text_encoder=te, text_encoder_2=te2, tokenizer=hf_tokenizer(EOS), tokenizer_2=hf_tokenizer("!"), unet=unet, scheduler=scheduler,
+            vae=vae,
+            text_encoder=te,
+            text_encoder_2=te2,
+            tokenizer=hf_tokenizer(EOS),
+            tokenizer_2=hf_tokenizer("!"),
+            unet=unet,
+            scheduler=scheduler,
         )
     scheduler = diffusers.PNDMScheduler(**SCHEDULER, prediction_type=prediction)
     te = transformers.CLIPTextModel(text_config(32, 3, "quick_gelu" if family == "sd1" else "gelu", 4)).eval()

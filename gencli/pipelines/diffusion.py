@@ -176,9 +176,7 @@ def _missing_component_error(src: CheckpointSource) -> None:
 def _check_fit(unet: UNet2DConditionModel, vae: LoadedAutoencoder, encoder: PromptEncoder, where: Path) -> None:
     cfg = unet.config
     if cfg.context_dim != encoder.hidden_size:
-        raise CheckpointError(
-            f"'{where}': the UNet attends to {cfg.context_dim}-wide text states, the text encoder(s) give {encoder.hidden_size}"
-        )
+        raise CheckpointError(f"'{where}': the UNet attends to {cfg.context_dim}-wide text states, the text encoder(s) give {encoder.hidden_size}")
     if vae.model.config.latent_channels != cfg.in_channels or cfg.out_channels != cfg.in_channels:
         raise CheckpointError(
             f"'{where}': the VAE has {vae.model.config.latent_channels} latent channels, the UNet takes {cfg.in_channels} and gives {cfg.out_channels}"
@@ -263,13 +261,16 @@ def single_file_scheduler_config(unet_config: dict[str, Any], keys: set[str], re
     return dict(STANDARD_SCHEDULER_CONFIGS["sd2-v" if v else "sd2" if family == "sd2" else "sd1"])
 
 
-_GENERATION_KEYS = {"num_inference_steps": int, "guidance_scale": (int, float), "guidance_rescale": (int, float), "sampler": str, "width": int, "height": int}
+_GENERATION_KEYS = {
+    "num_inference_steps": ((int,), "an integer"), "guidance_scale": ((int, float), "a number"), "guidance_rescale": ((int, float), "a number"),
+    "sampler": ((str,), "a sampler name"), "width": ((int,), "an integer"), "height": ((int,), "an integer"),
+}  # fmt: skip
 
 
 def check_generation_config(config: dict[str, Any], where: Path) -> None:
-    for key, kind in _GENERATION_KEYS.items():
-        if key in config and (not isinstance(config[key], kind) or isinstance(config[key], bool)):
-            raise CheckpointError(f"'{where}/{GENERATION_CONFIG}': {key} must be a {'number' if kind != str and kind != int else kind.__name__}")
+    for key, (kinds, what) in _GENERATION_KEYS.items():
+        if key in config and (not isinstance(config[key], kinds) or isinstance(config[key], bool)):
+            raise CheckpointError(f"'{where}/{GENERATION_CONFIG}': {key} must be {what} (got {config[key]!r})")
 
 
 # -- settings -------------------------------------------------------------------------------------------
@@ -467,7 +468,7 @@ def generate(
     if init_images is not None and len(init_images) != len(prompts):
         raise ValueError("one init image per prompt")
     timing = timing if timing is not None else BatchTiming()
-    device, dtype = pipe.placement.device, pipe.placement.dtype
+    device = pipe.placement.device
     batch = len(prompts)
     generators = [torch.Generator(device="cpu").manual_seed(int(s)) for s in seeds]
     f = pipe.vae_scale_factor
