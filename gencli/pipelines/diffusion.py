@@ -570,7 +570,7 @@ def prepare_init_image(image: Any, width: int, height: int) -> np.ndarray:
 
     if image.size != (width, height):
         image = image.resize((width, height), Image.LANCZOS)
-    return np.asarray(image.convert("RGB"), dtype=np.uint8)
+    return np.array(image.convert("RGB"), dtype=np.uint8)
 
 
 __all__ = [
