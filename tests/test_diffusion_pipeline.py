@@ -20,20 +20,14 @@ from gencli.pipelines.image_parameters import ImageParameters
 diffusers = pytest.importorskip("diffusers")
 transformers = pytest.importorskip("transformers")
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 PROMPTS = ["a small red star at the top left on a blue background", "a green circle"]
 NEGATIVE = ["blurry, lowres", "a square"]
 SEEDS = [3, 11]
 SIZE = 16
 STEPS = 5
 MAX_PIXEL_DIFF = 2  # of 255
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 _BUILT: dict = {}

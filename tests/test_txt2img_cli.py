@@ -9,7 +9,6 @@ import shutil
 
 import numpy as np
 import pytest
-import torch
 from _diffusion_fixtures import build_reference, save_reference
 from PIL import Image
 from typer.testing import CliRunner
@@ -17,15 +16,9 @@ from typer.testing import CliRunner
 from gencli.cli import app
 
 pytest.importorskip("diffusers")
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 GENERATION = {"num_inference_steps": 3, "guidance_scale": 5.0, "sampler": "euler_a", "width": 16, "height": 16}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -293,6 +293,9 @@ class GenerationSettings:
         return self.guidance > 1.0
 
 
+SETTING_FLAGS = ("steps", "guidance", "guidance_rescale", "sampler", "width", "height", "clip_skip", "strength")
+
+
 def check_settings(
     *,
     steps: Optional[int] = None,
@@ -322,20 +325,13 @@ def check_settings(
         resolve_sampler(sampler)
 
 
-def resolve_settings(
-    pipe: StableDiffusion,
-    *,
-    steps: Optional[int] = None,
-    guidance: Optional[float] = None,
-    guidance_rescale: Optional[float] = None,
-    sampler: Optional[str] = None,
-    width: Optional[int] = None,
-    height: Optional[int] = None,
-    clip_skip: Optional[int] = None,
-    strength: Optional[float] = None,
-) -> GenerationSettings:
+def resolve_settings(pipe: StableDiffusion, **flags: Any) -> GenerationSettings:
     """Flags override the pipeline's ``generation_config.json``, which overrides diffusers' defaults
     (50 steps, guidance 7.5 or SDXL's 5, the scheduler config's own sampler, the UNet's native size)."""
+    unknown = sorted(set(flags) - set(SETTING_FLAGS))
+    if unknown:
+        raise TypeError(f"unknown setting {unknown[0]!r}")
+    steps, guidance, guidance_rescale, sampler, width, height, clip_skip, strength = (flags.get(k) for k in SETTING_FLAGS)
     gen = pipe.generation_config
     default_w, default_h = pipe.default_size
     settings = GenerationSettings(
@@ -348,10 +344,7 @@ def resolve_settings(
         clip_skip=int(clip_skip or 0),
         strength=strength,
     )
-    check_settings(
-        steps=settings.steps, guidance=settings.guidance, guidance_rescale=settings.guidance_rescale, sampler=settings.sampler,
-        width=settings.width, height=settings.height, clip_skip=settings.clip_skip, strength=settings.strength,
-    )  # fmt: skip
+    check_settings(**{k: getattr(settings, k) for k in SETTING_FLAGS})
     settings.sampler = make_scheduler(settings.sampler, pipe.scheduler_config).sampler_name
     return settings
 

@@ -36,7 +36,6 @@ PROMPT_KEYS = {
     "sampler": "--sampler", "width": "--width", "height": "--height", "clip_skip": "--clip-skip", "seed": "--seed", "seeds": "--seeds",
     "n": "-n", "strength": "--strength",
 }  # fmt: skip
-SETTING_KEYS = ("steps", "guidance", "guidance_rescale", "sampler", "width", "height", "clip_skip", "strength")
 MAX_IMAGES = 100_000
 
 
@@ -137,6 +136,8 @@ def plan_jobs(
     new_seed: Callable[[], int],
 ) -> list[Job]:
     """Every image of a run, its output path checked (see the module doc)."""
+    from gencli.pipelines.diffusion import SETTING_FLAGS
+
     if n is not None and n < 1:
         raise UserError(f"-n must be at least 1 (got {n})")
     jobs: list[Job] = []
@@ -159,7 +160,7 @@ def plan_jobs(
             listed = [(base + k) % 2**32 for k in range(count)]
             if count < 1:
                 raise UserError(f"-n must be at least 1 (got {count})")
-        merged = {**flags, **{k: v for k, v in o.items() if k in SETTING_KEYS}}
+        merged = {**flags, **{k: v for k, v in o.items() if k in SETTING_FLAGS}}
         negative = o.get("negative_prompt", negative_prompt)
         for s in listed:
             jobs.append(Job(len(jobs), spec.prompt, negative, s, merged, Path()))
