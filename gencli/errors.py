@@ -13,7 +13,3 @@ class UserError(Exception):
 
 class CheckpointError(UserError):
     """A checkpoint that cannot be read or does not fit the model it claims to be."""
-
-
-class NotBuiltError(UserError):
-    """A command of the contract whose model family has not landed yet."""

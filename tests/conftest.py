@@ -26,6 +26,17 @@ def wide_terminal(monkeypatch):
     monkeypatch.setenv("COLUMNS", "400")
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models: one torch thread is as fast, and does not wait on a busy machine's other cores."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def cli():
     return run_cli

@@ -28,16 +28,9 @@ diffusers = pytest.importorskip("diffusers")
 from diffusers import UNet2DConditionModel as RefUNet  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 CPU32 = Placement(torch.device("cpu"), torch.float32)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one thread is as fast, and does not wait on a busy machine's other cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 # Tiny configs of the three families. They follow the standard conventions that a single file's

@@ -27,10 +27,23 @@ def _more(items: list[str]) -> str:
     return f" (and {len(items) - 1} more)" if len(items) > 1 else ""
 
 
+_INIT_FUNCTIONS = ("normal_", "uniform_", "trunc_normal_", "kaiming_normal_", "kaiming_uniform_", "xavier_normal_", "xavier_uniform_",
+                   "zeros_", "ones_", "constant_", "orthogonal_")  # fmt: skip
+
+
 def build_on_meta(factory: Callable[[], M]) -> M:
-    """Construct a module without allocating its weights."""
-    with torch.device("meta"):
-        return factory()
+    """Construct a module without allocating its weights, and without running their random
+    initialisation (a no-op on meta tensors, but its first call imports torch's reference ops,
+    several seconds of start-up)."""
+    saved = {name: getattr(nn.init, name) for name in _INIT_FUNCTIONS if hasattr(nn.init, name)}
+    try:
+        for name in saved:
+            setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+        with torch.device("meta"):
+            return factory()
+    finally:
+        for name, fn in saved.items():
+            setattr(nn.init, name, fn)
 
 
 def load_state(

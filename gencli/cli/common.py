@@ -200,21 +200,3 @@ def command(app: typer.Typer, name: str, *, model_options: bool = True, **typer_
         return fn
 
     return decorate
-
-
-def placeholder(app: typer.Typer, name: str, help: str, family: str) -> None:
-    """Register a contract command whose model family has not landed yet.
-
-    It accepts any arguments and exits 2 with one clear line, so scripts fail cleanly, not with a crash.
-    """
-
-    def body(ctx: typer.Context) -> None:
-        from gencli.errors import NotBuiltError
-
-        def fail() -> None:
-            raise NotBuiltError(f"'gencli {name}' is not built yet: the {family} family has not landed in this version")
-
-        run_guarded(RunOptions(), fail)
-
-    body.__doc__ = f"{help} [not built yet]"
-    app.command(name, help=f"{help} [dim](not built yet)[/dim]", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(body)

@@ -1,6 +1,281 @@
-"""`gencli txt2img`."""
+"""`gencli txt2img`, `gencli img2img` and `gencli replay`: Stable Diffusion from diffusers folders and
+single-file checkpoints (the embedded default: txt2img-shapes)."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Optional
+
+import typer
 
 from gencli.cli import app
-from gencli.cli.common import placeholder
+from gencli.cli.common import RunOptions, command
 
-placeholder(app, "txt2img", "Generate images from a text prompt with latent diffusion.", "text-to-image")
+DEFAULT_MODEL = "txt2img-shapes"
+_GEN = "Generation"
+_IO = "Files"
+
+
+def _sampler_help() -> str:
+    from gencli.schedulers import sampler_names
+
+    return f"Sampler: {', '.join(sampler_names())}, or the names other front ends use ('Euler a', 'DPM++ 2M Karras') (default: the model's)."
+
+
+def _opt(kind: Any, *names: str, help: str, panel: str = _GEN, show_default: bool = False) -> Any:
+    return Annotated[kind, typer.Option(*names, help=help, rich_help_panel=panel, show_default=show_default)]
+
+
+NegativeOpt = _opt(Optional[str], "--negative-prompt", "-N", help="What the image should not show.")
+StepsOpt = _opt(Optional[int], "--steps", help="Denoising steps (default: the model's generation_config.json, else 50).")
+GuidanceOpt = _opt(
+    Optional[float], "--guidance", "--cfg-scale", "-g", help="Classifier-free guidance scale; <= 1 turns guidance off (default: the model's, else 7.5)."
+)
+RescaleOpt = _opt(Optional[float], "--guidance-rescale", help="Guidance rescale in [0, 1] (0 = off).")
+SamplerOpt = _opt(Optional[str], "--sampler", "-s", help=_sampler_help())
+WidthOpt = _opt(Optional[int], "--width", "-W", help="Width in pixels, a multiple of 8 up to 4096 (default: the model's).")
+HeightOpt = _opt(Optional[int], "--height", "-H", help="Height in pixels, a multiple of 8 up to 4096 (default: the model's).")
+CountOpt = _opt(Optional[int], "-n", "--num-images", help="Images per prompt (seeds S, S+1, ...).")
+SeedsOpt = _opt(Optional[str], "--seeds", help="Seeds, e.g. 0-7 or 1,5,9-11: one image per seed and prompt.")
+ClipSkipOpt = _opt(
+    Optional[int], "--clip-skip",
+    help="Condition on a text encoder layer this many before the last (diffusers' count: 1 = penultimate, 'Clip skip: 2' elsewhere).",
+)  # fmt: skip
+BatchOpt = _opt(int, "--batch-size", help="Images denoised together (1 keeps every image reproducible by replay byte for byte).", show_default=True)
+OutOpt = _opt(Optional[str], "--out", "-o", help="Output PNG; {i} (index from 0) and {seed} placeholders for many images.", panel=_IO)
+ForceOpt = _opt(bool, "--force", help="Overwrite existing files.", panel=_IO, show_default=True)
+PromptsFileOpt = _opt(Optional[str], "--prompts-file", "-f", help="One prompt per line, or JSON lines with per-prompt settings; - = stdin.", panel=_IO)
+VaeOpt = _opt(Optional[str], "--vae", help="Another VAE: a diffusers vae/ folder or a .safetensors file.", panel="Common options")
+VariantOpt = _opt(Optional[str], "--variant", help="diffusers weight variant to load, e.g. fp16.", panel="Common options")
+StrengthOpt = _opt(float, "--strength", help="How much to change the image, in (0, 1]: the share of the steps run.", show_default=True)
+InitImageOpt = _opt(Optional[str], "--init-image", help="The source image of an img2img PNG.", panel=_IO)
+PromptArg = Annotated[Optional[str], typer.Argument(metavar="PROMPT", help="The prompt ('' = unconditional); - reads it from stdin.", show_default=False)]
+
+
+@command(app, "txt2img")
+def txt2img(
+    prompt: PromptArg = None,
+    negative_prompt: NegativeOpt = None,
+    steps: StepsOpt = None,
+    guidance: GuidanceOpt = None,
+    guidance_rescale: RescaleOpt = None,
+    sampler: SamplerOpt = None,
+    width: WidthOpt = None,
+    height: HeightOpt = None,
+    n: CountOpt = None,
+    seeds: SeedsOpt = None,
+    clip_skip: ClipSkipOpt = None,
+    batch_size: BatchOpt = 1,
+    out: OutOpt = None,
+    force: ForceOpt = False,
+    prompts_file: PromptsFileOpt = None,
+    vae: VaeOpt = None,
+    variant: VariantOpt = None,
+    *,
+    opts: RunOptions,
+) -> None:
+    """Generate images from a text prompt with Stable Diffusion (SD 1.x, 2.x, SDXL).
+
+    Each PNG carries the settings in a 'parameters' text chunk that other front ends read, and that
+    'gencli replay' regenerates the image from. Settings not given as flags come from the model's
+    generation_config.json. Examples:
+
+    gencli txt2img "a red star on a blue background" -o star.png
+
+    gencli txt2img "a green circle" --seeds 0-3 -o "circle-{seed}.png" --json
+
+    gencli txt2img -m ./stable-diffusion-v1-5 "a lighthouse at dusk" --steps 25 --sampler "DPM++ 2M Karras" -W 512 -H 512
+    """
+    flags = dict(steps=steps, guidance=guidance, guidance_rescale=guidance_rescale, sampler=sampler, width=width, height=height, clip_skip=clip_skip)
+    _run(opts, prompt, prompts_file, negative_prompt, flags, n, seeds, batch_size, out, force, vae, variant, "txt2img")
+
+
+@command(app, "img2img")
+def img2img(
+    image: Annotated[str, typer.Argument(metavar="IMAGE", help="The image to start from.", show_default=False)],
+    prompt: PromptArg = None,
+    strength: StrengthOpt = 0.8,
+    negative_prompt: NegativeOpt = None,
+    steps: StepsOpt = None,
+    guidance: GuidanceOpt = None,
+    guidance_rescale: RescaleOpt = None,
+    sampler: SamplerOpt = None,
+    width: WidthOpt = None,
+    height: HeightOpt = None,
+    n: CountOpt = None,
+    seeds: SeedsOpt = None,
+    clip_skip: ClipSkipOpt = None,
+    batch_size: BatchOpt = 1,
+    out: OutOpt = None,
+    force: ForceOpt = False,
+    prompts_file: PromptsFileOpt = None,
+    vae: VaeOpt = None,
+    variant: VariantOpt = None,
+    *,
+    opts: RunOptions,
+) -> None:
+    """Change an image following a prompt: encode it, noise it to --strength, denoise.
+
+    The image is resized to --width/--height when given, else kept at its size rounded down to a
+    multiple of 8. Example:
+
+    gencli img2img star.png "a red heart on a blue background" --strength 0.6 -o heart.png
+    """
+    flags = dict(steps=steps, guidance=guidance, guidance_rescale=guidance_rescale, sampler=sampler, width=width, height=height, clip_skip=clip_skip,
+                 strength=strength)  # fmt: skip
+    _run(opts, prompt, prompts_file, negative_prompt, flags, n, seeds, batch_size, out, force, vae, variant, "img2img", image=image)
+
+
+@command(app, "replay")
+def replay(
+    image: Annotated[str, typer.Argument(metavar="IMAGE", help="A PNG with a 'parameters' text chunk.", show_default=False)],
+    out: OutOpt = None,
+    force: ForceOpt = False,
+    init_image: InitImageOpt = None,
+    vae: VaeOpt = None,
+    *,
+    opts: RunOptions,
+) -> None:
+    """Make an image again from the settings in its PNG 'parameters' (prompt, seed, steps, sampler, CFG
+    scale, size, model). With the same checkpoint on the same machine the PNG is the same, byte for byte.
+
+    The model is the one named in the parameters (an embedded default or a path), or --model; a
+    different Model hash is a warning. Example:
+
+    gencli replay star.png -o star-again.png
+    """
+    from pathlib import Path
+
+    from gencli.errors import UserError
+    from gencli.pipelines.image_parameters import read_parameters
+
+    params = read_parameters(image)
+    if opts.model is None:
+        if not params.model:
+            raise UserError(f"'{image}' does not name its model: pass --model")
+        opts.model = params.model
+    if params.denoising_strength is not None and init_image is None:
+        raise UserError(f"'{image}' is an img2img result (Denoising strength {params.denoising_strength:g}): pass its source image with --init-image")
+    flags = dict(steps=params.steps, guidance=params.cfg_scale, guidance_rescale=params.guidance_rescale or None, sampler=params.sampler,
+                 width=params.width or None, height=params.height or None, clip_skip=params.clip_skip or None,
+                 strength=params.denoising_strength)  # fmt: skip
+    default_out = str(Path(image).with_name(Path(image).stem + "-replay.png"))
+    _run(
+        opts, params.prompt, None, params.negative_prompt or None, flags, None, str(params.seed), 1, out or default_out, force, vae, None,
+        "replay", image=init_image, expect_hash=params.model_hash,
+    )  # fmt: skip
+
+
+def _run(
+    opts: RunOptions,
+    prompt: Optional[str],
+    prompts_file: Optional[str],
+    negative_prompt: Optional[str],
+    flags: dict[str, Any],
+    n: Optional[int],
+    seeds: Optional[str],
+    batch_size: int,
+    out: Optional[str],
+    force: bool,
+    vae: Optional[str],
+    variant: Optional[str],
+    kind: str,
+    *,
+    image: Optional[str] = None,
+    expect_hash: str = "",
+) -> None:
+    import sys
+
+    from gencli.backend.random import new_seed
+    from gencli.errors import UserError
+    from gencli.pipelines.diffusion_jobs import PromptSpec, check_job_flags, plan_jobs, read_prompts_file
+    from gencli.weights import resolve_model
+
+    report = opts.report
+    if batch_size < 1:
+        raise UserError(f"--batch-size must be at least 1 (got {batch_size})")
+    if prompt is not None and prompts_file is not None:
+        raise UserError("give a PROMPT or --prompts-file, not both")
+    if prompts_file is not None:
+        specs = read_prompts_file(prompts_file)
+    elif prompt is None:
+        raise UserError(f"no prompt: gencli {kind} PROMPT, or --prompts-file FILE ('' is an unconditional prompt)")
+    else:
+        specs = [PromptSpec(sys.stdin.read().strip() if prompt == "-" else prompt)]
+    check_job_flags(flags)
+    for spec in specs:
+        check_job_flags({**flags, **{k: v for k, v in spec.overrides.items() if k in flags}})
+    if opts.seed is not None and opts.seed < 0:
+        raise UserError("--seed must be >= 0")
+    init = _read_init_image(image, flags) if image is not None else None
+    jobs = plan_jobs(
+        specs, negative_prompt=negative_prompt, flags=flags, seed=opts.seed, seeds=seeds, n=n, out=out,
+        default_out=f"{'txt2img' if kind == 'replay' else kind}-{{seed}}.png" if len(specs) == 1 and not n and not seeds else f"{kind}-{{i:03d}}-{{seed}}.png",
+        force=force, new_seed=new_seed,
+    )  # fmt: skip
+
+    from gencli.pipelines.diffusion import load_pipeline
+
+    path = resolve_model(opts.model, DEFAULT_MODEL)
+    with report.progress("loading model"):
+        pipe = load_pipeline(path, vae=vae, variant=variant, **opts.load_options())
+    report.debug(pipe.describe())
+    report.debug(f"loaded in {pipe.load_seconds:.2f}s")
+    if expect_hash and expect_hash != pipe.model_hash:
+        report.warn(f"the image was made with Model hash {expect_hash}, '{path}' has {pipe.model_hash}: the image will differ")
+    _generate(opts, pipe, jobs, batch_size, init, force)
+
+
+def _read_init_image(image: str, flags: dict[str, Any]):
+    """The img2img source at the run's size: --width/--height, else its own rounded down to 8."""
+    from gencli.errors import UserError
+    from gencli.pipelines.diffusion import SIZE_MULTIPLE, prepare_init_image
+    from gencli.pipelines.images import load_image
+
+    pil = load_image(image)
+    w = flags.get("width") or pil.width // SIZE_MULTIPLE * SIZE_MULTIPLE
+    h = flags.get("height") or pil.height // SIZE_MULTIPLE * SIZE_MULTIPLE
+    if w < SIZE_MULTIPLE or h < SIZE_MULTIPLE:
+        raise UserError(f"'{image}' is {pil.width}x{pil.height}: too small (at least {SIZE_MULTIPLE}x{SIZE_MULTIPLE})")
+    flags["width"], flags["height"] = w, h
+    return prepare_init_image(pil, w, h)
+
+
+def _generate(opts: RunOptions, pipe, jobs, batch_size: int, init, force: bool) -> None:
+    from gencli.console import emit_json
+    from gencli.io import atomic_write_bytes
+    from gencli.pipelines.diffusion_jobs import model_calls, run_jobs
+    from gencli.pipelines.image_parameters import png_bytes
+
+    report = opts.report
+    notices_seen: set[str] = set()
+
+    def notice(message: str) -> None:
+        if message not in notices_seen:
+            notices_seen.add(message)
+            report.warn(message)
+
+    def batch_done(group, timing) -> None:
+        per = f", {timing.s_per_step:.3f} s/step" if timing.s_per_step else ""
+        report.debug(
+            f"images {group[0].index}-{group[-1].index}: encode {timing.encode_s:.2f}s, {timing.model_calls} steps in {timing.denoise_s:.2f}s{per}, "
+            f"decode {timing.decode_s:.2f}s"
+        )
+
+    start = time.perf_counter()
+    total = model_calls(pipe, jobs, batch_size) if report.interactive else None
+    with report.progress("denoising", total=total) as advance:
+        for job, image in run_jobs(pipe, jobs, batch_size=batch_size, init_image=init, on_step=advance, on_notice=notice, on_batch=batch_done):
+            params = image.parameters(pipe)
+            atomic_write_bytes(job.out, png_bytes(image.pixels, params.to_text()), force=force)
+            s = image.settings
+            if opts.json:
+                emit_json({
+                    "file": str(job.out), "prompt": image.prompt, "negative_prompt": image.negative_prompt, "seed": image.seed,
+                    "steps": s.steps, "sampler": params.sampler, "guidance": s.guidance, "guidance_rescale": s.guidance_rescale,
+                    "width": s.width, "height": s.height, "clip_skip": s.clip_skip, "strength": s.strength,
+                    "model": str(pipe.path), "model_hash": pipe.model_hash, "parameters": params.to_text(),
+                })  # fmt: skip
+            else:
+                report.log(f"wrote {job.out} (seed {image.seed})")
+    report.debug(f"{len(jobs)} image(s) in {time.perf_counter() - start:.2f}s")

@@ -1,0 +1,191 @@
+"""The ``parameters`` text a generated PNG carries, in the format other Stable Diffusion front ends write
+and read (AUTOMATIC1111's web UI, and the tools that read its files), and the PNG itself. No torch.
+
+The text is the prompt, then ``Negative prompt: ...`` on its own line when there is one, then one
+line of ``Key: value`` pairs separated by ``", "``::
+
+    a red star on a blue background
+    Negative prompt: blurry
+    Steps: 20, Sampler: Euler a, CFG scale: 7.5, Seed: 42, Size: 64x64, Model hash: 1a2b3c4d5e, Model: txt2img-shapes
+
+A value holding a comma, a colon or a line break is written as a JSON string (what those front ends
+do). ``Clip skip`` counts as they count (1 = the last layer, 2 = the penultimate), one more than
+diffusers' ``clip_skip``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+import numpy as np
+
+from gencli.errors import UserError
+
+PARAMETERS_KEY = "parameters"
+NEGATIVE_PREFIX = "Negative prompt:"
+# one "Key: value" pair: a key of word characters, spaces, '-' and '/', then a plain or JSON-quoted value
+_PAIR = re.compile(r'\s*(\w[\w \-/]*):\s*("(?:\\.|[^\\"])*"|[^,]*)(?:,|$)')
+_SIZE = re.compile(r"^(\d+)x(\d+)$")
+
+
+@dataclass
+class ImageParameters:
+    """The settings an image was made with, as the ``parameters`` chunk records them."""
+
+    prompt: str
+    negative_prompt: str = ""
+    steps: int = 0
+    sampler: str = ""  # the display name ("Euler a", "DPM++ 2M Karras")
+    cfg_scale: float = 0.0
+    seed: int = 0
+    width: int = 0
+    height: int = 0
+    model: str = ""
+    model_hash: str = ""
+    clip_skip: int = 0  # diffusers' count: 0 = last layer (written as "Clip skip: 1" only when > 0)
+    guidance_rescale: float = 0.0
+    denoising_strength: Optional[float] = None  # img2img
+    vae: str = ""
+    vae_hash: str = ""
+    extra: dict[str, str] = field(default_factory=dict)  # keys this module does not know, kept in order
+
+    def to_text(self) -> str:
+        pairs: list[tuple[str, Any]] = [
+            ("Steps", self.steps),
+            ("Sampler", self.sampler),
+            ("CFG scale", _number(self.cfg_scale)),
+            ("Seed", self.seed),
+            ("Size", f"{self.width}x{self.height}"),
+            ("Model hash", self.model_hash),
+            ("Model", self.model),
+        ]
+        if self.vae:
+            pairs += [("VAE hash", self.vae_hash), ("VAE", self.vae)]
+        if self.denoising_strength is not None:
+            pairs.append(("Denoising strength", _number(self.denoising_strength)))
+        if self.clip_skip:
+            pairs.append(("Clip skip", self.clip_skip + 1))
+        if self.guidance_rescale:
+            pairs.append(("Guidance rescale", _number(self.guidance_rescale)))
+        pairs += list(self.extra.items())
+        line = ", ".join(f"{k}: {_quote(str(v))}" for k, v in pairs if str(v) != "")
+        lines = [self.prompt]
+        if self.negative_prompt:
+            lines.append(f"{NEGATIVE_PREFIX} {self.negative_prompt}")
+        lines.append(line)
+        return "\n".join(lines)
+
+    @classmethod
+    def from_text(cls, text: str) -> "ImageParameters":
+        """Parse a ``parameters`` text; :class:`UserError` when it lacks what a regeneration needs."""
+        lines = text.strip("\n").split("\n")
+        if not lines or not _PAIR.match(lines[-1]) or "Steps:" not in lines[-1]:
+            raise UserError("the image's parameters have no settings line ('Steps: ..., Sampler: ..., Seed: ...')")
+        settings = _parse_pairs(lines[-1])
+        prompt_lines, negative_lines, in_negative = [], [], False
+        for line in lines[:-1]:
+            if line.startswith(NEGATIVE_PREFIX):
+                in_negative = True
+                line = line[len(NEGATIVE_PREFIX) :].lstrip()
+            (negative_lines if in_negative else prompt_lines).append(line)
+        p = cls("\n".join(prompt_lines), "\n".join(negative_lines))
+        known = {"Steps", "Sampler", "Schedule type", "CFG scale", "Seed", "Size", "Model", "Model hash", "Clip skip",
+                 "Guidance rescale", "Denoising strength", "VAE", "VAE hash"}  # fmt: skip
+        try:
+            p.steps = int(settings["Steps"])
+            p.sampler = settings.get("Sampler", "")
+            if settings.get("Schedule type", "").lower() == "karras" and "karras" not in p.sampler.lower():
+                p.sampler += " Karras"  # newer files write the schedule apart from the sampler
+            p.cfg_scale = float(settings.get("CFG scale", 7.0))
+            p.seed = int(settings["Seed"])
+            if "Size" in settings:
+                m = _SIZE.match(settings["Size"])
+                if not m:
+                    raise ValueError(f"Size {settings['Size']!r}")
+                p.width, p.height = int(m.group(1)), int(m.group(2))
+            p.clip_skip = max(0, int(settings.get("Clip skip", 1)) - 1)
+            p.guidance_rescale = float(settings.get("Guidance rescale", 0.0))
+            if "Denoising strength" in settings:
+                p.denoising_strength = float(settings["Denoising strength"])
+        except KeyError as exc:
+            raise UserError(f"the image's parameters have no {exc.args[0]!r}") from None
+        except ValueError as exc:
+            raise UserError(f"the image's parameters do not parse: {exc}") from None
+        p.model, p.model_hash = settings.get("Model", ""), settings.get("Model hash", "")
+        p.vae, p.vae_hash = settings.get("VAE", ""), settings.get("VAE hash", "")
+        p.extra = {k: v for k, v in settings.items() if k not in known}
+        return p
+
+
+def _number(x: float) -> str:
+    return f"{float(x):g}"
+
+
+def _quote(value: str) -> str:
+    if "," not in value and "\n" not in value and ":" not in value and '"' not in value:
+        return value
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _parse_pairs(line: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in _PAIR.findall(line):
+        value = value.strip()
+        if value.startswith('"') and value.endswith('"') and len(value) >= 2:
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                pass
+        out[key.strip()] = value
+    return out
+
+
+# -- PNG files --------------------------------------------------------------------------------------
+def png_bytes(pixels: np.ndarray, parameters: Optional[str]) -> bytes:
+    """``pixels (H, W, 3)`` uint8 as PNG bytes, with the ``parameters`` text chunk (deterministic:
+    the same pixels and text give the same bytes)."""
+    from PIL import Image, PngImagePlugin
+
+    info = PngImagePlugin.PngInfo()
+    if parameters is not None:
+        info.add_text(PARAMETERS_KEY, parameters)
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(pixels), "RGB").save(buf, format="PNG", pnginfo=info)
+    return buf.getvalue()
+
+
+def read_parameters(path: str | Path) -> ImageParameters:
+    """The :class:`ImageParameters` of a PNG (or any image PIL reads with a ``parameters`` text)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            text = im.info.get(PARAMETERS_KEY) or getattr(im, "text", {}).get(PARAMETERS_KEY)
+    except FileNotFoundError:
+        raise UserError(f"'{path}' does not exist") from None
+    except (UnidentifiedImageError, OSError) as exc:
+        raise UserError(f"'{path}' is not a readable image: {exc}") from None
+    if not text:
+        raise UserError(f"'{path}' has no 'parameters' text: it was not written by gencli or another Stable Diffusion front end")
+    return ImageParameters.from_text(text)
+
+
+# -- model hashes -----------------------------------------------------------------------------------
+def files_hash(files: Iterable[Path], length: int = 10) -> str:
+    """The first ``length`` hex digits of the SHA-256 of the files' bytes, one after the other (for
+    one file, what other front ends show as a checkpoint's "Model hash")."""
+    h = hashlib.sha256()
+    for f in files:
+        with open(f, "rb") as fh:
+            while chunk := fh.read(1 << 22):
+                h.update(chunk)
+    return h.hexdigest()[:length]
+
+
+__all__ = ["ImageParameters", "PARAMETERS_KEY", "png_bytes", "read_parameters", "files_hash"]
