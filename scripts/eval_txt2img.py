@@ -36,15 +36,15 @@ Generate = Callable[[list[str], list[int]], np.ndarray]  # prompts, seeds -> (N,
 
 
 def gencli_generator(model: Path, args) -> Generate:
-    from gencli.pipelines.diffusion import load_pipeline
+    from gencli.pipelines.diffusion import generate, load_pipeline, resolve_settings
 
     pipe = load_pipeline(model, device=args.device, dtype=args.dtype, threads=args.threads)
+    settings = resolve_settings(pipe, steps=args.steps, guidance=args.guidance, sampler=args.sampler)
 
-    def generate(prompts: list[str], seeds: list[int]) -> np.ndarray:
-        result = pipe.txt2img(prompts, seeds=seeds, num_inference_steps=args.steps, guidance_scale=args.guidance, sampler=args.sampler)
-        return np.stack([np.asarray(img) for img in result.images])
+    def run_batch(prompts: list[str], seeds: list[int]) -> np.ndarray:
+        return np.stack([img.pixels for img in generate(pipe, prompts, seeds, settings)])
 
-    return generate
+    return run_batch
 
 
 def diffusers_generator(model: Path, args) -> Generate:
