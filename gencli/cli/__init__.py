@@ -47,4 +47,23 @@ from gencli.cli import (  # noqa: E402,F401,I001
 
 
 def main() -> None:
-    app()
+    """The ``gencli`` entry point. Usage errors (an unknown option, a bad value) are the contract's
+    one ``error:`` line and exit 2, like every other bad input; ``--help`` stays rich."""
+    import sys
+
+    import click
+
+    from gencli.cli.common import usage_error_line
+    from gencli.console import stderr
+
+    try:
+        code = app(standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        exc.show()
+        code = exc.exit_code
+    except click.ClickException as exc:
+        stderr.print(usage_error_line(exc), markup=False, style="red")
+        code = exc.exit_code
+    except click.exceptions.Abort:
+        code = 1
+    sys.exit(code if isinstance(code, int) else 0)
