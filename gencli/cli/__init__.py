@@ -51,19 +51,17 @@ def main() -> None:
     one ``error:`` line and exit 2, like every other bad input; ``--help`` stays rich."""
     import sys
 
-    import click
-
     from gencli.cli.common import usage_error_line
     from gencli.console import stderr
 
     try:
         code = app(standalone_mode=False)
-    except click.exceptions.NoArgsIsHelpError as exc:
-        exc.show()
-        code = exc.exit_code
-    except click.ClickException as exc:
-        stderr.print(usage_error_line(exc), markup=False, style="red")
-        code = exc.exit_code
-    except click.exceptions.Abort:
+    except typer.Abort:
         code = 1
+    except typer.TyperException as exc:  # click's usage errors (typer's own copy of click)
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            exc.show()  # `gencli` alone: the help
+        else:
+            stderr.print(usage_error_line(exc), markup=False, style="red")
+        code = getattr(exc, "exit_code", 2)
     sys.exit(code if isinstance(code, int) else 0)

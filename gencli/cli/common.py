@@ -18,7 +18,6 @@ import traceback
 from dataclasses import dataclass, field
 from typing import IO, Annotated, Any, Callable, Iterator, Optional
 
-import click
 import typer
 
 from gencli.backend.names import DEVICE_PATTERN
@@ -58,10 +57,10 @@ def option(long: str, *more: str, **kwargs: Any) -> Any:
     return typer.Option(*names, **kwargs)
 
 
-def at_least(low: int) -> Callable[[click.Context, click.Parameter, Any], Any]:
+def at_least(low: int) -> Callable[[Any], Any]:
     """A typer callback: the option's value must be ``>= low`` (one message style for every command)."""
 
-    def check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    def check(value: Any) -> Any:
         if value is not None and value < low:
             raise typer.BadParameter(f"must be at least {low} (got {value})")
         return value
@@ -272,7 +271,7 @@ def run_guarded(opts: RunOptions, body: Callable[[], Any]) -> Any:
         raise typer.Exit(1) from None
 
 
-def usage_error_line(exc: click.ClickException) -> str:
+def usage_error_line(exc: typer.TyperException) -> str:
     """A click/typer usage error as the one ``error:`` line of the contract."""
     message = " ".join(exc.format_message().split())
     ctx = getattr(exc, "ctx", None)

@@ -5,6 +5,7 @@ streaming in batches. Reports go through the :class:`~gencli.console.Reporter` i
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterable, Iterator, Optional
 
@@ -18,6 +19,10 @@ from gencli.pipelines.forecast.outputs import ForecastWriter
 from gencli.pipelines.forecast.records import RecordOptions, SeriesError, build_record
 from gencli.pipelines.forecast.request import ForecastRequest, check_request, layout_options
 from gencli.pipelines.forecast.table import Table, iter_groups, open_table
+
+# The longest --horizon, as a multiple of the horizon the model was trained for: beyond it a forecast is
+# extrapolation far outside what the model learned, and its memory grows with the horizon.
+HORIZON_LIMIT_FACTOR = 4
 
 
 class Failures:
@@ -74,6 +79,12 @@ def run(req: ForecastRequest, report: Reporter) -> None:
     report.debug(f"model {fc.path} ({fc.placement.describe()}), context {fc.context_length}")
     binding = bind_columns(fc.config, layout.known, layout.observed, layout.static_real, layout.static_cat)
     horizon = req.horizon or _first_horizon(table, layout, report)
+    limit = HORIZON_LIMIT_FACTOR * (fc.max_horizon or fc.context_length)
+    if horizon > limit:
+        raise UserError(
+            f"--horizon {horizon} is more than {HORIZON_LIMIT_FACTOR}x the {fc.max_horizon or fc.context_length} steps this model was trained for "
+            f"(at most {limit}): forecast in shorter steps, or fine-tune a model for longer horizons"
+        )
     if fc.max_horizon and horizon > fc.max_horizon:
         report.warn(f"horizon {horizon} is longer than the {fc.max_horizon} steps this model was trained for: quality degrades further out")
     context = req.context or fc.context_length
@@ -84,13 +95,14 @@ def run(req: ForecastRequest, report: Reporter) -> None:
     with open_output(req.out, req.force, newline="") as results:
         failures = Failures(report, results)
         records = _records(table, layout, rec_opts, failures, report.warn, positions)
+        run = RunState(req, report, fc, binding, horizon, context, failures, results, positions)
         if req.backtest:
-            _run_backtest(req, report, fc, binding, records, horizon, context, failures, results, positions)
+            _run_backtest(run, records)
             return
         fit_report = None
         if req.fit_steps:
             records, fit_report = _fine_tune(req, report, fc, binding, list(records), horizon, context, failures)
-        _run_forecast(req, report, fc, binding, records, horizon, context, failures, fit_report, results, positions)
+        _run_forecast(run, records, fit_report)
 
 
 def _records(table: Table, layout: Layout, opts_rec: RecordOptions, failures: Failures, warn, positions: dict[str, int]) -> Iterator[SeriesRecord]:
@@ -148,19 +160,25 @@ def _fine_tune(
     return iter(records), fit_report
 
 
-def _run_forecast(
-    req: ForecastRequest,
-    report: Reporter,
-    fc: Forecaster,
-    binding: Binding,
-    records: Iterable[SeriesRecord],
-    horizon: int,
-    context: int,
-    failures: Failures,
-    fit_report,
-    results_file: IO[str],
-    positions: dict[str, int],
-) -> None:
+@dataclass
+class RunState:
+    """What the forecast and the backtest of one run share: the request, the model and the column
+    binding, the horizon and context, the failures, the results stream and each series' input position."""
+
+    req: ForecastRequest
+    report: Reporter
+    fc: Forecaster
+    binding: Binding
+    horizon: int
+    context: int
+    failures: Failures
+    results: IO[str]
+    positions: dict[str, int]
+
+
+def _run_forecast(run: RunState, records: Iterable[SeriesRecord], fit_report) -> None:
+    req, report, fc, binding, horizon, context, failures = run.req, run.report, run.fc, run.binding, run.horizon, run.context, run.failures
+    results_file, positions = run.results, run.positions
     with contextlib.ExitStack() as stack:
         writer = ForecastWriter(req, report, fc.grid, horizon, context, stack, results_file)
         advance = stack.enter_context(report.progress("forecasting", total=None))
@@ -188,20 +206,11 @@ def _run_forecast(
         report.log(f"plot -> {req.plot}")
 
 
-def _run_backtest(
-    req: ForecastRequest,
-    report: Reporter,
-    fc: Forecaster,
-    binding: Binding,
-    records: Iterable[SeriesRecord],
-    horizon: int,
-    context: int,
-    failures: Failures,
-    results_file: IO[str],
-    positions: dict[str, int],
-) -> None:
-    """The backtest's results go to ``results_file``: the table, per-series CSV rows (``--csv``) or
+def _run_backtest(run: RunState, records: Iterable[SeriesRecord]) -> None:
+    """The backtest's results go to the results stream: the table, per-series CSV rows (``--csv``) or
     JSON lines (``--json``: one per series and error in input order, then the summary)."""
+    req, report, fc, binding, horizon, context, failures = run.req, run.report, run.fc, run.binding, run.horizon, run.context, run.failures
+    results_file, positions = run.results, run.positions
     from gencli.pipelines.forecast.backtest import CSV_COLUMNS, BacktestReport, backtest, csv_rows, render_backtest
 
     levels = req.quantiles if len(req.quantiles) >= 3 else fc.grid
