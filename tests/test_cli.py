@@ -132,7 +132,7 @@ def test_models_lists_defaults(cli, tmp_path):
     r = cli("models", "--json", env={"GENCLI_WEIGHTS": str(w)})
     assert r.returncode == 0
     row = json.loads(r.stdout.strip().splitlines()[0])
-    assert row["name"] == "tiny-thing" and row["task"] == "generate" and row["summary"].startswith("A tiny model") and row["size_bytes"] > 1000
+    assert row["name"] == "tiny-thing" and row["commands"] == ["generate"] and row["summary"] == "A tiny model trained on X." and row["size_bytes"] == 1000
     r = cli("models", env={"GENCLI_WEIGHTS": str(w)})
     assert "tiny-thing" in r.stdout and "Held-out loss" in r.stdout
     r = cli("info", "tiny-thing", env={"GENCLI_WEIGHTS": str(w)})

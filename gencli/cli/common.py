@@ -294,7 +294,7 @@ def _metavar(name: str, annotation: Any) -> Optional[str]:
         if typing.get_origin(base) in (typing.Union, list) and args:
             base = args[0]
     if base is bool:
-        return None
+        return ""  # a flag takes no value: nothing to show
     if any(part in name.split("_") for part in _PATH_NAMES):
         return "PATH"
     if isinstance(base, type) and issubclass(base, enum.Enum):
@@ -311,7 +311,7 @@ def _with_metavar(p: inspect.Parameter) -> inspect.Parameter:
     for info in meta:
         if isinstance(info, (typer.models.OptionInfo, typer.models.ArgumentInfo)) and info.metavar is None:
             mv = _metavar(p.name, base)
-            if isinstance(info, typer.models.ArgumentInfo) and mv is not None:
+            if isinstance(info, typer.models.ArgumentInfo) and mv:
                 mv = p.name.upper()
             info.metavar = mv
     return p
