@@ -29,10 +29,11 @@ def json_line(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False) + "\n"
 
 
-def emit_json(obj: Any) -> None:
-    """Write one JSON object as one line on stdout and flush (JSON lines for pipelines)."""
-    sys.stdout.write(json_line(obj))
-    sys.stdout.flush()
+def emit_json(obj: Any, file: Optional[IO[str]] = None) -> None:
+    """Write one JSON object as one line on stdout (or ``file``) and flush (JSON lines for pipelines)."""
+    out = sys.stdout if file is None else file
+    out.write(json_line(obj))
+    out.flush()
 
 
 def csv_field(value: Any) -> str:
@@ -48,30 +49,139 @@ def csv_line(values: Iterable[Any]) -> str:
     return ",".join(csv_field(v) for v in values) + "\n"
 
 
-def stdout_console(*, soft_wrap: bool = True) -> Console:
-    """A rich console on stdout for human-facing results (tables, summaries)."""
-    return Console(highlight=False, soft_wrap=soft_wrap)
+class ResultConsole(Console):
+    """A rich console for results: a closed reader is a ``BrokenPipeError`` that the command's
+    :class:`StdoutGuard` policy and exit code decide on (rich itself would exit 1)."""
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+# Wide enough that no table column is ever wrapped or cut when the output is not a terminal.
+UNLIMITED_WIDTH = 1_000_000
+
+
+def is_terminal(file: Optional[IO[str]] = None) -> bool:
+    """Whether ``file`` (default: stdout) is a terminal a person reads."""
+    f = sys.stdout if file is None else file
+    try:
+        return bool(f.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def stdout_console(file: Optional[IO[str]] = None) -> Console:
+    """A rich console for human-facing results (tables, summaries) on stdout or ``file``.
+
+    On a terminal it fits the window. Anywhere else (a pipe, a file) it writes plain rows: no
+    colour, no wrapping, no truncation, so ``grep``, ``awk`` and ``sort`` see whole lines.
+    """
+    if is_terminal(file):
+        return ResultConsole(file=file, highlight=False, soft_wrap=True)
+    return ResultConsole(file=file, highlight=False, soft_wrap=True, width=UNLIMITED_WIDTH, color_system=None, force_terminal=False, emoji=False)
 
 
 def print_table(table: Any, file: Optional[IO[str]] = None) -> None:
-    """A rich table on stdout, or as plain text into ``file`` (wide enough that no column wraps)."""
-    if file is None:
-        stdout_console().print(table)
-    else:
-        Console(file=file, highlight=False, width=100_000, color_system=None, soft_wrap=True).print(table, crop=False)
+    """A rich table on stdout or into ``file``: fitted to a terminal, else plain whole rows."""
+    out = stdout_console(file)
+    if is_terminal(file):
+        out.print(table)
+        return
+    # plain rows: the table is measured without a width limit, and no cell is padded at the line end
+    with out.capture() as cap:
+        out.print(table, crop=False)
+    out.file.write("".join(line.rstrip() + "\n" for line in cap.get().splitlines()))
 
 
 @contextlib.contextmanager
 def open_output(path: Optional[str], force: bool = False, *, newline: Optional[str] = None) -> Iterator[IO[str]]:
     """Where a command writes its results: the file ``path`` (written atomically, never
-    overwritten without ``force``) or stdout when ``path`` is None."""
-    if path is None:
+    overwritten without ``force``), or stdout when ``path`` is None or ``-``."""
+    from gencli.io import atomic_open, is_stdout
+
+    if path is None or is_stdout(path):
         yield sys.stdout
         return
-    from gencli.io import atomic_open
 
     with atomic_open(path, "w", force, encoding="utf-8", newline=newline) as fh:
         yield fh
+
+
+# -- stdout as a shell citizen ---------------------------------------------------------------------
+class StdoutGuard:
+    """``sys.stdout`` during a command: what happens when stdout cannot be written.
+
+    * The reader went away (``| head``): stdout is pointed at /dev/null. If an output file is being
+      written (``--out``, ``--plot`` ...), the run goes on and finishes it, its stdout discarded;
+      otherwise ``BrokenPipeError`` ends the run (exit 0: nobody wants the rest).
+    * The write was refused (``> /dev/full``, a full disk): :class:`gencli.io.CannotWrite`
+      ("cannot write stdout: No space left on device", exit 2).
+
+    Everything else is the wrapped stream's (``isatty``, ``encoding``, ``buffer``...).
+    """
+
+    def __init__(self, stream: IO[str]):
+        self.stream = stream
+        self.discarding = False
+
+    def write(self, text: str) -> int:
+        if self.discarding:
+            return len(text)
+        try:
+            return self.stream.write(text)
+        except OSError as exc:
+            self._failed(exc)
+            return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        if self.discarding:
+            return
+        try:
+            self.stream.flush()
+        except OSError as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: OSError) -> None:
+        from gencli.io import cannot_write, is_write_failure, outputs_in_progress
+
+        broken = isinstance(exc, BrokenPipeError)
+        if not broken and not is_write_failure(exc):
+            raise exc
+        self._silence()
+        if not broken:
+            raise cannot_write("stdout", exc) from None
+        if outputs_in_progress():
+            self.discarding = True  # finish the requested files; the rest of stdout goes nowhere
+            return
+        raise exc
+
+    def _silence(self) -> None:
+        """Point stdout's descriptor at /dev/null, so no later flush (at exit too) fails again."""
+        import os
+
+        with contextlib.suppress(Exception):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.stream.fileno())
+            os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def guarded_stdout() -> Iterator[StdoutGuard]:
+    """Run a command with ``sys.stdout`` wrapped in a :class:`StdoutGuard` (restored afterwards)."""
+    original = sys.stdout
+    guard = original if isinstance(original, StdoutGuard) else StdoutGuard(original)
+    sys.stdout = guard
+    try:
+        yield guard
+    finally:
+        sys.stdout = original
 
 
 # -- numbers for people ------------------------------------------------------------------------------
@@ -166,8 +276,12 @@ __all__ = [
     "emit_json",
     "csv_field",
     "csv_line",
+    "UNLIMITED_WIDTH",
+    "is_terminal",
     "stdout_console",
     "print_table",
+    "StdoutGuard",
+    "guarded_stdout",
     "open_output",
     "human_count",
     "human_bytes",

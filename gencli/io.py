@@ -1,10 +1,18 @@
 """File conventions shared by all commands (no torch): atomic outputs, no silent overwrite, inputs from
 arguments, directories or stdin.
+
+An output file is written to a temporary file next to it and renamed into place when complete, so a
+crash, Ctrl-C or SIGTERM never leaves half a file. The result looks like a plain ``open()`` had
+written it: a new file gets the mode the umask gives (0666 & ~umask), a replaced file keeps its
+mode, a symlink is written through (its target is replaced, the link stays). ``-`` means stdout, and
+a device or a pipe (``/dev/null``, ``/dev/stdout``, a FIFO) is written in place. A full disk or
+another failed write is one clear :class:`~gencli.errors.UserError` naming the file.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import stat
@@ -40,8 +48,11 @@ def ensure_writable(path: str | os.PathLike, force: bool = False) -> Path:
     """Check up front (before any long work) that ``path`` may be written.
 
     Refuses an existing file unless ``force`` and a missing parent directory; returns the Path.
-    A device or pipe (``/dev/null``, ``/dev/stdout``, a FIFO) is always writable: nothing is lost.
+    A device or pipe (``/dev/null``, ``/dev/stdout``, a FIFO) and ``-`` (stdout) are always
+    writable: nothing is lost. A symlink is checked as the file it points to.
     """
+    if is_stdout(path):
+        return Path(STDOUT)
     p = Path(path)
     if p.is_dir():
         raise UserError(f"output '{p}' is a directory")
@@ -49,12 +60,80 @@ def ensure_writable(path: str | os.PathLike, force: bool = False) -> Path:
         return p
     if p.exists() and not force:
         raise UserError(f"output '{p}' already exists (use --force to overwrite)")
-    parent = p.parent if str(p.parent) else Path(".")
+    parent = _resolved(p).parent
     if not parent.is_dir():
         raise UserError(f"output directory '{parent}' does not exist")
     if not os.access(parent, os.W_OK):
         raise UserError(f"output directory '{parent}' is not writable")
     return p
+
+
+STDOUT = "-"
+
+# Error numbers that mean the environment refused a write (not a bug of ours): reported as
+# "cannot write FILE: REASON", exit 2.
+WRITE_ERRNOS = frozenset(
+    e for e in (errno.ENOSPC, getattr(errno, "EDQUOT", None), errno.EFBIG, errno.EROFS, errno.EIO, errno.EACCES, errno.EPERM) if e is not None
+)
+
+
+class CannotWrite(UserError):
+    """An output could not be written (disk full, quota, read-only file system, I/O error)."""
+
+
+def cannot_write(what: str, exc: OSError) -> CannotWrite:
+    """The one-line error for a failed write of ``what`` (a path, or "stdout")."""
+    name = what if what == "stdout" else f"'{what}'"
+    return CannotWrite(f"cannot write {name}: {exc.strerror or exc}")
+
+
+def is_write_failure(exc: BaseException) -> bool:
+    """An OSError that says the environment refused a write (disk full, quota, read-only...)."""
+    return isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS
+
+
+def is_stdout(path: str | os.PathLike | None) -> bool:
+    """``-`` as an output path means stdout (as ``-`` means stdin for inputs)."""
+    return path is not None and os.fspath(path) == STDOUT
+
+
+def _resolved(p: Path) -> Path:
+    """Where writing ``p`` lands: a symlink (also a dangling one, or a chain) is followed, so the
+    link stays and its target is written, as editors and ``cp`` do."""
+    return Path(os.path.realpath(p)) if p.is_symlink() else p
+
+
+def _umask() -> int:
+    """The process umask (read without changing it where the system tells it)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def output_mode(target: Path) -> int:
+    """The permission bits an output written to ``target`` gets: those of the file it replaces,
+    else what ``open()`` would give a new file (0666 minus the umask)."""
+    try:
+        return stat.S_IMODE(os.stat(target).st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+# Atomic outputs being written right now. A closed stdout (`| head`) ends a run only when none is:
+# a requested output file is finished, not silently dropped (see gencli.console).
+_IN_PROGRESS: list[Path] = []
+
+
+def outputs_in_progress() -> list[Path]:
+    """The output files being written now (their final paths)."""
+    return list(_IN_PROGRESS)
 
 
 def is_special_file(path: Path) -> bool:
@@ -70,30 +149,54 @@ def is_special_file(path: Path) -> bool:
 def atomic_path(path: str | os.PathLike, force: bool = False) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success rename it onto ``path`` atomically.
 
-    On any error the temporary file is removed and ``path`` is untouched: an output is never
-    half-written. The existence check is repeated at the end, so a file that appeared meanwhile
-    is not clobbered without ``force``. A device or pipe is yielded as is (written in place).
+    On any error (and on Ctrl-C or SIGTERM, which the command line turns into exceptions) the
+    temporary file is removed and ``path`` is untouched: an output is never half-written. The
+    existence check is repeated at the end, so a file that appeared meanwhile is not clobbered
+    without ``force``. The file gets the mode of the file it replaces, else 0666 minus the umask; a
+    symlink is written through. A device or pipe is yielded as is (written in place); ``-`` yields
+    ``/dev/stdout``. A write the environment refuses (disk full...) is a :class:`CannotWrite`.
     """
     target = ensure_writable(path, force)
+    if is_stdout(target):
+        sys.stdout.flush()
+        target = Path("/dev/stdout")
     if is_special_file(target):
-        yield target
+        try:
+            yield target
+        except OSError as exc:
+            if is_write_failure(exc):
+                raise cannot_write(str(path), exc) from None
+            raise
         return
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp" + target.suffix, dir=target.parent if str(target.parent) else ".")
+    final = _resolved(target)
+    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp" + final.suffix, dir=final.parent)
     os.close(fd)
     tmp_path = Path(tmp)
+    _IN_PROGRESS.append(final)
     try:
         yield tmp_path
-        if target.exists() and not force:
+        if final.exists() and not force:
             raise UserError(f"output '{target}' already exists (use --force to overwrite)")
-        os.replace(tmp_path, target)
+        os.chmod(tmp_path, output_mode(final))
+        os.replace(tmp_path, final)
+    except OSError as exc:
+        if is_write_failure(exc):
+            raise cannot_write(str(path), exc) from None
+        raise
     finally:
+        _IN_PROGRESS.remove(final)
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
 
 
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "w", force: bool = False, **kwargs) -> Iterator[IO]:
-    """``open()`` for writing through :func:`atomic_path`."""
+    """``open()`` for writing through :func:`atomic_path`; ``-`` writes to ``sys.stdout`` (its
+    binary buffer for a binary ``mode``), which stays open."""
+    if is_stdout(path):
+        yield sys.stdout.buffer if "b" in mode else sys.stdout
+        sys.stdout.flush()
+        return
     with atomic_path(path, force) as tmp:
         with open(tmp, mode, **kwargs) as fh:
             yield fh

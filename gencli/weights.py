@@ -28,15 +28,28 @@ class DefaultModel:
     name: str
     path: Path
     title: str
-    summary: str
-    task: Optional[str]
-    size_bytes: int
+    summary: str  # the README's first sentence, as plain text
+    commands: list[str]  # the gencli commands it serves (the README's ``task:`` line)
+    size_bytes: int  # of its weight files, as ``gencli info`` counts them
+
+    @property
+    def task(self) -> Optional[str]:
+        """The first command it serves."""
+        return self.commands[0] if self.commands else None
 
 
-def _readme_summary(readme: Path) -> tuple[str, str, Optional[str]]:
-    """(title, first paragraph, task) from a weights README; ``task: <command>`` may appear in it."""
+def first_sentence(paragraph: str) -> str:
+    """A README paragraph's first sentence as plain text (no Markdown backticks or emphasis)."""
+    text = re.sub(r"[`*]", "", paragraph).strip()
+    m = re.search(r"[.!?](?=\s+[A-Z(])", text)
+    return text[: m.end()] if m else text
+
+
+def _readme_summary(readme: Path) -> tuple[str, str, list[str]]:
+    """(title, first paragraph, commands) from a weights README; ``task: <command>[, <command>...]``
+    names the commands it serves."""
     if not readme.is_file():
-        return "", "", None
+        return "", "", []
     text = readme.read_text(encoding="utf-8", errors="replace")
     title = ""
     paragraphs: list[str] = []
@@ -53,9 +66,10 @@ def _readme_summary(readme: Path) -> tuple[str, str, Optional[str]]:
         current.append(line.strip())
     if current:
         paragraphs.append(" ".join(current))
-    m = re.search(r"^\s*task:\s*`?([a-z0-9_-]+)`?", text, re.MULTILINE | re.IGNORECASE)
+    m = re.search(r"^\s*task:\s*(.+)$", text, re.MULTILINE | re.IGNORECASE)
+    commands = [c for c in re.split(r"[\s,`]+", m.group(1)) if re.fullmatch(r"[a-z0-9_-]+", c)] if m else []
     summary = next((p for p in paragraphs if not p.lower().startswith("task:")), "")
-    return title, summary, (m.group(1) if m else None)
+    return title, summary, commands
 
 
 def list_defaults() -> list[DefaultModel]:
@@ -64,9 +78,9 @@ def list_defaults() -> list[DefaultModel]:
     if not root.is_dir():
         return out
     for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        title, summary, task = _readme_summary(folder / "README.md")
-        size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
-        out.append(DefaultModel(folder.name, folder, title or folder.name, summary, task, size))
+        title, summary, commands = _readme_summary(folder / "README.md")
+        size = sum(f.stat().st_size for f in folder.rglob("*.safetensors") if f.is_file())
+        out.append(DefaultModel(folder.name, folder, title or folder.name, first_sentence(summary), commands, size))
     return out
 
 

@@ -125,9 +125,9 @@ def test_models_lists_defaults(cli, tmp_path):
     r = cli("models", "--json", env={"GENCLI_WEIGHTS": str(w)})
     assert r.returncode == 0
     row = json.loads(r.stdout.strip().splitlines()[0])
-    assert row["name"] == "tiny-thing" and row["task"] == "generate" and row["summary"].startswith("A tiny model") and row["size_bytes"] > 1000
+    assert row["name"] == "tiny-thing" and row["commands"] == ["generate"] and row["summary"] == "A tiny model trained on X." and row["size_bytes"] == 1000
     r = cli("models", env={"GENCLI_WEIGHTS": str(w)})
-    assert "tiny-thing" in r.stdout and "Held-out loss" in r.stdout
+    assert "tiny-thing  generate  1.0 KB  A tiny model trained on X." in r.stdout.splitlines()[1]  # the first sentence, one line
     r = cli("info", "tiny-thing", env={"GENCLI_WEIGHTS": str(w)})
     assert r.returncode == 2 and "tiny-thing" in r.stderr  # resolved by name; its fake weights are not safetensors
 

@@ -94,7 +94,7 @@ def test_zeroshot_scores_match_transformers(model_dir, images):
         for p in preds:
             assert abs(p["score"] - float(want[LABELS.index(p["label"])])) < 1e-4
     # one template only: a different ensemble, still transformers' numbers
-    r = invoke("zeroshot", paths[0], "--model", model_dir, "--labels", ",".join(LABELS), "--json", "--dtype", "float32", "-t", TEMPLATES[1], "-k", "1")
+    r = invoke("zeroshot", paths[0], "--model", model_dir, "--labels", ",".join(LABELS), "--json", "--dtype", "float32", "--template", TEMPLATES[1], "-k", "1")
     _, probs = _reference(model_dir, paths[:1], LABELS, TEMPLATES[1:])
     top = json.loads(r.stdout)["predictions"]
     assert len(top) == 1 and top[0]["label"] == LABELS[int(probs[0].argmax())]
@@ -120,9 +120,9 @@ def test_label_embeddings_are_computed_once(model_dir, images, monkeypatch):
         model_dir,
         "--labels",
         ",".join(LABELS),
-        "-t",
+        "--template",
         TEMPLATES[0],
-        "-t",
+        "--template",
         TEMPLATES[1],
         "--batch-size",
         "1",
@@ -243,10 +243,10 @@ def test_model_folder_recommends_its_templates(model_dir, images, tmp_path):
         return {p["label"]: p["score"] for p in json.loads(r.stdout)["predictions"]}
 
     implicit = scores()
-    explicit = scores("-t", TEMPLATES[0], "-t", TEMPLATES[1])
+    explicit = scores("--template", TEMPLATES[0], "--template", TEMPLATES[1])
     assert implicit == explicit
     _, probs = _reference(model_dir, [img], LABELS, ["a photo of a {}."])
-    overridden = scores("-t", "a photo of a {}.")
+    overridden = scores("--template", "a photo of a {}.")
     assert overridden != implicit
     assert all(abs(overridden[label] - float(probs[0, i])) < 1e-4 for i, label in enumerate(LABELS))
     for bad in ('{"templates": 1}', "[]", '["no placeholder"]', "not json"):

@@ -64,7 +64,7 @@ def test_default_model_seeds_json_and_replay(env):
     assert r.exit_code == 0, r.output
     assert (env / "again.png").read_bytes() == (env / "star-4.png").read_bytes()
     # flags override the model's defaults; the same seed with other settings is another image
-    r = invoke("txt2img", "a red star", "--seed", "4", "--steps", "2", "--sampler", "DPM++ 2M Karras", "-g", "1", "-W", "24", "-o", "other.png")
+    r = invoke("txt2img", "a red star", "--seed", "4", "--steps", "2", "--sampler", "DPM++ 2M Karras", "-g", "1", "--width", "24", "-o", "other.png")
     assert r.exit_code == 0, r.output
     text = parameters(env / "other.png")
     assert "Steps: 2, Sampler: DPM++ 2M Karras, CFG scale: 1, Seed: 4, Size: 24x16" in text
@@ -112,8 +112,8 @@ def test_img2img_and_its_replay(env):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["x", "-W", "20"], "--width must be a multiple of 8"),
-        (["x", "-H", "8192"], "--height must be a multiple of 8"),
+        (["x", "--width", "20"], "--width must be a multiple of 8"),
+        (["x", "--height", "8192"], "--height must be a multiple of 8"),
         (["x", "--steps", "0"], "--steps must be at least 1"),
         (["x", "--guidance", "-1"], "--guidance must be >= 0"),
         (["x", "--sampler", "nope"], "unknown sampler 'nope'; valid: ddpm, ddim"),

@@ -5,10 +5,39 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
+from typer.core import TyperGroup
 
 from gencli import __version__
 
+
+class GencliGroup(TyperGroup):
+    """The click group of the app: usage errors (an unknown option, a bad value) are the contract's
+    one ``error:`` line and exit 2, like every other bad input, however the app is invoked (the
+    ``gencli`` script, ``python -m gencli``, a test runner); ``--help`` stays rich."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        import sys
+
+        from gencli.cli.common import usage_error_line
+        from gencli.console import stderr
+
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except typer.Abort:
+            code = 1
+        except typer.TyperException as exc:  # click's usage errors (typer's own copy of click)
+            if type(exc).__name__ == "NoArgsIsHelpError":
+                exc.show()  # `gencli` alone: the help
+            else:
+                stderr.print(usage_error_line(exc), markup=False, style="red")
+            code = getattr(exc, "exit_code", 2)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
 app = typer.Typer(
+    cls=GencliGroup,
     name="gencli",
     help="Run generative and predictive models from safetensors checkpoints: text generation, image "
     "classification, CLIP zero-shot, TFT forecasting, VAE/GAN sampling and text-to-image diffusion.",
@@ -47,4 +76,5 @@ from gencli.cli import (  # noqa: E402,F401,I001
 
 
 def main() -> None:
+    """The ``gencli`` entry point."""
     app()

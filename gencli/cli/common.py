@@ -11,16 +11,65 @@ import contextlib
 import enum
 import inspect
 import os
+import signal
 import sys
+import threading
 import traceback
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Callable, Optional
+from typing import IO, Annotated, Any, Callable, Iterator, Optional
 
 import typer
 
 from gencli.backend.names import DEVICE_PATTERN
-from gencli.console import Reporter, stderr
+from gencli.console import Reporter, guarded_stdout, open_output, stderr
 from gencli.errors import UserError
+
+# -- the option vocabulary: one meaning per short option, in every command --------------------------
+# A command that has one of these long options gives it this short form; no command gives a short
+# form to anything else (tests/test_shell.py checks every registered command against this table).
+SHORT_OPTIONS: dict[str, str] = {
+    "--help": "-h",
+    "--model": "-m",
+    "--out": "-o",
+    "--force": "-f",
+    "--quiet": "-q",
+    "--verbose": "-v",
+    "--top-k": "-k",
+    "--batch-size": "-b",
+    "--recursive": "-r",
+    "--labels": "-l",
+    "--images": "-i",
+    "--horizon": "-H",
+    "--max-new-tokens": "-n",  # -n is "how many to produce": new tokens here, images in sample/txt2img
+    "--num-images": "-n",
+    "--num": "-n",
+    "--negative-prompt": "-N",
+    "--guidance": "-g",
+    "--sampler": "-s",
+}
+
+
+DETERMINISTIC_SEED_HELP = "Accepted by every model command; this one is deterministic and draws no random numbers."
+
+
+def option(long: str, *more: str, **kwargs: Any) -> Any:
+    """``typer.Option`` for ``long`` (plus any further long aliases), with its short form from the
+    vocabulary (:data:`SHORT_OPTIONS`) when it has one. Every command declares options through this."""
+    if any(not m.startswith("--") for m in more):
+        raise ValueError(f"{long}: short options come from SHORT_OPTIONS only")
+    names = [long, *more] + ([SHORT_OPTIONS[long]] if long in SHORT_OPTIONS else [])
+    return typer.Option(*names, **kwargs)
+
+
+def at_least(low: int) -> Callable[[Any], Any]:
+    """A typer callback: the option's value must be ``>= low`` (one message style for every command)."""
+
+    def check(value: Any) -> Any:
+        if value is not None and value < low:
+            raise typer.BadParameter(f"must be at least {low} (got {value})")
+        return value
+
+    return check
 
 
 class Dtype(str, enum.Enum):
@@ -38,8 +87,18 @@ def _check_device(value: str) -> str:
 
 def _check_threads(value: Optional[int]) -> Optional[int]:
     if value is not None and value < 1:
-        raise typer.BadParameter("must be at least 1")
+        raise typer.BadParameter(f"must be at least 1 (got {value})")
     return value
+
+
+def threads_from_env() -> Optional[int]:
+    """``$GENCLI_THREADS`` (unset or empty: None); anything but a positive integer is a UserError."""
+    raw = os.environ.get("GENCLI_THREADS", "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise UserError(f"GENCLI_THREADS must be a positive integer (got '{raw}')")
+    return int(raw)
 
 
 @dataclass
@@ -54,11 +113,22 @@ class RunOptions:
     threads: Optional[int] = None
     allow_pickle: bool = False
     debug: bool = False
+    out: Optional[str] = None
+    force: bool = False
     report: Reporter = field(default_factory=Reporter)
 
     @property
     def json(self) -> bool:
         return self.report.json
+
+    @contextlib.contextmanager
+    def results(self, *, newline: Optional[str] = None) -> Iterator[IO[str]]:
+        """Where the command's results go: ``--out FILE`` (atomic; ``-`` = stdout) or stdout.
+
+        The one rule of every command: results go to exactly one place, in the format the options
+        chose (``--json`` JSON lines, else the command's text/CSV); logs go to stderr."""
+        with open_output(self.out, self.force, newline=newline) as fh:
+            yield fh
 
     def load_options(self) -> dict[str, Any]:
         """``--device/--dtype/--threads/--allow-pickle`` as the pipelines' loaders take them."""
@@ -74,7 +144,7 @@ _COMMON_PARAMS: dict[str, tuple[Any, Any]] = {
     "model": _opt(
         Annotated[
             Optional[str],
-            typer.Option("--model", "-m", help="A model folder, a .safetensors file, or an embedded default's name.", rich_help_panel="Common options"),
+            option("--model", help="A model folder, a .safetensors file, or an embedded default's name.", rich_help_panel="Common options"),
         ],
         None,
     ),
@@ -93,7 +163,7 @@ _COMMON_PARAMS: dict[str, tuple[Any, Any]] = {
         Dtype.auto,
     ),
     "seed": _opt(
-        Annotated[Optional[int], typer.Option("--seed", help="Seed for sampling: same seed, same result on any device.", rich_help_panel="Common options")],
+        Annotated[Optional[int], typer.Option("--seed", callback=at_least(0), help="(set per command)", rich_help_panel="Common options")],
         None,
     ),
     "threads": _opt(
@@ -101,7 +171,8 @@ _COMMON_PARAMS: dict[str, tuple[Any, Any]] = {
             Optional[int],
             typer.Option(
                 "--threads",
-                help="CPU threads for torch (default: torch's choice, or $GENCLI_THREADS).",
+                help="CPU threads for torch, at most the usable cores (default: $GENCLI_THREADS, else 1 for small models and the usable cores "
+                "for large ones).",
                 callback=_check_threads,
                 rich_help_panel="Common options",
             ),
@@ -120,23 +191,64 @@ _COMMON_PARAMS: dict[str, tuple[Any, Any]] = {
 }
 
 _OUTPUT_PARAMS: dict[str, tuple[Any, Any]] = {
-    "json": _opt(Annotated[bool, typer.Option("--json", help="Write JSON lines to stdout.", rich_help_panel="Output")], False),
-    "quiet": _opt(Annotated[bool, typer.Option("--quiet", "-q", help="No progress or logs on stderr.", rich_help_panel="Output")], False),
+    "json": _opt(Annotated[bool, typer.Option("--json", help="Results as JSON lines (to --out, else stdout).", rich_help_panel="Output")], False),
+    "out": _opt(
+        Annotated[
+            Optional[str],
+            option("--out", metavar="PATH", help="Write the results to this file instead of stdout (atomically; - = stdout).", rich_help_panel="Output"),
+        ],
+        None,
+    ),
+    "force": _opt(Annotated[bool, option("--force", help="Overwrite existing output files.", rich_help_panel="Output")], False),
+    "quiet": _opt(Annotated[bool, option("--quiet", help="No progress or logs on stderr.", rich_help_panel="Output")], False),
     "verbose": _opt(
-        Annotated[bool, typer.Option("--verbose", "-v", help="Log choices (device, dtype) and timings to stderr.", rich_help_panel="Output")], False
+        Annotated[bool, option("--verbose", help="Log choices (device, dtype) and timings to stderr.", rich_help_panel="Output")], False
     ),
     "debug": _opt(Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.", rich_help_panel="Output")], False),
 }
 
 
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP arrived (``timeout``, ``docker stop``, a closed terminal). A BaseException,
+    like KeyboardInterrupt, so it unwinds every ``finally`` (temporary files are removed) and no
+    ``except Exception`` swallows it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated(signum)
+
+
+@contextlib.contextmanager
+def _termination_as_exception() -> Iterator[None]:
+    """SIGTERM/SIGHUP raise :class:`Terminated` while a command runs (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, _terminate) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run_guarded(opts: RunOptions, body: Callable[[], Any]) -> Any:
     """Run a command body, mapping errors onto the exit-code contract.
 
-    UserError -> one line on stderr, exit 2. Anything unexpected -> one line (traceback with --debug),
-    exit 1. Ctrl-C -> exit 130.
+    UserError (a refused write too: disk full) -> one line on stderr, exit 2. Anything unexpected ->
+    one line (traceback with --debug), exit 1. Ctrl-C -> exit 130; SIGTERM -> 143 (SIGHUP -> 129),
+    both after removing partial outputs. A closed stdout (``| head``) -> exit 0, once the output
+    files the run was writing are finished (see :class:`gencli.console.StdoutGuard`).
     """
     try:
-        return body()
+        with _termination_as_exception(), guarded_stdout():
+            result = body()
+            sys.stdout.flush()
+            return result
     except (typer.Exit, typer.Abort, SystemExit):
         raise
     except UserError as exc:
@@ -147,10 +259,12 @@ def run_guarded(opts: RunOptions, body: Callable[[], Any]) -> Any:
     except KeyboardInterrupt:
         stderr.print("interrupted", markup=False)
         raise typer.Exit(130) from None
+    except Terminated as exc:
+        stderr.print(f"terminated ({signal.Signals(exc.signum).name})", markup=False)
+        raise typer.Exit(128 + exc.signum) from None
     except BrokenPipeError:
-        # the reader of our stdout went away (e.g. `| head`): not an error of ours
-        with contextlib.suppress(Exception):
-            sys.stdout = open(os.devnull, "w")
+        # the reader of our stdout went away (e.g. `| head`) and no output file was pending: not an
+        # error of ours; stdout already points at /dev/null, so nothing fails at exit either
         raise typer.Exit(0) from None
     except Exception as exc:  # noqa: BLE001 - the contract: exit 1 for internal errors
         if opts.debug:
@@ -161,21 +275,77 @@ def run_guarded(opts: RunOptions, body: Callable[[], Any]) -> Any:
         raise typer.Exit(1) from None
 
 
-def command(app: typer.Typer, name: str, *, model_options: bool = True, **typer_kwargs: Any) -> Callable:
+def usage_error_line(exc: typer.TyperException) -> str:
+    """A click/typer usage error as the one ``error:`` line of the contract."""
+    message = " ".join(exc.format_message().split())
+    ctx = getattr(exc, "ctx", None)
+    hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+    return f"error: {message}{hint}"
+
+
+_TYPE_METAVARS = {int: "INT", float: "NUMBER", str: "TEXT"}
+_PATH_NAMES = ("out", "file", "plot", "model", "dir", "save")
+
+
+def _metavar(name: str, annotation: Any) -> Optional[str]:
+    """The metavar shown in --help for an option declared without one: PATH for files and
+    folders, else INT/NUMBER/TEXT (never a Python type such as ``list[str]``)."""
+    import typing
+
+    base = annotation
+    for _ in range(3):
+        args = [a for a in typing.get_args(base) if a is not type(None)]
+        if typing.get_origin(base) in (typing.Union, list) and args:
+            base = args[0]
+    if base is bool:
+        return ""  # a flag takes no value: nothing to show
+    if any(part in name.split("_") for part in _PATH_NAMES):
+        return "PATH"
+    if isinstance(base, type) and issubclass(base, enum.Enum):
+        return None
+    return _TYPE_METAVARS.get(base, "TEXT")
+
+
+def _with_metavar(p: inspect.Parameter) -> inspect.Parameter:
+    import typing
+
+    if typing.get_origin(p.annotation) is not Annotated:
+        return p
+    base, *meta = typing.get_args(p.annotation)
+    for info in meta:
+        if isinstance(info, (typer.models.OptionInfo, typer.models.ArgumentInfo)) and info.metavar is None:
+            mv = _metavar(p.name, base)
+            if isinstance(info, typer.models.ArgumentInfo) and mv:
+                mv = p.name.upper()
+            info.metavar = mv
+    return p
+
+
+def command(
+    app: typer.Typer, name: str, *, model_options: bool = True, seed_help: str = "Seed: the same seed gives the same result on any device.", **typer_kwargs: Any
+) -> Callable:
     """Register ``fn`` as a gencli command with the contract's common options added.
 
     ``fn`` declares its own parameters plus ``opts: RunOptions``; this decorator appends
-    ``--model/--device/--dtype/--seed/--threads/--allow-pickle`` (when ``model_options``) and
-    ``--json/--quiet/--verbose/--debug`` to its signature and wraps the body in ``run_guarded``.
+    ``--model/--device/--dtype/--seed/--threads/--allow-pickle`` (when ``model_options``; ``seed_help``
+    says what the seed does in this command) and ``--json/--out/--force/--quiet/--verbose/--debug`` to
+    its signature, checks ``--out`` can be written before the body runs, and wraps the body in
+    ``run_guarded``.
     """
 
     def decorate(fn: Callable) -> Callable:
         sig = inspect.signature(fn, eval_str=True)
-        own = [p for p in sig.parameters.values() if p.name != "opts"]
+        own = [_with_metavar(p) for p in sig.parameters.values() if p.name != "opts"]
         extra = dict(_COMMON_PARAMS) if model_options else {}
-        extra.update(_OUTPUT_PARAMS)
+        if model_options:
+            ann, default = extra["seed"]
+            seed_ann = Annotated[Optional[int], typer.Option("--seed", callback=at_least(0), metavar="INT", help=seed_help, rich_help_panel="Common options")]
+            extra["seed"] = (seed_ann, default)
+        # a command that names its own outputs (file-name patterns, a grid or a directory) declares
+        # ``out``/``force`` itself and writes them; the common ones are then not added
+        extra.update({k: v for k, v in _OUTPUT_PARAMS.items() if k not in sig.parameters})
         injected = [
-            inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, annotation=ann, default=default) for k, (ann, default) in extra.items()
+            _with_metavar(inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, annotation=ann, default=default)) for k, (ann, default) in extra.items()
         ]
         own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if p.kind != inspect.Parameter.KEYWORD_ONLY else p for p in own]
 
@@ -185,9 +355,19 @@ def command(app: typer.Typer, name: str, *, model_options: bool = True, **typer_
                 common["dtype"] = common["dtype"].value if isinstance(common["dtype"], enum.Enum) else common["dtype"]
             report = Reporter(**{k: common.pop(k) for k in ("json", "quiet", "verbose")})
             opts = RunOptions(**common, report=report)
-            if opts.threads is None and os.environ.get("GENCLI_THREADS", "").isdigit():
-                opts.threads = int(os.environ["GENCLI_THREADS"])
-            return run_guarded(opts, lambda: fn(opts=opts, **kwargs))
+
+            def body() -> Any:
+                if report.quiet and report.verbose:
+                    raise UserError("--quiet and --verbose contradict each other: choose one")
+                if model_options and opts.threads is None:
+                    opts.threads = threads_from_env()
+                if opts.out is not None:
+                    from gencli.io import ensure_writable
+
+                    ensure_writable(opts.out, opts.force)  # before any long work
+                return fn(opts=opts, **kwargs)
+
+            return run_guarded(opts, body)
 
         wrapper.__name__ = fn.__name__
         wrapper.__qualname__ = fn.__qualname__

@@ -7,19 +7,24 @@ from typing import Annotated, Optional
 import typer
 
 from gencli.cli import app
-from gencli.cli.common import RunOptions, command
+from gencli.cli.common import RunOptions, at_least, command, option
 
 _DATA = "Data"
 _OUT = "Output"
 _EVAL = "Backtest and fine-tuning"
 
 
-@command(app, "forecast")
+@command(app, "forecast", seed_help="Seed for --fit-steps (batches, dropout; default 0, reported): the same seed gives the same fine-tuned model.")
 def forecast(
     data: Annotated[str, typer.Argument(metavar="DATA", help="A CSV file (long or wide), a Parquet file, or - for CSV on stdin.", show_default=False)],
     horizon: Annotated[
         Optional[int],
-        typer.Option("--horizon", "-H", help="Steps to forecast (default: the future rows of known covariates, else the usual horizon of the frequency)."),
+        option(
+            "--horizon",
+            callback=at_least(1),
+            help="Steps to forecast (default: the future rows of known covariates, else the usual horizon of the frequency); at most 4x the "
+            "horizon the model was trained for.",
+        ),
     ] = None,
     quantiles: Annotated[
         str,
@@ -47,7 +52,9 @@ def forecast(
     observed_cols: Annotated[Optional[str], typer.Option("--observed-cols", help="Covariates only observed in the past.", rich_help_panel=_DATA)] = None,
     wide: Annotated[bool, typer.Option("--wide", help="Each numeric column is a series (detected when unambiguous).", rich_help_panel=_DATA)] = False,
     min_length: Annotated[int, typer.Option("--min-length", help="Series with fewer observed values are skipped.", rich_help_panel=_DATA)] = 8,
-    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Write the forecast CSV here (default: stdout).", rich_help_panel=_OUT)] = None,
+    csv: Annotated[
+        bool, option("--csv", help="CSV results (a forecast's default; with --backtest, per-series rows instead of the table).", rich_help_panel=_OUT)
+    ] = False,
     plot: Annotated[
         Optional[str], typer.Option("--plot", help="Write a fan chart (history, median, quantile bands) to this PNG/SVG/PDF.", rich_help_panel=_OUT)
     ] = None,
@@ -62,9 +69,10 @@ def forecast(
     allow_negative: Annotated[
         bool, typer.Option("--allow-negative", help="Do not clip forecasts at 0 for series that were never negative.", rich_help_panel=_OUT)
     ] = False,
-    force: Annotated[bool, typer.Option("--force", "-f", help="Overwrite existing output files.", rich_help_panel=_OUT)] = False,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 2 if any series had to be skipped.", rich_help_panel=_OUT)] = False,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Series per model batch (output is streamed batch by batch).", rich_help_panel=_OUT)] = 256,
+    batch_size: Annotated[
+        int, option("--batch-size", callback=at_least(1), help="Series per model batch (output is streamed batch by batch).", rich_help_panel=_OUT)
+    ] = 256,
     backtest: Annotated[
         Optional[int],
         typer.Option(
@@ -89,8 +97,9 @@ def forecast(
     """Quantile forecasts for the series in a table, with a Temporal Fusion Transformer.
 
     Writes CSV rows id,time,q0.1,q0.5,q0.9 (one per series and step) to --out or stdout; --json writes
-    one JSON object per series instead. The embedded default model forecasts zero-shot; --backtest N
-    shows how much to trust it on your data, --fit-steps N adapts it to your data first.
+    one JSON object per series instead (error records {"id", "error"} in input order among them, then
+    one {"summary"} record). The embedded default model forecasts zero-shot; --backtest N shows how
+    much to trust it on your data, --fit-steps N adapts it to your data first.
     """
     from gencli.pipelines.forecast.pipeline import run
     from gencli.pipelines.forecast.request import ForecastRequest, parse_columns, parse_quantiles
@@ -107,7 +116,9 @@ def forecast(
         static_cols=parse_columns(static_cols),
         observed_cols=parse_columns(observed_cols),
         wide=wide,
-        out=out,
+        out=opts.out,
+        csv=csv,
+        json=opts.json,
         plot=plot,
         plot_max=plot_max,
         explain=explain,
@@ -119,7 +130,7 @@ def forecast(
         batch_size=batch_size,
         min_length=min_length,
         strict=strict,
-        force=force,
+        force=opts.force,
         allow_negative=allow_negative,
         model=opts.model,
         seed=opts.seed,

@@ -8,26 +8,26 @@ from typing import Annotated, Optional
 import typer
 
 from gencli.cli import app
-from gencli.cli.common import RunOptions, command
+from gencli.cli.common import RunOptions, at_least, command, option
 from gencli.console import Reporter, emit_json
 
 DEFAULT_MODEL = "llama-pystdlib"
 
 
-@command(app, "generate")
+@command(app, "generate", seed_help="Seed for sampling: the same seed gives the same text on any device (the seed used is reported with -v).")
 def generate(
     prompt: Annotated[Optional[str], typer.Argument(metavar="PROMPT", help="The prompt; - reads it from stdin.", show_default=False)] = None,
     max_new_tokens: Annotated[
         Optional[int],
-        typer.Option("--max-new-tokens", "-n", help="Most new tokens per prompt (default: generation_config.json, else 256).", show_default=False),
+        option("--max-new-tokens", help="Most new tokens per prompt (default: generation_config.json, else 256).", show_default=False),
     ] = None,
     temperature: Annotated[
         Optional[float],
-        typer.Option("--temperature", "-t", help="Sampling temperature; 0 = greedy (default: generation_config.json, else greedy).", show_default=False),
+        option("--temperature", help="Sampling temperature; 0 = greedy (default: generation_config.json, else greedy).", show_default=False),
     ] = None,
     top_k: Annotated[
         Optional[int],
-        typer.Option("--top-k", help="Sample among the k most likely tokens; 0 = off (default: generation_config.json, else 50).", show_default=False),
+        option("--top-k", help="Sample among the k most likely tokens; 0 = off (default: generation_config.json, else 50).", show_default=False),
     ] = None,
     top_p: Annotated[Optional[float], typer.Option("--top-p", help="Nucleus sampling mass in (0, 1]; 1 = off.", show_default=False)] = None,
     min_p: Annotated[
@@ -41,9 +41,9 @@ def generate(
     ] = None,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Keep generating past end-of-sequence tokens (benchmarks).")] = False,
     prompts_file: Annotated[
-        Optional[str], typer.Option("--prompts-file", "-f", help="One prompt per line (- = stdin), run as left-padded batches.", show_default=False)
+        Optional[str], option("--prompts-file", help="One prompt per line (- = stdin), run as left-padded batches.", show_default=False)
     ] = None,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Prompts per batch with --prompts-file.")] = 8,
+    batch_size: Annotated[int, option("--batch-size", callback=at_least(1), help="Prompts per batch with --prompts-file.")] = 8,
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the checkpoint's chat template (instruct models).")] = False,
     system: Annotated[Optional[str], typer.Option("--system", help="System message for --chat.", show_default=False)] = None,
     echo: Annotated[bool, typer.Option("--echo", help="Print the prompt before the completion.")] = False,
@@ -67,10 +67,6 @@ def generate(
     from gencli.pipelines.text import check_flags
 
     check_flags(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty)
-    if batch_size < 1:
-        raise UserError(f"--batch-size must be at least 1 (got {batch_size})")
-    if opts.seed is not None and opts.seed < 0:
-        raise UserError("--seed must be >= 0")
     if system is not None and not chat:
         raise UserError("--system needs --chat")
     prompts = _read_prompts(prompt, prompts_file)
@@ -104,17 +100,16 @@ def generate(
     )
     encoded = [(p, encode_prompt(tm, p, chat=chat, system=system)) for p in prompts]
     single = prompt is not None and prompts_file is None
-    _run_batches(tm, encoded, settings, generator, seed, report, stream=single and not opts.json, echo=echo, batch_size=batch_size)
+    with opts.results() as out:
+        _run_batches(tm, encoded, settings, generator, seed, report, out, stream=single and not opts.json, echo=echo, batch_size=batch_size)
     if seed is not None:
         report.debug(f"seed {seed}")
 
 
-def _run_batches(tm, encoded, settings, generator, seed: Optional[int], report: Reporter, *, stream: bool, echo: bool, batch_size: int) -> None:
-    """Generate for the encoded prompts ``batch_size`` at a time and write the completions: streamed
-    piece by piece for a single prompt, else each whole (one JSON line each with --json)."""
+def _run_batches(tm, encoded, settings, generator, seed: Optional[int], report: Reporter, out, *, stream: bool, echo: bool, batch_size: int) -> None:
+    """Generate for the encoded prompts ``batch_size`` at a time and write the completions to
+    ``out``: streamed piece by piece for a single prompt, else each whole (one JSON line each with --json)."""
     from gencli.pipelines.text import generate as run
-
-    out = sys.stdout
 
     def on_text(row: int, piece: str) -> None:
         out.write(piece)
@@ -132,7 +127,7 @@ def _run_batches(tm, encoded, settings, generator, seed: Optional[int], report: 
                 report.warn(f"stopped at the model's context length ({tm.context_length} tokens)")
                 context_warned = True
             if report.json:
-                emit_json(c.as_json(str(tm.path), seed))
+                emit_json(c.as_json(str(tm.path), seed), out)
             elif stream:
                 out.write("\n")
             else:

@@ -6,55 +6,89 @@ from __future__ import annotations
 import sys
 from typing import IO, Any, Iterable, Optional, Sequence
 
-from gencli.console import Reporter, csv_line, emit_json, json_line, print_table
+from gencli.console import Reporter, csv_line, emit_json, is_terminal, json_line, print_table
 
 
-def write_predictions(results: Iterable[Any], total: int, report: Reporter, description: str) -> int:
+def output_format(report: Reporter, csv: bool) -> str:
+    """The results' format from ``--json``/``--csv`` (exclusive): "json", "csv" or "table"."""
+    from gencli.errors import UserError
+
+    if csv and report.json:
+        raise UserError("--csv and --json are exclusive: choose one output format")
+    return "json" if report.json else "csv" if csv else "table"
+
+
+def write_predictions(results: Iterable[Any], total: int, report: Reporter, description: str, fmt: str = "table", file: Optional[IO[str]] = None) -> int:
     """Write ``classify``/``zeroshot`` results (:class:`~gencli.pipelines.images.ImageResult` whose
-    value is a list of predictions): with ``--json`` one line per image in input order,
-    ``{"image", "predictions"}`` or ``{"image", "error"}``; otherwise a table after all images.
-    Unreadable files are also reported on stderr as they come. Returns the number of images
-    predicted; raises the command's UserError (exit 2) at the end if any input failed."""
+    value is a list of predictions) to ``file`` (default: stdout), in input order: JSON lines
+    ``{"image", "predictions"}`` or ``{"image", "error"}`` and CSV rows ``image,rank,label,...`` as
+    they come, or a table after all images (``fmt``). Unreadable files are also reported on stderr
+    as they come. Returns the number of images predicted; raises the command's UserError (exit 2)
+    at the end if any input failed."""
     from gencli.pipelines.images import unreadable_inputs_error
 
     rows: list[tuple[str, list[dict[str, Any]]]] = []
     failed: list[str] = []
+    out = sys.stdout if file is None else file
+    wrote_header = False
     with report.progress(description, total=total) as advance:
         for r in results:
             if r.error is not None:
                 failed.append(r.path)
                 report.error(f"'{r.path}': {r.error}")
-                if report.json:
-                    emit_json({"image": r.path, "error": r.error})
-            elif report.json:
-                emit_json({"image": r.path, "predictions": r.value})
+                if fmt == "json":
+                    emit_json({"image": r.path, "error": r.error}, out)
+            elif fmt == "json":
+                emit_json({"image": r.path, "predictions": r.value}, out)
+            elif fmt == "csv":
+                keys = prediction_keys([(r.path, r.value)])
+                if not wrote_header:
+                    out.write(csv_line(["image", "rank", *keys]))
+                    wrote_header = True
+                out.write("".join(csv_line(cells) for cells in prediction_rows(r.path, r.value, keys, repeat_image=True)))
+                out.flush()
             else:
                 rows.append((r.path, r.value))
             advance(1)
-    if not report.json and rows:
-        print_table(predictions_table(rows))
+    if fmt == "table" and rows:
+        print_table(predictions_table(rows, repeat_image=not is_terminal(out)), out)
     if failed:
         raise unreadable_inputs_error(failed, total)
     return total - len(failed)
 
 
-def predictions_table(rows: Sequence[tuple[str, list[dict[str, Any]]]]):
-    """One row per prediction, the image named on its first row."""
+def prediction_keys(rows: Sequence[tuple[str, list[dict[str, Any]]]]) -> list[str]:
+    """The prediction fields present (classify has label/id/score, zeroshot label/score)."""
+    return [k for k in ("label", "id", "score") if any(k in p for _, preds in rows for p in preds)]
+
+
+def prediction_rows(path: str, preds: list[dict[str, Any]], keys: Sequence[str], repeat_image: bool) -> list[list[str]]:
+    """The rows of one image's predictions: image (on every row, or the first only), rank, fields."""
+    out = []
+    for rank, p in enumerate(preds, 1):
+        cells = [path if rank == 1 or repeat_image else "", str(rank)]
+        for k in keys:
+            v = p.get(k)
+            cells.append(f"{v:.4f}" if isinstance(v, float) else ("" if v is None else str(v)))
+        out.append(cells)
+    return out
+
+
+def predictions_table(rows: Sequence[tuple[str, list[dict[str, Any]]]], repeat_image: bool = False):
+    """One row per prediction, the image named on its first row (on every row with
+    ``repeat_image``: the plain rows a pipe gets, so grep and sort keep whole records)."""
     from rich.table import Table
 
-    keys = [k for k in ("label", "id", "score") if any(k in p for _, preds in rows for p in preds)]
+    keys = prediction_keys(rows)
     table = Table(box=None, header_style="bold", show_edge=False, pad_edge=False)
     table.add_column("image", overflow="fold")
     table.add_column("rank", justify="right")
     for k in keys:
         table.add_column(k, justify="right" if k in ("id", "score") else "left")
     for path, preds in rows:
-        for rank, p in enumerate(preds, 1):
-            cells = [path if rank == 1 else "", str(rank)]
-            for k in keys:
-                v = p.get(k)
-                cells.append(f"{v:.4f}" if isinstance(v, float) else ("" if v is None else str(v)))
-            table.add_row(*cells, end_section=rank == len(preds) and len(preds) > 1)
+        cells = prediction_rows(path, preds, keys, repeat_image)
+        for i, row in enumerate(cells):
+            table.add_row(*row, end_section=not repeat_image and i == len(cells) - 1 and len(cells) > 1)
     return table
 
 

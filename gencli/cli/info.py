@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 import typer
 
 from gencli.cli import app
-from gencli.cli.common import RunOptions, command
-from gencli.console import emit_json, human_bytes, human_count, stdout_console
+from gencli.cli.common import RunOptions, at_least, command
+from gencli.console import emit_json, human_bytes, human_count, print_table, stdout_console
 
 
 @command(app, "info", model_options=False)
@@ -21,7 +21,7 @@ def info(
         ),
     ],
     match: Annotated[Optional[str], typer.Option("--match", help="Only list tensors whose name matches this regular expression.")] = None,
-    limit: Annotated[int, typer.Option("--limit", help="Tensors listed in the table (0 = none; --all for every one).")] = 40,
+    limit: Annotated[int, typer.Option("--limit", callback=at_least(0), help="Tensors listed in the table (0 = none; --all for every one).")] = 40,
     all_: Annotated[bool, typer.Option("--all", help="List every tensor.")] = False,
     allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Read .bin/.pt/.ckpt checkpoints with torch.load(weights_only=True).")] = False,
     *,
@@ -39,16 +39,17 @@ def info(
         except re.error as exc:
             raise UserError(f"--match is not a valid regular expression: {exc}") from None
         d["tensors"] = [t for t in d["tensors"] if rx.search(t["name"])]
-    if opts.json:
-        emit_json(d)
-        return
-    _render(d, None if all_ else limit)
+    with opts.results() as fh:
+        if opts.json:
+            emit_json(d, fh)
+        else:
+            _render(d, None if all_ else limit, fh)
 
 
-def _render(d: dict, limit: Optional[int]) -> None:
+def _render(d: dict, limit: Optional[int], file) -> None:
     from rich.table import Table
 
-    out = stdout_console()
+    out = stdout_console(file)
     out.print(f"[bold]{d['path']}[/bold]")
     out.print(f"  format        {d['format']}")
     out.print(f"  architecture  {d['architecture'] or 'unknown'}")
@@ -82,6 +83,6 @@ def _render(d: dict, limit: Optional[int]) -> None:
             n *= s
         table.add_row(t["name"], t["dtype"], "x".join(map(str, t["shape"])) or "scalar", f"{n:,}")
     out.print()
-    out.print(table)
+    print_table(table, file)
     if len(rows) < len(d["tensors"]):
         out.print(f"... {len(d['tensors']) - len(rows)} more tensors (use --all or --match)")

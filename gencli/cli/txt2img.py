@@ -9,7 +9,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from gencli.cli import app
-from gencli.cli.common import RunOptions, command
+from gencli.cli.common import RunOptions, command, option
 
 DEFAULT_MODEL = "txt2img-shapes"
 _GEN = "Generation"
@@ -23,28 +23,30 @@ def _sampler_help() -> str:
 
 
 def _opt(kind: Any, *names: str, help: str, panel: str = _GEN, show_default: bool = False) -> Any:
-    return Annotated[kind, typer.Option(*names, help=help, rich_help_panel=panel, show_default=show_default)]
+    """An option of these commands; short forms come from the one vocabulary (``SHORT_OPTIONS``)."""
+    longs = list(names)
+    return Annotated[kind, option(*longs, help=help, rich_help_panel=panel, show_default=show_default)]
 
 
-NegativeOpt = _opt(Optional[str], "--negative-prompt", "-N", help="What the image should not show.")
+NegativeOpt = _opt(Optional[str], "--negative-prompt", help="What the image should not show.")
 StepsOpt = _opt(Optional[int], "--steps", help="Denoising steps (default: the model's generation_config.json, else 50).")
 GuidanceOpt = _opt(
-    Optional[float], "--guidance", "--cfg-scale", "-g", help="Classifier-free guidance scale; <= 1 turns guidance off (default: the model's, else 7.5)."
+    Optional[float], "--guidance", "--cfg-scale", help="Classifier-free guidance scale; <= 1 turns guidance off (default: the model's, else 7.5)."
 )
 RescaleOpt = _opt(Optional[float], "--guidance-rescale", help="Guidance rescale in [0, 1] (0 = off).")
-SamplerOpt = _opt(Optional[str], "--sampler", "-s", help=_sampler_help())
-WidthOpt = _opt(Optional[int], "--width", "-W", help="Width in pixels, a multiple of 8 up to 4096 (default: the model's).")
-HeightOpt = _opt(Optional[int], "--height", "-H", help="Height in pixels, a multiple of 8 up to 4096 (default: the model's).")
-CountOpt = _opt(Optional[int], "-n", "--num-images", help="Images per prompt (seeds S, S+1, ...).")
+SamplerOpt = _opt(Optional[str], "--sampler", help=_sampler_help())
+WidthOpt = _opt(Optional[int], "--width", help="Width in pixels, a multiple of 8 up to 4096 (default: the model's).")
+HeightOpt = _opt(Optional[int], "--height", help="Height in pixels, a multiple of 8 up to 4096 (default: the model's).")
+CountOpt = _opt(Optional[int], "--num-images", help="Images per prompt (seeds S, S+1, ...).")
 SeedsOpt = _opt(Optional[str], "--seeds", help="Seeds, e.g. 0-7 or 1,5,9-11: one image per seed and prompt.")
 ClipSkipOpt = _opt(
     Optional[int], "--clip-skip",
     help="Condition on a text encoder layer this many before the last (diffusers' count: 1 = penultimate, 'Clip skip: 2' elsewhere).",
 )  # fmt: skip
 BatchOpt = _opt(int, "--batch-size", help="Images denoised together (1 keeps every image reproducible by replay byte for byte).", show_default=True)
-OutOpt = _opt(Optional[str], "--out", "-o", help="Output PNG; {i} (index from 0) and {seed} placeholders for many images.", panel=_IO)
+OutOpt = _opt(Optional[str], "--out", help="Output PNG; {i} (index from 0) and {seed} placeholders for many images.", panel=_IO)
 ForceOpt = _opt(bool, "--force", help="Overwrite existing files.", panel=_IO, show_default=True)
-PromptsFileOpt = _opt(Optional[str], "--prompts-file", "-f", help="One prompt per line, or JSON lines with per-prompt settings; - = stdin.", panel=_IO)
+PromptsFileOpt = _opt(Optional[str], "--prompts-file", help="One prompt per line, or JSON lines with per-prompt settings; - = stdin.", panel=_IO)
 VaeOpt = _opt(Optional[str], "--vae", help="Another VAE: a diffusers vae/ folder or a .safetensors file.", panel="Common options")
 VariantOpt = _opt(Optional[str], "--variant", help="diffusers weight variant to load, e.g. fp16.", panel="Common options")
 StrengthOpt = _opt(float, "--strength", help="How much to change the image, in (0, 1]: the share of the steps run.", show_default=True)

@@ -7,45 +7,47 @@ from typing import Annotated, Optional
 import typer
 
 from gencli.cli import app
-from gencli.cli.common import RunOptions, command
+from gencli.cli.common import DETERMINISTIC_SEED_HELP, RunOptions, at_least, command, option
 
 _IMAGES_HELP = "Image files, directories of images, or - to read one path per line from stdin."
 
 
-@command(app, "zeroshot")
+@command(app, "zeroshot", seed_help=DETERMINISTIC_SEED_HELP)
 def zeroshot(
     images: Annotated[list[str], typer.Argument(metavar="IMAGE...", help=_IMAGES_HELP, show_default=False)],
-    labels: Annotated[Optional[str], typer.Option("--labels", "-l", help='Comma-separated candidate labels, e.g. "cat,dog,bird".')] = None,
+    labels: Annotated[Optional[str], option("--labels", help='Comma-separated candidate labels, e.g. "cat,dog,bird".')] = None,
     labels_file: Annotated[Optional[str], typer.Option("--labels-file", help="A file with one label per line (- = stdin).")] = None,
     template: Annotated[
         Optional[list[str]],
-        typer.Option(
+        option(
             "--template",
-            "-t",
             help="Prompt with {} for the label; repeat it to average several prompts (prompt ensembling). "
             'Default: the model\'s zeroshot_templates.json if it has one, else "a photo of a {}."',
         ),
     ] = None,
-    top_k: Annotated[int, typer.Option("--top-k", "-k", min=1, help="Predictions shown per image.")] = 5,
-    batch_size: Annotated[int, typer.Option("--batch-size", "-b", min=1, help="Images per forward pass.")] = 32,
-    recursive: Annotated[bool, typer.Option("--recursive", "-r", help="Descend into sub-directories of directory inputs.")] = False,
+    top_k: Annotated[int, option("--top-k", callback=at_least(1), help="Predictions shown per image.")] = 5,
+    batch_size: Annotated[int, option("--batch-size", callback=at_least(1), help="Images per forward pass.")] = 32,
+    recursive: Annotated[bool, option("--recursive", help="Descend into sub-directories of directory inputs.")] = False,
+    csv: Annotated[bool, option("--csv", help="CSV rows image,rank,label,score instead of a table.")] = False,
     *,
     opts: RunOptions,
 ) -> None:
     """Zero-shot image classification with CLIP against labels you choose (default: the embedded shapes CLIP).
 
     Scores are a softmax over logit_scale * cosine similarity between the image and each label's
-    prompt. Prints a table, or with --json one line per image: {"image", "predictions": [{"label", "score"}]}.
+    prompt. Prints a table (plain whole rows when stdout is not a terminal), CSV with --csv, or with
+    --json one line per image: {"image", "predictions": [{"label", "score"}]}; --out FILE writes them there.
     Unreadable images are reported and skipped; the exit code is then 2.
     """
     import time
 
-    from gencli.cli.images import write_predictions
+    from gencli.cli.images import output_format, write_predictions
     from gencli.errors import UserError
     from gencli.pipelines import zeroshot as zs
     from gencli.pipelines.images import image_paths, predict_image_files
 
     report = opts.report
+    fmt = output_format(report, csv)
     if labels_file == "-" and "-" in images:
         raise UserError("stdin cannot hold both the image paths and the labels: give --labels-file a file")
     label_list = zs.parse_labels(labels, labels_file)
@@ -62,7 +64,8 @@ def zeroshot(
     encoded = time.perf_counter()
     report.debug(f"{len(label_list)} label(s) x {len(templates)} template(s) encoded in {encoded - loaded:.2f}s")
     results = predict_image_files(paths, lambda ims: clf.predict(ims, top_k), batch_size=batch_size)
-    n = write_predictions(results, len(paths), report, "zero-shot")
+    with opts.results(newline="") as out:
+        n = write_predictions(results, len(paths), report, "zero-shot", fmt, out)
     took = time.perf_counter() - encoded
     report.debug(f"{n} image(s) in {took:.2f}s ({n / took:.1f} images/s)" if took > 0 else f"{n} image(s)")
 
@@ -78,51 +81,42 @@ def _load(opts: RunOptions, command: str):
     return bundle
 
 
-@command(app, "similarity")
+@command(app, "similarity", seed_help=DETERMINISTIC_SEED_HELP)
 def similarity(
     images: Annotated[Optional[list[str]], typer.Argument(metavar="[IMAGE]...", help=_IMAGES_HELP + " (also --images)", show_default=False)] = None,
-    image_opt: Annotated[Optional[list[str]], typer.Option("--images", "-i", help="An image, a directory or - (repeatable).", show_default=False)] = None,
+    image_opt: Annotated[Optional[list[str]], option("--images", help="An image, a directory or - (repeatable).", show_default=False)] = None,
     texts: Annotated[
-        Optional[list[str]], typer.Option("--texts", "--text", "-t", help="A text to compare with every image (repeatable).", show_default=False)
+        Optional[list[str]], option("--texts", "--text", help="A text to compare with every image (repeatable).", show_default=False)
     ] = None,
     texts_file: Annotated[Optional[str], typer.Option("--texts-file", help="A file with one text per line (- = stdin).")] = None,
-    csv_out: Annotated[bool, typer.Option("--csv", help="Write CSV (image, then one column per text) instead of a table.")] = False,
-    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Write the table/CSV/JSON lines to this file instead of stdout.")] = None,
-    force: Annotated[bool, typer.Option("--force", "-f", help="Overwrite --out if it exists.")] = False,
-    batch_size: Annotated[int, typer.Option("--batch-size", "-b", min=1, help="Images per forward pass.")] = 32,
-    recursive: Annotated[bool, typer.Option("--recursive", "-r", help="Descend into sub-directories of directory inputs.")] = False,
+    csv_out: Annotated[bool, option("--csv", help="Write CSV (image, then one column per text) instead of a table.")] = False,
+    batch_size: Annotated[int, option("--batch-size", callback=at_least(1), help="Images per forward pass.")] = 32,
+    recursive: Annotated[bool, option("--recursive", help="Descend into sub-directories of directory inputs.")] = False,
     *,
     opts: RunOptions,
 ) -> None:
     """The image-text cosine similarity matrix of a CLIP model, for retrieval and ranking.
 
-    Rows are images, columns texts. Prints a table, CSV with --csv, or with --json one line per image:
-    {"image", "similarities": [{"text", "cosine"}]} (texts in the order given).
+    Rows are images, columns texts. Prints a table (plain whole rows when stdout is not a terminal), CSV
+    with --csv, or with --json one line per image: {"image", "similarities": [{"text", "cosine"}]}
+    (texts in the order given); --out FILE writes them there.
     """
-    from gencli.cli.images import write_similarities
+    from gencli.cli.images import output_format, write_similarities
     from gencli.errors import UserError
-    from gencli.io import atomic_open, ensure_writable
     from gencli.pipelines import similarity as sim
     from gencli.pipelines.images import image_paths, predict_image_files, unreadable_inputs_error
 
-    if csv_out and opts.json:
-        raise UserError("--csv and --json are exclusive: choose one output format")
+    fmt = output_format(opts.report, csv_out)
     inputs = list(images or []) + list(image_opt or [])
     if not inputs:
         raise UserError("no images: give image paths (or --images PATH, a directory, or - for paths on stdin)")
     if texts_file == "-" and "-" in inputs:
         raise UserError("stdin cannot hold both the image paths and the texts: give --texts-file a file")
     text_list = sim.parse_texts(texts, texts_file)
-    if out:
-        ensure_writable(out, force)
     paths = image_paths(inputs, recursive=recursive)
     bundle = _load(opts, "similarity")
-    fmt = "csv" if csv_out else "json" if opts.json else "table"
     results = predict_image_files(paths, sim.SimilarityScorer(bundle, text_list), batch_size=batch_size)
-    if out is None:
-        failed = write_similarities(results, len(paths), text_list, opts.report, fmt)
-    else:
-        with atomic_open(out, "w", force=force, encoding="utf-8", newline="") as fh:
-            failed = write_similarities(results, len(paths), text_list, opts.report, fmt, fh)
+    with opts.results(newline="") as out:
+        failed = write_similarities(results, len(paths), text_list, opts.report, fmt, out)
     if failed:
         raise unreadable_inputs_error(failed, len(paths))

@@ -139,8 +139,16 @@ def _fmt(x, nd=4) -> str:
 
 
 def render_backtest(report, summary: dict, label: str, fitted=None) -> str:
+    used = [s.model.windows for s in report.series]
+    if used and min(used) == max(used) == report.windows:
+        head = f"backtest: last {report.windows} window(s) of {report.horizon} steps"
+    elif used and min(used) == max(used):
+        head = f"backtest: last {max(used)} window(s) of {report.horizon} steps (of the {report.windows} asked, {max(used)} fit the history)"
+    else:
+        lo, hi = min(used, default=0), max(used, default=0)
+        head = f"backtest: {lo} to {hi} window(s) of {report.horizon} steps per series (of the {report.windows} asked, as many as fit)"
     lines = [
-        f"backtest: last {report.windows} window(s) of {report.horizon} steps, {summary['series']} series, {summary['windows']} windows",
+        f"{head}, {summary['series']} series, {summary['windows']} windows",
         f"weighted quantile loss over levels {', '.join(f'{q:g}' for q in report.levels)}; MASE of the median, scaled by the in-sample seasonal-naive error",
         "",
     ]

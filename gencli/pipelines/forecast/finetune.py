@@ -141,11 +141,13 @@ def save_finetuned(fc: Forecaster, out: Path, note: str) -> None:
     """Write the fine-tuned model as a folder ``--model`` takes (config.json + model.safetensors)."""
     import json
 
+    from gencli.io import atomic_write_bytes
+
     out.mkdir(parents=True, exist_ok=True)
     save_model(fc.model, out / "model.safetensors", metadata={"architecture": ARCHITECTURE})
     cfg = fc.config.to_dict()
     cfg["extra"] = {**(cfg.get("extra") or {}), "fine_tuned": note}
-    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    atomic_write_bytes(out / "config.json", (json.dumps(cfg, indent=2) + "\n").encode(), force=True)
 
 
 __all__ = ["FineTuneReport", "fine_tune", "save_finetuned"]

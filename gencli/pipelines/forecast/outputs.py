@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
 from typing import IO, Optional, Sequence
 
 import numpy as np
@@ -36,7 +35,9 @@ class ForecastWriter:
     closing notes and plot (:meth:`finish`). Output files are written atomically: they appear only
     when the ``contextlib.ExitStack`` they were opened on closes without an error."""
 
-    def __init__(self, req: ForecastRequest, report: Reporter, grid: Sequence[float], horizon: int, context: int, stack: contextlib.ExitStack):
+    def __init__(
+        self, req: ForecastRequest, report: Reporter, grid: Sequence[float], horizon: int, context: int, stack: contextlib.ExitStack, results: IO[str]
+    ):
         self.req = req
         self.report = report
         self.grid = list(grid)
@@ -44,8 +45,9 @@ class ForecastWriter:
         self.context = context
         self.levels = req.quantiles
         self.want_explain = req.explain or bool(req.explain_out)
-        # the CSV goes to --out, else to stdout unless --json replaces it
-        self.csv: Optional[IO[str]] = stack.enter_context(open_output(req.out, req.force, newline="")) if req.out or not report.json else None
+        # the results (--out, else stdout): CSV rows, or JSON lines with --json
+        self.results = results
+        self.csv: Optional[IO[str]] = None if report.json else results
         self.explain_file: Optional[IO[str]] = stack.enter_context(open_output(req.explain_out, req.force, newline="")) if req.explain_out else None
         self.explain_json = bool(req.explain_out and req.explain_out.lower().endswith((".json", ".jsonl")))
         self.wrote_header = False
@@ -63,7 +65,7 @@ class ForecastWriter:
                 self.wrote_header = True
             self.csv.write("".join(csv_line([res.record.id, t, *(format_value(v) for v in res.quantiles[h])]) for h, t in enumerate(times)))
         if self.report.json:
-            emit_json(json_record(res, times, self.levels, self.grid))
+            emit_json(json_record(res, times, self.levels, self.grid), self.results)
         if self.want_explain and res.explain is not None:
             self._explain(res)
         if self.req.plot and len(self.plots) < self.req.plot_max:
@@ -88,9 +90,8 @@ class ForecastWriter:
             self.explain_rows += 1
 
     def flush(self) -> None:
-        """After each batch: what went to stdout is visible at once (a pipe sees the rows as they come)."""
-        if self.csv is sys.stdout:
-            sys.stdout.flush()
+        """After each batch: the rows written are visible at once (a pipe sees them as they come)."""
+        self.results.flush()
 
     def notes(self) -> None:
         """The closing lines on stderr: explanations not shown, values imputed."""

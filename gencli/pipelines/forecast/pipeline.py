@@ -5,8 +5,9 @@ streaming in batches. Reports go through the :class:`~gencli.console.Reporter` i
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Optional
+from typing import IO, Iterable, Iterator, Optional
 
 from gencli.console import Reporter, csv_line, emit_json, open_output
 from gencli.data.timeseries import SeriesRecord
@@ -19,45 +20,46 @@ from gencli.pipelines.forecast.records import RecordOptions, SeriesError, build_
 from gencli.pipelines.forecast.request import ForecastRequest, check_request, layout_options
 from gencli.pipelines.forecast.table import Table, iter_groups, open_table
 
+# The longest --horizon, as a multiple of the horizon the model was trained for: beyond it a forecast is
+# extrapolation far outside what the model learned, and its memory grows with the horizon.
+HORIZON_LIMIT_FACTOR = 4
+
 
 class Failures:
-    """Series that could not be used: reported as warnings (and JSON error lines with --json) once
-    something succeeded; the run fails if nothing did, or with ``--strict``."""
+    """Series that could not be used: reported as warnings (and JSON error records with --json, in
+    input order among the results) once something succeeded; the run fails if nothing did, or with
+    ``--strict``. ``position`` is the series' place in the input (see :meth:`before`)."""
 
-    def __init__(self, report: Reporter):
+    def __init__(self, report: Reporter, results: Optional[IO[str]] = None):
         self.report = report
-        self.items: list[tuple[str, str]] = []
-        self.pending: list[tuple[str, str]] = []
-        self.live = False
+        self.results = results
+        self.items: list[tuple[int, str, str]] = []
+        self.reported = 0
 
-    def add(self, sid: str, message: str) -> None:
-        self.items.append((sid, message))
-        if self.live:
-            self._report(sid, message)
-        else:
-            self.pending.append((sid, message))
+    def add(self, sid: str, message: str, position: int = -1) -> None:
+        self.items.append((position, sid, message))
+        self.items.sort(key=lambda it: it[0])
 
-    def _report(self, sid: str, message: str) -> None:
-        self.report.warn(f"skipped {message}")
-        if self.report.json:
-            emit_json({"id": sid, "error": message})
-
-    def success(self) -> None:
-        if not self.live:
-            self.live = True
-            for sid, msg in self.pending:
-                self._report(sid, msg)
-            self.pending = []
+    def before(self, position: float) -> None:
+        """Report the failures of the series that came before ``position`` in the input (called
+        just before a result is written, and with infinity at the end, so records keep input order)."""
+        while self.reported < len(self.items) and self.items[self.reported][0] < position:
+            _, sid, message = self.items[self.reported]
+            self.report.warn(f"skipped {message}")
+            if self.report.json:
+                emit_json({"id": sid, "error": message}, self.results)
+            self.reported += 1
 
     def finish(self, done: int, strict: bool) -> None:
         if done == 0:
             if self.items:
-                sid, msg = self.items[0]
+                _, sid, msg = self.items[0]
                 more = f" ({len(self.items) - 1} more series failed the same way or otherwise)" if len(self.items) > 1 else ""
                 raise UserError(msg + more)
             raise UserError("no series to forecast")
+        self.before(float("inf"))
         if self.items and strict:
-            raise UserError(f"{len(self.items)} series failed (--strict): first: {self.items[0][1]}")
+            raise UserError(f"{len(self.items)} series failed (--strict): first: {self.items[0][2]}")
 
 
 def run(req: ForecastRequest, report: Reporter) -> None:
@@ -77,29 +79,40 @@ def run(req: ForecastRequest, report: Reporter) -> None:
     report.debug(f"model {fc.path} ({fc.placement.describe()}), context {fc.context_length}")
     binding = bind_columns(fc.config, layout.known, layout.observed, layout.static_real, layout.static_cat)
     horizon = req.horizon or _first_horizon(table, layout, report)
+    limit = HORIZON_LIMIT_FACTOR * (fc.max_horizon or fc.context_length)
+    if horizon > limit:
+        raise UserError(
+            f"--horizon {horizon} is more than {HORIZON_LIMIT_FACTOR}x the {fc.max_horizon or fc.context_length} steps this model was trained for "
+            f"(at most {limit}): forecast in shorter steps, or fine-tune a model for longer horizons"
+        )
     if fc.max_horizon and horizon > fc.max_horizon:
         report.warn(f"horizon {horizon} is longer than the {fc.max_horizon} steps this model was trained for: quality degrades further out")
     context = req.context or fc.context_length
     if context > fc.context_length:
         report.warn(f"context {context} is longer than the {fc.context_length} steps this model was trained with")
-    failures = Failures(report)
     rec_opts = RecordOptions(horizon=horizon, min_length=max(1, req.min_length), need_future_known=not req.backtest)
-    records = _records(table, layout, rec_opts, failures, report.warn)
-    if req.backtest:
-        _run_backtest(req, report, fc, binding, records, horizon, context, failures)
-        return
-    fit_report = None
-    if req.fit_steps:
-        records, fit_report = _fine_tune(req, report, fc, binding, list(records), horizon, context, failures)
-    _run_forecast(req, report, fc, binding, records, horizon, context, failures, fit_report)
+    positions: dict[str, int] = {}
+    with open_output(req.out, req.force, newline="") as results:
+        failures = Failures(report, results)
+        records = _records(table, layout, rec_opts, failures, report.warn, positions)
+        run = RunState(req, report, fc, binding, horizon, context, failures, results, positions)
+        if req.backtest:
+            _run_backtest(run, records)
+            return
+        fit_report = None
+        if req.fit_steps:
+            records, fit_report = _fine_tune(req, report, fc, binding, list(records), horizon, context, failures)
+        _run_forecast(run, records, fit_report)
 
 
-def _records(table: Table, layout: Layout, opts_rec: RecordOptions, failures: Failures, warn) -> Iterator[SeriesRecord]:
-    for sid, frame in iter_groups(table, layout, warn):
+def _records(table: Table, layout: Layout, opts_rec: RecordOptions, failures: Failures, warn, positions: dict[str, int]) -> Iterator[SeriesRecord]:
+    """The series as records, in input order (``positions`` maps each id to its place)."""
+    for i, (sid, frame) in enumerate(iter_groups(table, layout, warn)):
+        positions[sid] = i
         try:
             yield build_record(sid, frame, layout, opts_rec)
         except SeriesError as exc:
-            failures.add(sid, str(exc))
+            failures.add(sid, str(exc), i)
 
 
 def _batches(it: Iterable, size: int) -> Iterator[list]:
@@ -138,44 +151,52 @@ def _fine_tune(
         failures.finish(0, req.strict)
     with report.progress("fine-tuning", total=req.fit_steps) as advance:
         fit_report = fine_tune(fc, records, binding, horizon, req.fit_steps, context=context, lr=req.fit_lr, seed=req.seed or 0, progress=advance)
-    report.say(fit_report.line())
+    report.say(f"{fit_report.line()} (seed {req.seed or 0})")
     if req.save_model and fit_report.kept:
-        save_finetuned(fc, Path(req.save_model), f"{req.fit_steps} steps on '{req.data}'")
+        save_finetuned(fc, Path(req.save_model), f"{req.fit_steps} steps on '{req.data}' (seed {req.seed or 0})")
         report.say(f"saved the fine-tuned model to {req.save_model}")
     elif req.save_model:
         report.say(f"nothing saved to {req.save_model}: fine-tuning did not improve the model")
     return iter(records), fit_report
 
 
-def _run_forecast(
-    req: ForecastRequest,
-    report: Reporter,
-    fc: Forecaster,
-    binding: Binding,
-    records: Iterable[SeriesRecord],
-    horizon: int,
-    context: int,
-    failures: Failures,
-    fit_report,
-) -> None:
+@dataclass
+class RunState:
+    """What the forecast and the backtest of one run share: the request, the model and the column
+    binding, the horizon and context, the failures, the results stream and each series' input position."""
+
+    req: ForecastRequest
+    report: Reporter
+    fc: Forecaster
+    binding: Binding
+    horizon: int
+    context: int
+    failures: Failures
+    results: IO[str]
+    positions: dict[str, int]
+
+
+def _run_forecast(run: RunState, records: Iterable[SeriesRecord], fit_report) -> None:
+    req, report, fc, binding, horizon, context, failures = run.req, run.report, run.fc, run.binding, run.horizon, run.context, run.failures
+    results_file, positions = run.results, run.positions
     with contextlib.ExitStack() as stack:
-        writer = ForecastWriter(req, report, fc.grid, horizon, context, stack)
+        writer = ForecastWriter(req, report, fc.grid, horizon, context, stack, results_file)
         advance = stack.enter_context(report.progress("forecasting", total=None))
         for batch in _batches(records, req.batch_size):
             results = fc.forecast(batch, binding, horizon, req.quantiles, context, explain=writer.want_explain, clip_nonnegative=not req.allow_negative)
-            failures.success()
             for res in results:
+                failures.before(positions[res.record.id])
                 writer.write(res)
             writer.flush()
             advance(len(results))
         writer.notes()
         failures.finish(writer.done, req.strict)
         writer.finish()
-    summary = {"series": writer.done, "failed": len(failures.items), "horizon": horizon, "quantiles": req.quantiles}
-    if fit_report is not None:
-        summary["fine_tune"] = fit_report.to_dict()
-    if report.json:
-        emit_json({"summary": summary})
+        summary = {"series": writer.done, "failed": len(failures.items), "horizon": horizon, "quantiles": req.quantiles}
+        if fit_report is not None:
+            summary["fine_tune"] = fit_report.to_dict()
+        if report.json:
+            emit_json({"summary": summary}, results_file)
     report.log(
         f"forecast {writer.done} series x {horizon} steps"
         + (f"; {len(failures.items)} skipped" if failures.items else "")
@@ -185,9 +206,11 @@ def _run_forecast(
         report.log(f"plot -> {req.plot}")
 
 
-def _run_backtest(
-    req: ForecastRequest, report: Reporter, fc: Forecaster, binding: Binding, records: Iterable[SeriesRecord], horizon: int, context: int, failures: Failures
-) -> None:
+def _run_backtest(run: RunState, records: Iterable[SeriesRecord]) -> None:
+    """The backtest's results go to the results stream: the table, per-series CSV rows (``--csv``) or
+    JSON lines (``--json``: one per series and error in input order, then the summary)."""
+    req, report, fc, binding, horizon, context, failures = run.req, run.report, run.fc, run.binding, run.horizon, run.context, run.failures
+    results_file, positions = run.results, run.positions
     from gencli.pipelines.forecast.backtest import CSV_COLUMNS, BacktestReport, backtest, csv_rows, render_backtest
 
     levels = req.quantiles if len(req.quantiles) >= 3 else fc.grid
@@ -200,10 +223,9 @@ def _run_backtest(
     with report.progress("backtest", total=None) as advance:
         for batch in _batches(records, req.batch_size):
             r = backtest(fc, batch, binding, horizon, windows, levels, context, min_history=req.min_length)
-            failures.success()
             result.series += r.series
             for sid, msg in r.skipped:
-                failures.add(sid, f"series '{sid}': {msg}")
+                failures.add(sid, f"series '{sid}': {msg}", positions[sid])
             done += len(r.series)
             advance(len(batch))
     failures.finish(done, req.strict)
@@ -212,21 +234,23 @@ def _run_backtest(
         label = "TFT"
     else:
         label = f"TFT fine-tuned ({req.fit_steps} steps)" if fitted[1].kept else "TFT (fine-tuning not kept)"
-    if req.out:
-        with open_output(req.out, req.force, newline="") as fh:
-            fh.write(csv_line(CSV_COLUMNS))
-            for row in csv_rows(result):
-                fh.write(csv_line(row))
     if report.json:
         for s in result.series:
-            emit_json(s.to_dict())
+            failures.before(positions[s.id])
+            emit_json(s.to_dict(), results_file)
+        failures.before(float("inf"))
         out = {"summary": {"model": label, **summary}}
         if fitted is not None:
             out["summary"]["zero_shot"] = fitted[0].summary()
             out["summary"]["fine_tune"] = fitted[1].to_dict()
-        emit_json(out)
+        emit_json(out, results_file)
         return
-    print(render_backtest(result, summary, label, fitted))
+    failures.before(float("inf"))
+    if req.csv:
+        results_file.write(csv_line(CSV_COLUMNS))
+        results_file.writelines(csv_line(row) for row in csv_rows(result))
+        return
+    results_file.write(render_backtest(result, summary, label, fitted) + "\n")
 
 
 def _backtest_fine_tuned(
@@ -250,7 +274,7 @@ def _backtest_fine_tuned(
             fc, records, binding, horizon, req.fit_steps, context=context, lr=req.fit_lr, seed=req.seed or 0,
             cutoff=lambda r: r.length - windows * horizon, progress=advance,
         )  # fmt: skip
-    report.say(fit.line() + " (trained only on data before the first backtest window)")
+    report.say(fit.line() + f" (trained only on data before the first backtest window; seed {req.seed or 0})")
     return iter(records), (zero_shot, fit)
 
 

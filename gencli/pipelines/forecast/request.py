@@ -26,7 +26,9 @@ class ForecastRequest:
     static_cols: Optional[list] = None
     observed_cols: Optional[list] = None
     wide: bool = False
-    out: Optional[str] = None
+    out: Optional[str] = None  # the results (CSV, or JSON lines with json; - = stdout)
+    csv: bool = False
+    json: bool = False
     plot: Optional[str] = None
     plot_max: int = 12
     explain: bool = False
@@ -93,6 +95,9 @@ def check_request(req: ForecastRequest) -> None:
         raise UserError(f"--fit-steps must be 0 or more (got {req.fit_steps})")
     if req.batch_size < 1:
         raise UserError("--batch-size must be at least 1")
+    if req.csv and req.json:
+        raise UserError("--csv and --json are exclusive: choose one output format")
+
     for path in (req.out, req.plot, req.explain_out):
         if path:
             ensure_writable(path, req.force)
