@@ -3,6 +3,7 @@
 
     python scripts/eval_text.py                          # weights/llama-pystdlib, --dtype auto
     python scripts/eval_text.py --model PATH --dtype float32 --json
+    python scripts/eval_text.py --quantize int8          # weight-only int8 (int4: --quantize int4)
 
 Reports loss per token (nats), perplexity and bits per byte over the modules listed in
 gencli.data.pysource.HELDOUT_MODULES (never trained on), scored with a sliding window (see
@@ -27,6 +28,8 @@ def main() -> None:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--quantize", choices=("int8", "int4"), default=None, help="quantize the linear layers on loading")
+    p.add_argument("--group-size", type=int, default=None, help="int4: input columns per group (default 32)")
     p.add_argument("--stride", type=int, default=None, help="window advance in tokens (default: half the context)")
     p.add_argument("--max-tokens", type=int, default=None, help="score only the first N tokens of each module")
     p.add_argument("--json", action="store_true")
@@ -37,7 +40,9 @@ def main() -> None:
     from gencli.pipelines.text import describe, load_text_model
     from gencli.weights import resolve_model
 
-    tm = load_text_model(resolve_model(args.model), device=args.device, dtype=args.dtype, threads=args.threads)
+    tm = load_text_model(
+        resolve_model(args.model), device=args.device, dtype=args.dtype, threads=args.threads, quantize=args.quantize, group_size=args.group_size
+    )
     root = stdlib_root()
     docs = [(f.relative_to(root).as_posix(), read_source(f)) for f in heldout_files(root)]
     docs = [(name, text) for name, text in docs if text]
