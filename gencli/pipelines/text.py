@@ -231,8 +231,10 @@ def quantize_checkpoint(
     from gencli.checkpoints.loader import save_model
 
     out = Path(out)
-    if out.exists() and not (force and out.is_dir()):
-        raise UserError(f"output '{out}' already exists" + ("" if out.is_dir() else " and is not a folder") + (" (use --force to replace it)" if out.is_dir() else ""))
+    if out.exists() and not out.is_dir():
+        raise UserError(f"output '{out}' exists and is not a folder")
+    if out.exists() and not force:
+        raise UserError(f"output '{out}' already exists (use --force to replace it)")
     if not out.parent.is_dir():
         raise UserError(f"output directory '{out.parent}' does not exist")
     src = open_source(path, allow_pickle=allow_pickle)
@@ -263,9 +265,9 @@ def quantize_checkpoint(
         tmp.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return QuantizedCheckpoint(
-        out, tm.quantization, sum(1 for _ in quantized_layers(tm.model)), sum(f.stat().st_size for f in src.weight_files), (out / "model.safetensors").stat().st_size
-    )
+    layers = sum(1 for _ in quantized_layers(tm.model))
+    before = sum(f.stat().st_size for f in src.weight_files)
+    return QuantizedCheckpoint(out, tm.quantization, layers, before, (out / "model.safetensors").stat().st_size)
 
 
 # -- settings -------------------------------------------------------------------------------------
