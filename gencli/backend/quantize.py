@@ -36,6 +36,7 @@ import torch.nn as nn
 from gencli.backend.layers import get_activation, linear
 
 MODES = ("int8", "int4")
+INT4_GROUP_SIZES = (32, 64, 128, 256)  # what torch's int4 CPU kernel takes
 DEFAULT_GROUP_SIZE = 32  # int4: input columns per scale/zero pair (llama.cpp's Q4_0 uses 32 too)
 # from this many rows the weight is dequantized for the call and multiplied by a dense bf16 GEMM:
 # the weight-only kernels cost rows x a matrix-vector product (measured on a 2-core AMX CPU, a
@@ -58,8 +59,8 @@ class QuantizationSpec:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"unknown quantization '{self.mode}' (known: {', '.join(MODES)})")
-        if self.mode == "int4" and (self.group_size < 2 or self.group_size % 2):
-            raise ValueError(f"int4 needs an even group size >= 2 (got {self.group_size})")
+        if self.mode == "int4" and self.group_size not in INT4_GROUP_SIZES:
+            raise ValueError(f"the int4 group size must be one of {', '.join(map(str, INT4_GROUP_SIZES))} (got {self.group_size})")
 
     @classmethod
     def for_mode(cls, mode: str, group_size: Optional[int] = None) -> "QuantizationSpec":
@@ -93,7 +94,7 @@ class QuantizationSpec:
 # -- quantizing a weight --------------------------------------------------------------------------------
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(q int8 (out, in), scale (out,))`` with ``weight ~ q * scale[:, None]`` (symmetric per row)."""
-    w = weight.detach().float()
+    w = weight.detach().float().contiguous()  # (GPT-2's Conv1D weights come as transposed views)
     scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12).to(_SCALE_DTYPE)
     q = torch.round(w / scale.float()[:, None]).clamp_(-127, 127).to(torch.int8)
     return q, scale
@@ -105,7 +106,7 @@ def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, 
     out_f, in_f = weight.shape
     if in_f % group_size:
         raise ValueError(f"in_features {in_f} is not a multiple of the group size {group_size}")
-    w = weight.detach().float().reshape(out_f, in_f // group_size, group_size)
+    w = weight.detach().float().contiguous().reshape(out_f, in_f // group_size, group_size)
     lo, hi = w.amin(dim=-1), w.amax(dim=-1)
     scale = ((hi - lo) / 15.0).clamp(min=1e-12).to(_SCALE_DTYPE)
     zero = (lo + 8.0 * scale.float()).to(_SCALE_DTYPE)
@@ -280,6 +281,7 @@ def quantized_layers(model: nn.Module) -> Iterable[tuple[str, QuantizedLinear]]:
 __all__ = [
     "MODES",
     "DEFAULT_GROUP_SIZE",
+    "INT4_GROUP_SIZES",
     "QuantizationSpec",
     "QuantizedLinear",
     "quantize_int8",
