@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from _text_fixtures import gpt2_checkpoint, llama_checkpoint, qwen2_checkpoint
+from _text_fixtures import three_text_models
 from typer.testing import CliRunner
 
 from gencli.backend.quantize import (
@@ -75,11 +75,7 @@ def test_quantize_linears_skips_shapes_the_group_does_not_divide_and_builds_empt
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("quant")
-    gpt2_checkpoint(root / "gpt2", n_positions=64)
-    llama_checkpoint(root / "llama")
-    qwen2_checkpoint(root / "qwen2")
-    return root
+    return three_text_models(tmp_path_factory.mktemp("quant"))
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2"])
