@@ -92,8 +92,19 @@ class QuantizationSpec:
 
 
 # -- quantizing a weight --------------------------------------------------------------------------------
+_CHUNK_ROWS = 2048  # rows quantized at a time: the fp32 temporaries of a 50k-row LM head stay small
+
+
+def _by_rows(fn: Callable[[torch.Tensor], tuple[torch.Tensor, ...]], weight: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``fn`` applied to blocks of rows of ``weight``, the results concatenated along the rows."""
+    parts = [fn(weight[i : i + _CHUNK_ROWS]) for i in range(0, weight.shape[0], _CHUNK_ROWS)]
+    return tuple(torch.cat(p) for p in zip(*parts)) if len(parts) > 1 else parts[0]
+
+
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(q int8 (out, in), scale (out,))`` with ``weight ~ q * scale[:, None]`` (symmetric per row)."""
+    if weight.shape[0] > _CHUNK_ROWS:
+        return _by_rows(quantize_int8, weight)  # type: ignore[return-value]
     w = weight.detach().float().contiguous()  # (GPT-2's Conv1D weights come as transposed views)
     scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12).to(_SCALE_DTYPE)
     q = torch.round(w / scale.float()[:, None]).clamp_(-127, 127).to(torch.int8)
@@ -106,6 +117,8 @@ def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, 
     out_f, in_f = weight.shape
     if in_f % group_size:
         raise ValueError(f"in_features {in_f} is not a multiple of the group size {group_size}")
+    if out_f > _CHUNK_ROWS:
+        return _by_rows(lambda rows: quantize_int4(rows, group_size), weight)  # type: ignore[return-value]
     w = weight.detach().float().contiguous().reshape(out_f, in_f // group_size, group_size)
     lo, hi = w.amin(dim=-1), w.amax(dim=-1)
     scale = ((hi - lo) / 15.0).clamp(min=1e-12).to(_SCALE_DTYPE)
