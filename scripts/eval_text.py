@@ -3,6 +3,8 @@
 
     python scripts/eval_text.py                          # weights/llama-pystdlib, --dtype auto
     python scripts/eval_text.py --model PATH --dtype float32 --json
+    python scripts/eval_text.py --quantize int8          # weight-only int8 (int4: --quantize int4)
+    python scripts/eval_text.py --quantize int4 --agreement 200   # + greedy agreement with fp32
 
 Reports loss per token (nats), perplexity and bits per byte over the modules listed in
 gencli.data.pysource.HELDOUT_MODULES (never trained on), scored with a sliding window (see
@@ -27,8 +29,11 @@ def main() -> None:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--quantize", choices=("int8", "int4"), default=None, help="quantize the linear layers on loading")
+    p.add_argument("--group-size", type=int, default=None, help="int4: input columns per group (default 32)")
     p.add_argument("--stride", type=int, default=None, help="window advance in tokens (default: half the context)")
     p.add_argument("--max-tokens", type=int, default=None, help="score only the first N tokens of each module")
+    p.add_argument("--agreement", type=int, default=0, metavar="N", help="with --quantize: greedy 16-token agreement with fp32 on N held-out lines")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
 
@@ -37,7 +42,9 @@ def main() -> None:
     from gencli.pipelines.text import describe, load_text_model
     from gencli.weights import resolve_model
 
-    tm = load_text_model(resolve_model(args.model), device=args.device, dtype=args.dtype, threads=args.threads)
+    tm = load_text_model(
+        resolve_model(args.model), device=args.device, dtype=args.dtype, threads=args.threads, quantize=args.quantize, group_size=args.group_size
+    )
     root = stdlib_root()
     docs = [(f.relative_to(root).as_posix(), read_source(f)) for f in heldout_files(root)]
     docs = [(name, text) for name, text in docs if text]
@@ -50,16 +57,48 @@ def main() -> None:
         **score.as_dict(),
         "seconds": round(time.perf_counter() - start, 1),
     }
+    if args.quantize and args.agreement:
+        fp32 = load_text_model(resolve_model(args.model), device=args.device, dtype=args.dtype, threads=args.threads)
+        report["agreement"] = greedy_agreement(fp32, tm, docs, args.agreement)
     if args.json:
         print(json.dumps(report))
         return
     print(f"{report['model']}; Python {report['python']} standard library, {len(docs)} held-out modules")
     for name, d in score.per_document.items():
         print(f"  {name:<24} {d['tokens']:>7} tokens  loss {d['loss']:.3f}  {d['bits_per_byte']:.3f} bits/byte")
+    if "agreement" in report:
+        a = report["agreement"]
+        print(
+            f"greedy agreement with fp32 over {a['prompts']} held-out lines, {a['new_tokens']} new tokens: first token {a['first_token']:.1%}, "
+            f"whole continuation {a['all_tokens']:.1%}, position-wise {a['position_wise']:.1%}"
+        )
     print(
         f"total: {score.tokens} tokens, {score.bytes} bytes; loss {score.loss:.4f} nats/token, "
         f"perplexity {score.perplexity:.2f}, {score.bits_per_byte:.4f} bits per byte"
     )
+
+
+def greedy_agreement(reference, model, docs, n: int, new_tokens: int = 16) -> dict:
+    """How often ``model`` picks the same greedy tokens as ``reference``, prompted with ``n`` lines
+    (over 20 characters) spread evenly over the held-out modules."""
+    from gencli.pipelines.sampling import SamplingParams
+    from gencli.pipelines.text import GenerationSettings, encode_prompt, generate
+
+    lines = [line.rstrip() for _, text in docs for line in text.splitlines() if len(line.strip()) > 20]
+    prompts = lines[:: max(1, len(lines) // n)][:n]
+    settings = GenerationSettings(max_new_tokens=new_tokens, sampling=SamplingParams(temperature=0.0), ignore_eos=True)
+    outs = []
+    for tm in (reference, model):
+        encoded = [(t, encode_prompt(tm, t)) for t in prompts]
+        outs.append([c.token_ids for i in range(0, len(encoded), 8) for c in generate(tm, encoded[i : i + 8], settings)])
+    pairs = list(zip(*outs))
+    return {
+        "prompts": len(pairs),
+        "new_tokens": new_tokens,
+        "first_token": sum(a[0] == b[0] for a, b in pairs) / len(pairs),
+        "all_tokens": sum(a == b for a, b in pairs) / len(pairs),
+        "position_wise": sum(x == y for a, b in pairs for x, y in zip(a, b)) / (new_tokens * len(pairs)),
+    }
 
 
 if __name__ == "__main__":

@@ -164,3 +164,11 @@ def qwen2_checkpoint(folder: Path, seed: int = 2):
     model = Qwen2ForCausalLM(cfg).eval()
     model.save_pretrained(folder, safe_serialization=True)
     return model
+
+
+def three_text_models(root: Path) -> Path:
+    """A GPT-2 (64 positions), a Llama and a Qwen2-style model under ``root`` (gpt2/, llama/, qwen2/)."""
+    gpt2_checkpoint(root / "gpt2", n_positions=64)
+    llama_checkpoint(root / "llama")
+    qwen2_checkpoint(root / "qwen2")
+    return root

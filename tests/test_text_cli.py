@@ -7,7 +7,7 @@ import json
 import shutil
 
 import pytest
-from _text_fixtures import gpt2_checkpoint, llama_checkpoint, qwen2_checkpoint, write_json
+from _text_fixtures import three_text_models, write_json
 from typer.testing import CliRunner
 
 from gencli.cli import app
@@ -17,11 +17,7 @@ pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("text-cli")
-    gpt2_checkpoint(root / "gpt2", n_positions=64)
-    llama_checkpoint(root / "llama")
-    qwen2_checkpoint(root / "qwen2")
-    return root
+    return three_text_models(tmp_path_factory.mktemp("text-cli"))
 
 
 def gen(*args, input=None):

@@ -115,4 +115,23 @@ def describe(path: str | Path, *, allow_pickle: bool = False, source: Optional[C
         metadata=src.metadata(),
         tensors=tensors,
     )
+    quant = (src.config or {}).get("quantization_config")
+    if isinstance(quant, dict):
+        result["quantization"], result["parameters"] = _quantization(quant, tensors, total)
     return result
+
+
+def _quantization(entry: dict[str, Any], tensors: list[dict[str, Any]], total: int) -> tuple[dict[str, Any], int]:
+    """(the ``quantization_config`` entry with the number of quantized layers, the parameter count the
+    weights stand for). A layer quantized by ``gencli quantize`` stores ``weight`` (int8, or two
+    4-bit codes per uint8) beside ``weight_scale`` (and ``weight_zero``); the scales are not
+    parameters of the model, and a 4-bit byte holds two."""
+    by_name = {t["name"]: t for t in tensors}
+    layers = [n[: -len(".weight_scale")] for n in by_name if n.endswith(".weight_scale")]
+    params = total
+    for layer in layers:
+        params -= sum(_numel(by_name[f"{layer}.{k}"]["shape"]) for k in ("weight_scale", "weight_zero") if f"{layer}.{k}" in by_name)
+        weight = by_name.get(f"{layer}.weight")
+        if weight is not None and entry.get("bits") == 4:
+            params += _numel(weight["shape"])
+    return {**entry, "layers": len(layers)}, params

@@ -202,15 +202,19 @@ def load_model(factory: Callable[[], M], reader: TensorReader, keymap: KeyMap = 
     return load_state(build_on_meta(factory), reader, keymap, **options)
 
 
-def save_model(model: nn.Module, path, *, dtype: Optional[torch.dtype] = None, metadata: Optional[dict[str, str]] = None) -> None:
-    """Write a module's state dict as safetensors (tied tensors stored once, contiguous, optional cast).
+def save_model(
+    model: nn.Module, path, *, dtype: Optional[torch.dtype] = None, metadata: Optional[dict[str, str]] = None, keep_dtype: Iterable[str] = ()
+) -> None:
+    """Write a module's state dict as safetensors (tied tensors stored once, contiguous, optional cast
+    of the floating-point tensors except those whose name matches a ``keep_dtype`` pattern).
 
-    Used by the training scripts that produce ``weights/``; the write is atomic.
+    Used by the training scripts that produce ``weights/`` and by ``gencli quantize``; the write is atomic.
     """
     from safetensors.torch import save_file
 
     from gencli.io import atomic_path
 
+    keep_rx = [re.compile(p) for p in keep_dtype]
     state: dict[str, torch.Tensor] = {}
     stored: set[tuple] = set()
     for name, t in model.state_dict().items():
@@ -219,7 +223,7 @@ def save_model(model: nn.Module, path, *, dtype: Optional[torch.dtype] = None, m
             continue  # a tied alias: stored once, under its first name
         stored.add(ident)
         t = t.detach()
-        if dtype is not None and t.is_floating_point():
+        if dtype is not None and t.is_floating_point() and not any(r.search(name) for r in keep_rx):
             t = t.to(dtype)
         state[name] = t.contiguous().cpu()
     with atomic_path(path, force=True) as tmp:

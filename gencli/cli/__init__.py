@@ -70,6 +70,7 @@ from gencli.cli import (  # noqa: E402,F401,I001
     forecast,
     sample,
     txt2img,
+    quantize,
     info,
     models,
 )

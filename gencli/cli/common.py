@@ -79,6 +79,13 @@ class Dtype(str, enum.Enum):
     float16 = "float16"
 
 
+class Quantize(str, enum.Enum):
+    """Weight-only quantization modes (gencli.backend.quantize.MODES)."""
+
+    int8 = "int8"
+    int4 = "int4"
+
+
 def _check_device(value: str) -> str:
     if not DEVICE_PATTERN.match(value):
         raise typer.BadParameter(f"'{value}' is not one of auto, cpu, cuda, cuda:N, mps")

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from gencli.cli import app
-from gencli.cli.common import RunOptions, at_least, command, option
+from gencli.cli.common import Quantize, RunOptions, at_least, command, option
 from gencli.console import Reporter, emit_json
 
 DEFAULT_MODEL = "llama-pystdlib"
@@ -47,6 +47,13 @@ def generate(
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the checkpoint's chat template (instruct models).")] = False,
     system: Annotated[Optional[str], typer.Option("--system", help="System message for --chat.", show_default=False)] = None,
     echo: Annotated[bool, typer.Option("--echo", help="Print the prompt before the completion.")] = False,
+    quantize: Annotated[
+        Optional[Quantize],
+        typer.Option("--quantize", help="Weight-only quantization of the linear layers on loading (int8 per channel, int4 in groups).", show_default=False),
+    ] = None,
+    group_size: Annotated[
+        Optional[int], typer.Option("--group-size", help="int4: input columns per scale (default 32).", show_default=False)
+    ] = None,
     *,
     opts: RunOptions,
 ) -> None:
@@ -62,6 +69,8 @@ def generate(
     gencli generate --prompts-file prompts.txt --json
 
     gencli generate -m ./Qwen2.5-0.5B-Instruct --chat "Name three prime numbers."
+
+    gencli generate --quantize int8 "import os"
     """
     from gencli.errors import UserError
     from gencli.pipelines.text import check_flags
@@ -77,7 +86,7 @@ def generate(
     report = opts.report
     path = resolve_model(opts.model, DEFAULT_MODEL)
     with report.progress("loading model"):
-        tm = load_text_model(path, **opts.load_options())
+        tm = load_text_model(path, **opts.load_options(), quantize=quantize.value if quantize else None, group_size=group_size)
     report.debug(f"model: {describe(tm)}; loaded in {tm.load_seconds:.2f}s")
     settings = resolve_settings(
         tm.generation_config,

@@ -62,6 +62,10 @@ def _render(d: dict, limit: Optional[int], file) -> None:
         f"{k} {human_count(v['parameters'])} in {v['tensors']} tensors" for k, v in sorted(d["dtypes"].items(), key=lambda kv: -kv[1]["parameters"])
     )
     out.print(f"  dtypes        {dts or '-'}")
+    q = d.get("quantization")
+    if q:
+        how = "per output channel" if q.get("group_size", -1) <= 0 else f"in groups of {q['group_size']}"
+        out.print(f"  quantization  {q.get('mode')} ({q.get('quant_method')}), {q.get('layers')} linear layers {how}")
     if d.get("config"):
         out.print("  config        " + ", ".join(f"{k}={v}" for k, v in d["config"].items()))
     for name, comp in (d.get("components") or {}).items():

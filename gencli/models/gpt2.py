@@ -84,6 +84,10 @@ class Conv1D(nn.Module):
         self.weight = nn.Parameter(torch.empty(in_features, out_features))
         self.bias = nn.Parameter(torch.zeros(out_features))
 
+    def linear_weight(self) -> torch.Tensor:
+        """The weight as ``nn.Linear`` holds it, ``(out_features, in_features)`` (a view)."""
+        return self.weight.t()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # bias + x @ weight in one BLAS call over the stored (in, out) matrix
         out = torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight)

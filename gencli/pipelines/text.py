@@ -8,6 +8,7 @@ through an incremental detokenizer, with stop strings held back and trimmed.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,7 @@ class TextModel:
     load_seconds: float
     screen: Optional[ScreenedArgmax] = None  # the screened argmax of the LM head, built on first use
     screen_failed: bool = False  # no exact screen could be built on this CPU: not tried again
+    quantization: Any = None  # the QuantizationSpec of the linear layers (None: not quantized)
 
 
 # The screen of the LM head pays off once the head no longer sits in the caches, and once enough
@@ -64,6 +66,8 @@ def screen_for(tm: TextModel, params: SamplingParams, steps: int) -> Optional[Sc
     native bf16 kernels and the generation is long enough to repay building it (or it is built
     already); else None."""
     weight = tm.model.lm_head.weight
+    if not weight.is_floating_point():  # a quantized head: already a fraction of the fp32 read
+        return None
     if not params.greedy or params.repetition_penalty != 1.0 or getattr(tm.model.lm_head, "bias", None) is not None:
         return None
     if tm.screen is None and not tm.screen_failed:
@@ -101,9 +105,22 @@ def _ids(value: Any) -> list[int]:
     return [int(value)]
 
 
-def load_text_model(path: Path, *, device: str = "auto", dtype: str = "auto", threads: Optional[int] = None, allow_pickle: bool = False) -> TextModel:
+def load_text_model(
+    path: Path,
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    threads: Optional[int] = None,
+    allow_pickle: bool = False,
+    quantize: Optional[str] = None,
+    group_size: Optional[int] = None,
+) -> TextModel:
+    """Load a text model with its tokenizer. ``quantize`` ("int8" | "int4") quantizes the linear
+    layers (LM head included) on loading, see :mod:`gencli.backend.quantize`; a checkpoint written by
+    ``gencli quantize`` loads quantized as it was saved (``quantize`` may then name the same mode)."""
+    from gencli.backend.quantize import quantize_linears
     from gencli.checkpoints.formats import open_source
-    from gencli.checkpoints.loader import load_model
+    from gencli.checkpoints.loader import build_on_meta, load_model, load_state
     from gencli.checkpoints.reader import open_reader
     from gencli.models import gpt2, llama
 
@@ -118,6 +135,7 @@ def load_text_model(path: Path, *, device: str = "auto", dtype: str = "auto", th
     module = llama if family == "llama" else gpt2
     cfg = (llama.LlamaConfig if family == "llama" else gpt2.GPT2Config).from_hf(src.config)
     model_class = llama.LlamaForCausalLM if family == "llama" else gpt2.GPT2LMHeadModel
+    stored, spec = quantization_of(src.config, quantize, group_size)
     tokenizer = load_tokenizer(folder)  # before the weights: a missing tokenizer fails fast
     n_params = None if src.is_pickle else sum(t.numel for t in src.tensor_infos().values())
     placement = choose_placement(device, dtype, "decoder", threads, n_params=n_params)
@@ -128,12 +146,19 @@ def load_text_model(path: Path, *, device: str = "auto", dtype: str = "auto", th
         # (measured: +9% per product at 500 MB, -10% tokens/s for the 36 MB default model). Only
         # weights converted on loading (bf16/fp16 files) change layout; fp32 files stay zero-copy.
         fast_layout = (
-            placement.device.type == "cpu" and placement.dtype == torch.float32 and (n_params or 0) * 4 >= COLUMN_MAJOR_MIN_BYTES
+            spec is None and placement.device.type == "cpu" and placement.dtype == torch.float32 and (n_params or 0) * 4 >= COLUMN_MAJOR_MIN_BYTES
         )
-        model = load_model(
-            lambda: model_class(cfg), reader, module.HF_KEYMAP, device=placement.device, dtype=placement.dtype, config=src.config,
-            column_major=module.CPU_COLUMN_MAJOR if fast_layout else (),
-        )
+        if stored:  # the quantized layers are built empty and filled from the checkpoint
+            model = build_on_meta(lambda: model_class(cfg))
+            quantize_linears(model, spec)
+            model = load_state(model, reader, module.HF_KEYMAP, device=placement.device, dtype=placement.dtype, config=src.config)
+        else:
+            model = load_model(
+                lambda: model_class(cfg), reader, module.HF_KEYMAP, device=placement.device, dtype=placement.dtype, config=src.config,
+                column_major=module.CPU_COLUMN_MAJOR if fast_layout else (),
+            )
+            if spec is not None:
+                spec = quantize_linears(model, spec)
     finally:
         reader.close()
     gen_cfg = read_json(folder / "generation_config.json")
@@ -145,7 +170,104 @@ def load_text_model(path: Path, *, device: str = "auto", dtype: str = "auto", th
     window = src.config.get("sliding_window")
     if family == "llama" and isinstance(window, int) and window > 0 and src.config.get("use_sliding_window", True) and window < context:
         context = window  # within the window, full causal attention is exactly what the model computes
-    return TextModel(model, tokenizer, placement, Path(path), arch, gen_cfg, eos, pad, context, time.perf_counter() - start)
+    elapsed = time.perf_counter() - start
+    return TextModel(model, tokenizer, placement, Path(path), arch, gen_cfg, eos, pad, context, elapsed, quantization=spec)
+
+
+def quantization_of(config: dict[str, Any], quantize: Optional[str], group_size: Optional[int]) -> tuple[bool, Any]:
+    """``(stored, spec)``: the :class:`~gencli.backend.quantize.QuantizationSpec` the model runs
+    with (None: not quantized) and whether the checkpoint already holds it."""
+    from gencli.backend.quantize import MODES, QuantizationSpec
+
+    if quantize is not None and quantize not in MODES:
+        raise UserError(f"--quantize must be one of {', '.join(MODES)} (got '{quantize}')")
+    if group_size is not None and quantize != "int4":
+        raise UserError("--group-size applies to --quantize int4 only")
+    entry = config.get("quantization_config")
+    if entry is None:
+        if quantize is None:
+            return False, None
+        try:
+            return False, QuantizationSpec.for_mode(quantize, group_size)
+        except ValueError as exc:
+            raise UserError(f"--group-size: {exc}") from None
+    try:
+        spec = QuantizationSpec.from_config(entry if isinstance(entry, dict) else {})
+    except ValueError as exc:
+        raise UserError(f"config.json: {exc}") from None
+    if quantize is not None and (quantize != spec.mode or (group_size is not None and group_size != spec.group_size)):
+        raise UserError(f"the checkpoint is quantized already ({describe_quantization(spec)}): it cannot be quantized as {quantize} again")
+    return True, spec
+
+
+def describe_quantization(spec: Any) -> str:
+    """``int8 per output channel`` / ``int4 in groups of 32``."""
+    return f"{spec.mode} " + ("per output channel" if spec.mode == "int8" else f"in groups of {spec.group_size}")
+
+
+# -- quantized checkpoints -------------------------------------------------------------------------
+@dataclass
+class QuantizedCheckpoint:
+    out: Path
+    spec: Any
+    layers: int  # linear layers quantized
+    bytes_before: int
+    bytes_after: int
+
+
+def quantize_checkpoint(
+    path: Path, out: Path, mode: str, *, group_size: Optional[int] = None, force: bool = False, allow_pickle: bool = False
+) -> QuantizedCheckpoint:
+    """Write ``out``, a model folder holding the text model at ``path`` with its linear layers
+    quantized (``mode`` "int8" | "int4", see :mod:`gencli.backend.quantize`): the quantized layers'
+    codes and scales, the other tensors in the dtype the checkpoint stored them in, ``config.json``
+    with a ``quantization_config`` entry, and the tokenizer and generation files. The folder loads
+    quantized, without quantizing again. Written into a temporary folder renamed into place."""
+    import shutil
+    import tempfile
+
+    from gencli.backend.quantize import quantized_layers
+    from gencli.checkpoints.formats import open_source
+    from gencli.checkpoints.loader import save_model
+
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"output '{out}' exists and is not a folder")
+    if out.exists() and not force:
+        raise UserError(f"output '{out}' already exists (use --force to replace it)")
+    if not out.parent.is_dir():
+        raise UserError(f"output directory '{out.parent}' does not exist")
+    src = open_source(path, allow_pickle=allow_pickle)
+    if src.config is not None and "quantization_config" in src.config:
+        raise UserError(f"'{path}' is quantized already")
+    tm = load_text_model(path, device="cpu", dtype="float32", threads=None, allow_pickle=allow_pickle, quantize=mode, group_size=group_size)
+    floats = [i.dtype for i in src.tensor_infos().values() if i.dtype in ("F32", "BF16", "F16")] if not src.is_pickle else []
+    names = {"BF16": torch.bfloat16, "F16": torch.float16}
+    store = max(set(floats), key=floats.count) if floats else "F32"
+    config = dict(src.config or {})
+    config["quantization_config"] = tm.quantization.to_config()
+    folder = src.folder or Path(path).parent
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        save_model(tm.model, tmp / "model.safetensors", dtype=names.get(store, torch.float32), keep_dtype=(r"\.weight_(scale|zero)$",))
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        weight_files = {f.resolve() for f in src.weight_files}
+        for f in sorted(folder.iterdir()):
+            # the weights' README describes the unquantized model: not carried over
+            skip = f.name in ("config.json", "README.md") or f.resolve() in weight_files
+            skip = skip or f.name.endswith((".index.json", ".safetensors", ".bin", ".pt", ".ckpt"))
+            if f.is_file() and not skip:
+                shutil.copy2(f, tmp / f.name)
+        tmp.chmod(0o755)  # mkdtemp/mkstemp create owner-only entries
+        (tmp / "model.safetensors").chmod(0o644)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    layers = sum(1 for _ in quantized_layers(tm.model))
+    before = sum(f.stat().st_size for f in src.weight_files)
+    return QuantizedCheckpoint(out, tm.quantization, layers, before, (out / "model.safetensors").stat().st_size)
 
 
 # -- settings -------------------------------------------------------------------------------------
@@ -426,6 +548,8 @@ def _timing(tm: TextModel, prompt_tokens: int, batch_size: int, t_prefill: float
 
 def describe(tm: TextModel) -> str:
     dtype = DTYPE_NAMES.get(tm.placement.dtype, tm.placement.dtype)
+    if tm.quantization is not None:
+        dtype = f"{dtype} with {describe_quantization(tm.quantization)} linear weights"
     return f"{tm.architecture} from '{tm.path}', {dtype} on {tm.placement.device}, context {tm.context_length} tokens"
 
 

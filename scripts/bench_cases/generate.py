@@ -1,4 +1,8 @@
-"""Text generation: gencli vs transformers on a GPT-2-124M-shaped random model, greedy, batch 1.
+"""Text generation: gencli vs transformers on a GPT-2-124M-shaped (or, with ``--arch llama``, a
+Llama-shaped) random model, greedy, batch 1.
+
+``--quantize int8|int4`` runs gencli with weight-only quantized linear layers against the reference
+in the dtype given (fp32 by default): the ratio is then quantized gencli over fp32 transformers.
 
 Both sides load the same safetensors folder (written once by ``setup``) and generate the same number
 of new tokens from the same prompt, ignoring end-of-sequence. Decode speed is measured the same way
@@ -16,7 +20,7 @@ import torch
 
 from bench_cases._util import device_and_dtype, peak_gpu_mb, sync
 
-DESCRIPTION = "generate: GPT-2 124M shape (random weights), greedy, batch 1 (gencli vs transformers.generate)"
+DESCRIPTION = "generate: GPT-2 124M shape or --arch llama (random weights), greedy, batch 1, --quantize int8|int4 (gencli vs transformers.generate)"
 METRICS = {"decode_tokens_per_s": "higher", "decode_tokens_per_cpu_s": "higher", "prefill_tokens_per_s": "higher", "load_s": "lower"}
 
 
@@ -40,6 +44,12 @@ def add_arguments(p):
     p.add_argument("--prompt-tokens", type=int, default=32)
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--hidden", type=int, default=768)
+    p.add_argument("--arch", choices=("gpt2", "llama"), default="gpt2", help="llama: a Llama shape (--intermediate, --kv-heads, --vocab)")
+    p.add_argument("--intermediate", type=int, default=None, help="llama: MLP width (default 2.75 x hidden)")
+    p.add_argument("--kv-heads", type=int, default=None, help="llama: key/value heads (default: all)")
+    p.add_argument("--vocab", type=int, default=32000, help="llama: vocabulary size")
+    p.add_argument("--quantize", choices=("int8", "int4"), default=None, help="gencli side: quantize the linear layers")
+    p.add_argument("--group-size", type=int, default=None, help="int4 group size (default 32)")
 
 
 def _byte_level_vocab(size: int, seed: int = 0) -> tuple[dict[str, int], list[str]]:
@@ -68,12 +78,26 @@ def _byte_level_vocab(size: int, seed: int = 0) -> tuple[dict[str, int], list[st
     return {t: i for i, t in enumerate(tokens)}, merges
 
 
+def _reference_class(args):
+    import transformers
+
+    return transformers.LlamaForCausalLM if args.arch == "llama" else transformers.GPT2LMHeadModel
+
+
 def setup(args, workdir):
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import GPT2Config, LlamaConfig
 
     torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=args.layers, n_embd=args.hidden, n_head=args.hidden // 64)  # vocab 50257, context 1024
-    GPT2LMHeadModel(cfg).save_pretrained(workdir / "gpt2", safe_serialization=True)
+    if args.arch == "llama":
+        heads = args.hidden // 64
+        cfg = LlamaConfig(
+            vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate or int(2.75 * args.hidden) // 64 * 64,
+            num_hidden_layers=args.layers, num_attention_heads=heads, num_key_value_heads=args.kv_heads or heads,
+            max_position_embeddings=1024, tie_word_embeddings=False,
+        )  # fmt: skip
+    else:
+        cfg = GPT2Config(n_layer=args.layers, n_embd=args.hidden, n_head=args.hidden // 64)  # vocab 50257, context 1024
+    _reference_class(args)(cfg).save_pretrained(workdir / "gpt2", safe_serialization=True)
     vocab, merges = _byte_level_vocab(cfg.vocab_size)
     (workdir / "gpt2" / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
     (workdir / "gpt2" / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
@@ -89,9 +113,7 @@ def run(side, args, workdir):
     n = args.new_tokens
     t0 = time.perf_counter()
     if side == "reference":
-        from transformers import GPT2LMHeadModel
-
-        model = GPT2LMHeadModel.from_pretrained(folder, dtype=dtype).to(device).eval()
+        model = _reference_class(args).from_pretrained(folder, dtype=dtype).to(device).eval()
         sync(device)
         load_s = time.perf_counter() - t0
         x = torch.tensor([prompt], device=device)
@@ -106,7 +128,8 @@ def run(side, args, workdir):
         from gencli.pipelines.text import GenerationSettings, load_text_model
         from gencli.pipelines.text import generate as gencli_generate
 
-        tm = load_text_model(folder, device=str(device), dtype={torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype])
+        dtype_name = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
+        tm = load_text_model(folder, device=str(device), dtype=dtype_name, quantize=args.quantize, group_size=args.group_size)
         sync(device)
         load_s = time.perf_counter() - t0
 

@@ -1,0 +1,53 @@
+"""`gencli quantize MODEL OUT`: save a text model with weight-only quantized linear layers."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from gencli.cli import app
+from gencli.cli.common import Quantize, RunOptions, command, option
+from gencli.console import emit_json, human_bytes
+
+
+@command(app, "quantize", model_options=False)
+def quantize(
+    model: Annotated[str, typer.Argument(metavar="MODEL", help="A text model folder or .safetensors file, or an embedded default's name.", show_default=False)],
+    out: Annotated[str, typer.Argument(metavar="OUT", help="The model folder to write.", show_default=False)],
+    mode: Annotated[Quantize, typer.Option("--mode", help="int8 (per output channel) or int4 (in groups of --group-size).")] = Quantize.int8,
+    group_size: Annotated[Optional[int], typer.Option("--group-size", help="int4: input columns per scale (default 32).", show_default=False)] = None,
+    force: Annotated[bool, option("--force", help="Replace OUT if it is a folder already.")] = False,
+    allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Read .bin/.pt/.ckpt checkpoints with torch.load(weights_only=True).")] = False,
+    *,
+    opts: RunOptions,
+) -> None:
+    """Quantize a GPT-2 or Llama-family model's linear layers (LM head included) and save it as a model
+    folder that `gencli generate -m OUT` runs quantized without quantizing again.
+
+    gencli quantize llama-pystdlib ./llama-int8
+
+    gencli quantize ./gpt2 ./gpt2-int4 --mode int4 --group-size 32
+    """
+    from pathlib import Path
+
+    from gencli.pipelines.text import describe_quantization, quantize_checkpoint
+    from gencli.weights import resolve_model
+
+    report = opts.report
+    with report.progress("quantizing"):
+        result = quantize_checkpoint(resolve_model(model), Path(out), mode.value, group_size=group_size, force=force, allow_pickle=allow_pickle)
+    summary = {
+        "out": str(result.out),
+        "quantization": result.spec.to_config(),
+        "layers": result.layers,
+        "bytes_before": result.bytes_before,
+        "bytes_after": result.bytes_after,
+    }
+    if opts.json:
+        emit_json(summary)
+        return
+    report.say(
+        f"wrote '{result.out}': {result.layers} linear layers {describe_quantization(result.spec)}, "
+        f"weights {human_bytes(result.bytes_before)} -> {human_bytes(result.bytes_after)}"
+    )

@@ -1,0 +1,147 @@
+"""Weight-only quantization: QuantizedLinear against its own dequantized weight, the stored codes,
+text models quantized on loading and through `gencli quantize`, and the bad inputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from _text_fixtures import three_text_models
+from typer.testing import CliRunner
+
+from gencli.backend.quantize import (
+    DEQUANTIZE_MIN_ROWS,
+    QuantizationSpec,
+    QuantizedLinear,
+    quantize_int4,
+    quantize_int8,
+    quantize_linears,
+    unpack_int4,
+)
+from gencli.cli import app
+
+pytest.importorskip("transformers")
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+@pytest.mark.parametrize("rows", [1, 3, DEQUANTIZE_MIN_ROWS + 4])
+def test_quantized_linear_multiplies_by_its_dequantized_weight(mode, rows):
+    torch.manual_seed(0)
+    weight, bias = torch.randn(50, 96) * 0.05, torch.randn(50)  # 50 rows: padded for the int4 kernel
+    layer = QuantizedLinear.from_weight(weight, bias, QuantizationSpec.for_mode(mode))
+    x = torch.randn(2, rows, 96)
+    with torch.inference_mode():
+        out = layer(x)
+        gelu = layer(x, activation="gelu")
+    ref = torch.nn.functional.linear(x, layer.dequantized(), bias)
+    assert out.shape == (2, rows, 50) and out.dtype == torch.float32
+    # activations go through the product in bf16: agreement to bf16 precision
+    assert (out - ref).abs().max() <= 0.02 * ref.abs().max()
+    assert (gelu - torch.nn.functional.gelu(out)).abs().max() <= 0.01 * ref.abs().max()  # fused in bf16 from 16 rows
+    # and the dequantized weight is the original up to the quantization step
+    rel = ((layer.dequantized() - weight).norm() / weight.norm()).item()
+    assert rel < (0.01 if mode == "int8" else 0.1)
+
+
+def test_int8_codes_and_scales():
+    w = torch.tensor([[0.5, -1.0, 0.25], [2.0, 0.0, -0.02]])
+    q, scale = quantize_int8(w)
+    assert q.dtype == torch.int8 and scale.dtype == torch.bfloat16
+    assert q[0].tolist() == [64, -127, 32] and q[1, 0].item() == 127 and q[1, 1].item() == 0
+    assert (q.float() * scale.float()[:, None] - w).abs().max() <= scale.float().max() / 2 + 1e-6
+
+
+def test_int4_codes_round_trip_within_half_a_step():
+    torch.manual_seed(1)
+    w = torch.randn(16, 64)
+    packed, scale, zero = quantize_int4(w, 32)
+    assert packed.shape == (16, 32) and packed.dtype == torch.uint8 and scale.shape == (16, 2)
+    codes = unpack_int4(packed)
+    assert codes.max() <= 15 and torch.equal(codes[:, 0::2], packed & 15)
+    deq = ((codes.view(16, 2, 32).float() - 8) * scale.float()[..., None] + zero.float()[..., None]).view(16, 64)
+    step = scale.float().repeat_interleave(32, dim=1)
+    assert ((deq - w).abs() <= step / 2 + 1e-2 * step).all()
+
+
+def test_quantize_linears_skips_shapes_the_group_does_not_divide_and_builds_empty_layers_on_meta():
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(48, 8, bias=False))
+    spec = quantize_linears(model, QuantizationSpec.for_mode("int4", 32))
+    assert isinstance(model[0], QuantizedLinear) and model[0].weight.is_meta and model[0].weight.shape == (32, 32)
+    assert isinstance(model[1], torch.nn.Linear) and spec.modules_to_not_convert == ("1",)
+    assert QuantizationSpec.from_config(spec.to_config()) == spec
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return three_text_models(tmp_path_factory.mktemp("quant"))
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2"])
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_quantized_text_models_stay_close_to_fp32(models, family, mode):
+    from gencli.pipelines.text import load_text_model
+
+    fp32 = load_text_model(models / family, device="cpu", threads=1)
+    quant = load_text_model(models / family, device="cpu", threads=1, quantize=mode)
+    layers = [m for m in quant.model.modules() if isinstance(m, QuantizedLinear)]
+    # every projection and the LM head; int4 leaves the down projections (112 inputs) to fp32
+    expected = 4 * 2 + 1 if family == "gpt2" else 7 * 2 + 1 - (2 if mode == "int4" else 0)
+    assert len(layers) == expected
+    skipped = ("model.layers.0.mlp.down_proj", "model.layers.1.mlp.down_proj") if family != "gpt2" and mode == "int4" else ()
+    assert quant.quantization.modules_to_not_convert == skipped
+    ids = torch.tensor([[1, 5, 9, 13, 2, 7, 30, 4]])
+    with torch.inference_mode():
+        a, b = fp32.model(ids), quant.model(ids)
+        last = quant.model(ids[:, -1:], position_ids=torch.tensor([[8]]))  # one row: the kernel path
+    rel = ((a - b).norm() / a.norm()).item()
+    assert rel < (0.03 if mode == "int8" else 0.2), rel
+    assert last.shape == (1, 1, quant.model.vocab_size) and torch.isfinite(last).all()
+
+
+def cli(*args):
+    return CliRunner().invoke(app, [*map(str, args)])
+
+
+def test_quantize_command_saves_what_generate_quantizes_on_loading(models, tmp_path):
+    out = tmp_path / "llama-int4"
+    r = cli("quantize", models / "llama", out, "--mode", "int4", "--group-size", "32", "--json")
+    assert r.exit_code == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["quantization"]["mode"] == "int4" and summary["layers"] == 13
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization_config"]["group_size"] == 32
+    assert (out / "tokenizer.model").is_file()
+    info = json.loads(cli("info", out, "--json").stdout)
+    assert info["quantization"]["layers"] == 13 and "uint8" in info["dtypes"]
+
+    args = ("import os", "-n", 10, "--temperature", 0, "--ignore-eos", "--json")
+    saved = json.loads(cli("generate", *args, "-m", out).stdout)
+    on_load = json.loads(cli("generate", *args, "-m", models / "llama", "--quantize", "int4").stdout)
+    assert saved["token_ids"] == on_load["token_ids"] and len(saved["token_ids"]) == 10
+
+    again = cli("quantize", out, tmp_path / "twice")
+    assert again.exit_code == 2 and "quantized already" in again.stderr
+    other = cli("generate", "x", "-m", out, "--quantize", "int8")
+    assert other.exit_code == 2 and "quantized already" in other.stderr
+    exists = cli("quantize", models / "llama", out)
+    assert exists.exit_code == 2 and "already exists" in exists.stderr
+
+
+def test_bad_quantization_input_is_one_line_and_exit_2(models, tmp_path):
+    r = cli("generate", "x", "-m", models / "gpt2", "--quantize", "int4", "--group-size", "3")
+    assert r.exit_code == 2 and "group size" in r.stderr
+    r = cli("generate", "x", "-m", models / "gpt2", "--group-size", "32")
+    assert r.exit_code == 2 and "--group-size applies to --quantize int4" in r.stderr
+    r = cli("generate", "x", "-m", models / "gpt2", "--quantize", "int3")
+    assert r.exit_code == 2
+    folder = tmp_path / "gptq"
+    folder.mkdir()
+    for f in (models / "gpt2").iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 4}
+    (folder / "config.json").write_text(json.dumps(config))
+    r = cli("generate", "x", "-m", folder)
+    assert r.exit_code == 2 and "'gptq' is not supported" in r.stderr and "Traceback" not in r.stderr
