@@ -69,4 +69,4 @@ def test_forecast_with_the_default_model(tmp_path):
     lo, hi = np.array(rec["quantiles"]["0.1"]), np.array(rec["quantiles"]["0.9"])
     assert (lo < median).all() and (median < hi).all()
     listed = CliRunner().invoke(app, ["models", "--json"])
-    assert any(json.loads(x)["name"] == "tft-forecast" and json.loads(x)["task"] == "forecast" for x in listed.stdout.splitlines())
+    assert any(json.loads(x)["name"] == "tft-forecast" and "forecast" in json.loads(x)["commands"] for x in listed.stdout.splitlines())
