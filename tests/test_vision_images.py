@@ -123,9 +123,10 @@ def _predict(images):
 
 
 def _classify(inputs, report, *, recursive=False, batch_size=16):
-    """The image commands' loop: paths, batched predictions, then the output."""
+    """The image commands' loop: paths, batched predictions, then the output (JSON lines with --json)."""
     paths = image_paths(inputs, recursive=recursive)
-    return write_predictions(predict_image_files(paths, _predict, batch_size=batch_size), len(paths), report, "classifying")
+    fmt = "json" if report.json else "table"
+    return write_predictions(predict_image_files(paths, _predict, batch_size=batch_size), len(paths), report, "classifying", fmt)
 
 
 def test_image_loop_reports_failures_per_file_and_exits_2_at_the_end(tmp_path, capsys):
