@@ -86,7 +86,7 @@ def txt2img(
 
     gencli txt2img "a green circle" --seeds 0-3 -o "circle-{seed}.png" --json
 
-    gencli txt2img -m ./stable-diffusion-v1-5 "a lighthouse at dusk" --steps 25 --sampler "DPM++ 2M Karras" -W 512 -H 512
+    gencli txt2img -m ./stable-diffusion-v1-5 "a lighthouse at dusk" --steps 25 --sampler "DPM++ 2M Karras" --width 512 --height 512
     """
     flags = dict(steps=steps, guidance=guidance, guidance_rescale=guidance_rescale, sampler=sampler, width=width, height=height, clip_skip=clip_skip)
     _run(opts, prompt, prompts_file, negative_prompt, flags, n, seeds, batch_size, out, force, vae, variant, "txt2img")
