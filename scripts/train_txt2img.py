@@ -26,7 +26,7 @@ gencli. The recipe:
   signal left at the last timestep, which pure noise at sampling time does not have; sampling uses
   DDIM with "trailing" timesteps as that paper recommends;
 - loss: the v-prediction error weighted by min-SNR-5 (Hang et al. 2023), AdamW, linear warmup then
-  cosine decay (``gencli.training``), bf16 autocast on the CPU, gradient clipping at 1, an
+  cosine decay (``gencli.training``), bf16 autocast (``--device cpu`` or ``cuda``), gradient clipping at 1, an
   exponential moving average of the weights (decay ramping up to ``--ema``) which is what is exported;
 - every ``--eval-every`` steps: the validation loss at fixed timesteps and noise, for both the raw and
   the averaged weights;
@@ -156,20 +156,21 @@ def export_conditioning(folder: Path, *, generation: dict) -> None:
         shutil.copyfile(clip / name, folder / "tokenizer" / name)
 
 
-def latent_cache(path: Path, n: int, batch: int = 256) -> tuple[torch.Tensor, list[shapes.Scene]]:
+def latent_cache(path: Path, n: int, batch: int = 256, device: torch.device | None = None) -> tuple[torch.Tensor, list[shapes.Scene]]:
     """The scenes and their scaled latents, encoded once by the embedded autoencoder."""
     scenes = training_scenes(n)
     if path.exists():
         latents = torch.load(path, weights_only=True)
         if latents.shape[0] == n:
             return latents, scenes
-    vae = load_autoencoder(weights_dir() / "autoencoder-shapes", Placement(torch.device("cpu"), torch.float32)).model
+    device = device or torch.device("cpu")
+    vae = load_autoencoder(weights_dir() / "autoencoder-shapes", Placement(device, torch.float32)).model
     out = []
     t0 = time.time()
     with torch.inference_mode():
         for i in range(0, n, batch):
             images = np.stack([shapes.render_scene(s, 64) for s in scenes[i : i + batch]])
-            out.append(vae.encode(images_to_tensor(images)).mode() * vae.config.scaling_factor)
+            out.append((vae.encode(images_to_tensor(images).to(device)).mode() * vae.config.scaling_factor).cpu())
             if i // batch % 20 == 0:
                 print(f"encoded {i + len(images)}/{n} scenes ({time.time() - t0:.0f}s)", flush=True)
     latents = torch.cat(out).to(torch.float16).contiguous()
@@ -179,21 +180,41 @@ def latent_cache(path: Path, n: int, batch: int = 256) -> tuple[torch.Tensor, li
 
 def min_snr_weights(scheduler, timesteps: torch.Tensor, gamma: float) -> torch.Tensor:
     """min(SNR, gamma) / (SNR + 1): min-SNR weighting for the v-prediction loss."""
-    abar = scheduler.alphas_cumprod[timesteps]
+    abar = scheduler.alphas_cumprod.to(timesteps.device)[timesteps]
     snr = abar / (1 - abar)
     return torch.minimum(snr, torch.full_like(snr, gamma)) / (snr + 1)
 
 
+class CaptionCache:
+    """Prompt conditioning memoised per caption: the captions repeat (a few attributes in a few
+    framings), and on an accelerator tokenising and encoding every step would dominate a step."""
+
+    def __init__(self, encoder, limit: int = 300_000) -> None:
+        self.encoder, self.limit, self.rows = encoder, limit, {}
+
+    def __call__(self, captions: list[str]) -> torch.Tensor:
+        missing = [c for c in dict.fromkeys(captions) if c not in self.rows]
+        if len(self.rows) + len(missing) > self.limit:
+            self.rows.clear()
+            missing = list(dict.fromkeys(captions))
+        if missing:
+            with torch.no_grad():
+                states = self.encoder.encode_prompts(missing).hidden_states
+            self.rows.update(zip(missing, states.to(torch.float16)))
+        return torch.stack([self.rows[c] for c in captions]).float()
+
+
 def validation_loss(unet, encoder, scheduler, latents, scenes, *, n: int = 256, gamma: float = 5.0) -> float:
     """The weighted v-prediction loss on fixed validation items, timesteps and noise."""
+    device = latents.device
     g = torch.Generator().manual_seed(1234)
     idx = torch.arange(n)
-    x0 = latents[idx].float()
-    noise = torch.randn(x0.shape, generator=g)
-    t = torch.linspace(0, 999, n).long()
+    x0 = latents[idx.to(device)].float()
+    noise = torch.randn(x0.shape, generator=g).to(device)
+    t = torch.linspace(0, 999, n).long().to(device)
     rng = np.random.default_rng(99)
     ctx = encoder.encode_prompts([train_caption(scenes[i], rng) or "" for i in idx.tolist()]).hidden_states
-    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16):
         pred = unet(scheduler.add_noise(x0, noise, t), t, ctx).float()
     err = (pred - scheduler.get_velocity(x0, noise, t)).pow(2).mean(dim=(1, 2, 3))
     return float((err * min_snr_weights(scheduler, t, gamma)).mean())
@@ -211,6 +232,11 @@ def main() -> None:
     p.add_argument("--scenes", type=int, default=60000, help="training scenes in the latent cache")
     p.add_argument("--widths", default="64,128,128", help="UNet block_out_channels")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="cpu or cuda (bf16 autocast on either)")
+    p.add_argument("--init", type=Path, default=None, help="start a fresh run from this pipeline folder's UNet (its exported average)")
+    p.add_argument(
+        "--time-budget", type=float, default=None, help="seconds: every 200 steps, --steps is set from the recent rate so that the run and its cosine decay end in time",
+    )
     p.add_argument("--ckpt-every", type=int, default=100)
     p.add_argument("--eval-every", type=int, default=500)
     p.add_argument("--stop-after", type=int, default=None, help="stop (resumably) after this step")
@@ -219,6 +245,7 @@ def main() -> None:
     p.add_argument("--guidance-default", type=float, default=5.0, help="generation_config.json: guidance_scale")
     p.add_argument("--sampler-default", default="ddim", help="generation_config.json: sampler")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", type=int, default=0, help="print where N steps (after 20) spend their time, then go on")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -247,9 +274,14 @@ def main() -> None:
 
     pipeline = args.out / "pipeline"
     export_conditioning(pipeline, generation=generation)
-    encoder = load_prompt_encoder(pipeline, Placement(torch.device("cpu"), torch.float32))
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    encoder = load_prompt_encoder(pipeline, Placement(device, torch.float32))
+    captions = CaptionCache(encoder)
     scheduler = get_scheduler("ddpm", SCHEDULER_CONFIG)
-    latents, scenes = latent_cache(args.out / "latents.pt", args.scenes)
+    latents, scenes = latent_cache(args.out / "latents.pt", args.scenes, device=device)
+    latents = latents.to(device)
     n_val = 256
     val_latents, val_scenes = latents[-n_val:], scenes[-n_val:]
     latents, scenes = latents[:-n_val], scenes[:-n_val]
@@ -258,8 +290,17 @@ def main() -> None:
     unet = UNet2DConditionModel(state["config"] if state else unet_cfg)
     n_params = sum(t.numel() for t in unet.parameters())
     ema = copy.deepcopy(unet).requires_grad_(False)
-    opt = torch.optim.AdamW(unet.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.99))
     step, history = 0, []
+    if state is None and args.init is not None:
+        from safetensors.torch import load_file
+
+        init = {k: v.float() for k, v in load_file(str(args.init / "unet" / "diffusion_pytorch_model.safetensors")).items()}
+        unet.load_state_dict(init)
+        ema.load_state_dict(init)
+        print(f"initialised from {args.init}", flush=True)
+    unet.to(device)
+    ema.to(device)
+    opt = torch.optim.AdamW(unet.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.99))
     if state is not None:
         unet.load_state_dict(state["model"])
         ema.load_state_dict(state["ema"])
@@ -270,20 +311,33 @@ def main() -> None:
     print(f"UNet {unet_cfg['block_out_channels']}, {n_params / 1e6:.2f}M parameters, {len(scenes)} training scenes; {vars(args)}", flush=True)
     unet.train()
     rng = np.random.default_rng([args.seed, step])
-    gen = torch.Generator().manual_seed(args.seed * 100003 + step)
-    t_last = time.time()
+    gen = torch.Generator(device).manual_seed(args.seed * 100003 + step)
+    t_last = t_start = t_mark = time.time()
+    first_step = mark_step = step
     while step < args.steps:
+        if args.time_budget and step > first_step and (step - first_step) % 200 == 0:
+            # the recent rate: the first steps fill the caption cache and run slower
+            now = time.time()
+            rate = (now - t_mark) / (step - mark_step) if step - first_step > 200 else (now - t_start) / 200
+            args.steps = step + max(1, int((args.time_budget - (now - t_start)) / rate))
+            t_mark, mark_step = now, step
+            print(f"{rate * 1000:.1f} ms/step: the run ends at step {args.steps}", flush=True)
+        if args.profile and step == first_step + 20:
+            profiler = torch.profiler.profile()
+            profiler.start()
+        if args.profile and step == first_step + 20 + args.profile:
+            profiler.stop()
+            print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), flush=True)
         idx = rng.integers(0, len(scenes), args.batch)
-        x0 = latents[torch.from_numpy(idx)].float()
-        with torch.no_grad():
-            ctx = encoder.encode_prompts([train_caption(scenes[i], rng) for i in idx]).hidden_states
-        noise = torch.randn(x0.shape, generator=gen)
-        t = torch.randint(0, 1000, (args.batch,), generator=gen)
+        x0 = latents[torch.from_numpy(idx).to(device)].float()
+        ctx = captions([train_caption(scenes[i], rng) for i in idx])
+        noise = torch.randn(x0.shape, generator=gen, device=device)
+        t = torch.randint(0, 1000, (args.batch,), generator=gen, device=device)
         noisy = scheduler.add_noise(x0, noise, t)
         target = scheduler.get_velocity(x0, noise, t)
         lr = warmup_cosine_lr(step, args.steps, args.lr, warmup=args.warmup, floor=0.1)
         set_lr(opt, lr)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
             pred = unet(noisy, t, ctx)
         err = (pred.float() - target).pow(2).mean(dim=(1, 2, 3))
         loss = (err * min_snr_weights(scheduler, t, args.min_snr)).mean()
@@ -294,8 +348,7 @@ def main() -> None:
         step += 1
         decay = min(args.ema, (1 + step) / (10 + step))
         with torch.no_grad():
-            for e, m in zip(ema.parameters(), unet.parameters()):
-                e.lerp_(m, 1 - decay)
+            torch._foreach_lerp_(list(ema.parameters()), list(unet.parameters()), 1 - decay)
         if step % 25 == 0:
             now = time.time()
             print(f"step {step} loss {loss.item():.4f} lr {lr:.2e} {(now - t_last) / 25:.2f}s/step", flush=True)
