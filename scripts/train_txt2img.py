@@ -123,7 +123,6 @@ MODEL_INDEX = {
 }
 
 
-
 def write_json(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, (json.dumps(data, indent=2) + "\n").encode(), force=True)
@@ -235,7 +234,10 @@ def main() -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda (bf16 autocast on either)")
     p.add_argument("--init", type=Path, default=None, help="start a fresh run from this pipeline folder's UNet (its exported average)")
     p.add_argument(
-        "--time-budget", type=float, default=None, help="seconds: every 200 steps, --steps is set from the recent rate so that the run and its cosine decay end in time",
+        "--time-budget",
+        type=float,
+        default=None,
+        help="seconds: every 200 steps, --steps is reset from the recent rate so the run and its cosine decay end in time",
     )
     p.add_argument("--ckpt-every", type=int, default=100)
     p.add_argument("--eval-every", type=int, default=500)
