@@ -11,6 +11,7 @@ training, the judges' own accuracy on the true scenes passed through the autoenc
     python scripts/eval_txt2img.py                      # 400 + 120 held-out-pair prompts
     python scripts/eval_txt2img.py --n 100 --held-out 40 --json
     python scripts/eval_txt2img.py --engine diffusers   # the same folder through diffusers
+    python scripts/eval_txt2img.py --grid docs/txt2img-shapes-grid.png   # only the README's grid
 """
 
 from __future__ import annotations
@@ -32,6 +33,15 @@ from gencli.data import shapes  # noqa: E402
 from gencli.data.shapes_txt2img import ATTRIBUTES, EvalItem, eval_items, judge_image, score  # noqa: E402
 from gencli.weights import weights_dir  # noqa: E402
 
+GRID_PROMPTS = (
+    "a red star on a blue background",
+    "a yellow circle on a black background",
+    "a large green square at the top left on a white background",
+    "a small purple heart at the bottom right",
+    "a white crescent on a red background",
+    "an orange diamond in the center on a gray background",
+)
+
 Generate = Callable[[list[str], list[int]], np.ndarray]  # prompts, seeds -> (N, H, W, 3) uint8
 
 
@@ -45,6 +55,26 @@ def gencli_generator(model: Path, args) -> Generate:
         return np.stack([img.pixels for img in generate(pipe, prompts, seeds, settings)])
 
     return run_batch
+
+
+def write_grid(generate: Generate, path: Path, seeds: int = 4, scale: int = 2) -> None:
+    """The README's grid: one row per prompt of GRID_PROMPTS, one column per seed 0..seeds-1,
+    upscaled ``scale`` times (nearest neighbour), with a 2-pixel white gutter."""
+    from PIL import Image
+
+    from gencli.io import atomic_path
+
+    rows = [generate([prompt] * seeds, list(range(seeds))) for prompt in GRID_PROMPTS]
+    h, w = rows[0].shape[1:3]
+    gap = 2
+    grid = np.full((len(rows) * (h * scale + gap) - gap, seeds * (w * scale + gap) - gap, 3), 255, np.uint8)
+    for r, images in enumerate(rows):
+        for c, img in enumerate(images):
+            y, x = r * (h * scale + gap), c * (w * scale + gap)
+            grid[y : y + h * scale, x : x + w * scale] = img.repeat(scale, 0).repeat(scale, 1)
+    with atomic_path(path, force=True) as tmp:
+        Image.fromarray(grid).save(tmp, format="PNG", optimize=True)
+    print(f"wrote {path} ({len(GRID_PROMPTS)} prompts x seeds 0-{seeds - 1})")
 
 
 def diffusers_generator(model: Path, args) -> Generate:
@@ -133,10 +163,14 @@ def main() -> None:
     p.add_argument("--diversity-prompt", default="a red star on a blue background")
     p.add_argument("--judges", action="store_true", help="also the judges' accuracy on the true scenes through the autoencoder")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--grid", type=Path, default=None, help="only write the README's grid of samples (PNG) to this path")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     generate = (gencli_generator if args.engine == "gencli" else diffusers_generator)(args.model, args)
+    if args.grid is not None:
+        write_grid(generate, args.grid)
+        return
     report: dict = {"model": str(args.model), "engine": args.engine}
     seen = eval_items(args.n)
     images, spi = run(generate, seen, args.batch)
