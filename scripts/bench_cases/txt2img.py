@@ -25,7 +25,7 @@ import torch
 
 from bench_cases._util import device_and_dtype, peak_gpu_mb, sync
 
-DESCRIPTION = "txt2img with CFG: s/step and end to end, SD-1.5-shaped random pipeline at a 32x32 latent (gencli vs diffusers)"
+DESCRIPTION = "txt2img with CFG: s/step and end to end, SD-1.5-shaped random pipeline at a --latent-sized latent, 32x32 by default (gencli vs diffusers)"
 METRICS = {"s_per_step": "lower", "end_to_end_s": "lower", "load_s": "lower", "max_pixel_diff_vs_reference": "lower"}
 PROMPT = "a red star on a blue background"
 
