@@ -19,6 +19,13 @@ def run_cli(*args: str, input: str | None = None, env: dict | None = None, cwd: 
     return subprocess.run([sys.executable, "-m", "gencli", *args], capture_output=True, text=True, input=input, env=full_env, cwd=cwd, timeout=600)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def private_cache(tmp_path_factory):
+    """Model hashes are remembered in the user's cache directory: the tests (and the commands they
+    start) use a cache of their own."""
+    os.environ["GENCLI_CACHE_DIR"] = str(tmp_path_factory.mktemp("gencli-cache"))
+
+
 @pytest.fixture(autouse=True)
 def wide_terminal(monkeypatch):
     """rich tables render at the terminal's width, 80 columns when there is none: a wide one keeps

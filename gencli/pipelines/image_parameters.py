@@ -177,15 +177,71 @@ def read_parameters(path: str | Path) -> ImageParameters:
 
 
 # -- model hashes -----------------------------------------------------------------------------------
+HASH_CACHE_ENTRIES = 512
+
+
+def hash_cache_path() -> Optional[Path]:
+    """Where computed model hashes are remembered: ``$GENCLI_CACHE_DIR/hashes.json``, else
+    ``$XDG_CACHE_HOME/gencli/hashes.json``, else ``~/.cache/gencli/hashes.json``; ``GENCLI_CACHE_DIR=""``
+    turns the cache off (None)."""
+    import os
+
+    env = os.environ.get("GENCLI_CACHE_DIR")
+    if env is not None:
+        return Path(env) / "hashes.json" if env else None
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "gencli" / "hashes.json"
+
+
+def _file_key(files: list[Path]) -> str:
+    """Identifies the files' current contents without reading them: path, size, mtime (ns), inode."""
+    parts = []
+    for f in files:
+        st = f.stat()
+        parts.append(f"{f.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}")
+    return "\n".join(parts)
+
+
+def _read_cache(path: Path) -> dict[str, str]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def files_hash(files: Iterable[Path], length: int = 10) -> str:
     """The first ``length`` hex digits of the SHA-256 of the files' bytes, one after the other (for
-    one file, what other front ends show as a checkpoint's "Model hash")."""
-    h = hashlib.sha256()
-    for f in files:
-        with open(f, "rb") as fh:
-            while chunk := fh.read(1 << 22):
-                h.update(chunk)
-    return h.hexdigest()[:length]
+    one file, what other front ends show as a checkpoint's "Model hash").
+
+    A multi-GB checkpoint takes seconds to hash, so the digest is remembered in
+    :func:`hash_cache_path` under the files' paths, sizes, modification times and inodes (as other
+    front ends keep a hash cache); a changed or replaced file is hashed again. A cache that cannot be
+    read or written is ignored."""
+    files = [Path(f) for f in files]
+    cache_path = hash_cache_path()
+    key = _file_key(files) if cache_path is not None else ""
+    cache = _read_cache(cache_path) if cache_path is not None else {}
+    digest = cache.get(key)
+    if not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)):
+        h = hashlib.sha256()
+        for f in files:
+            with open(f, "rb") as fh:
+                while chunk := fh.read(1 << 22):
+                    h.update(chunk)
+        digest = h.hexdigest()
+        if cache_path is not None:
+            from gencli.io import atomic_write_bytes
+
+            cache.pop(key, None)
+            cache[key] = digest  # newest last; the oldest entries go first
+            cache = dict(list(cache.items())[-HASH_CACHE_ENTRIES:])
+            try:
+                cache_path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_bytes(cache_path, (json.dumps(cache, indent=0) + "\n").encode(), force=True)
+            except (OSError, UserError):  # a read-only or full cache directory costs only the time
+                pass
+    return digest[:length]
 
 
-__all__ = ["ImageParameters", "PARAMETERS_KEY", "png_bytes", "read_parameters", "files_hash"]
+__all__ = ["ImageParameters", "PARAMETERS_KEY", "png_bytes", "read_parameters", "files_hash", "hash_cache_path"]
