@@ -32,6 +32,7 @@ UNETS = {
         addition_time_embed_dim=8, projection_class_embeddings_input_dim=48 + 6 * 8, sample_size=8,
     ),
 }  # fmt: skip
+UNETS["sd1-inpaint"] = {**UNETS["sd1"], "in_channels": 9}  # an inpainting UNet: latents, mask, masked-image latents
 VAE = dict(block_out_channels=(32, 64), down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
            latent_channels=4, norm_num_groups=32, layers_per_block=1, sample_size=16)  # fmt: skip
 
@@ -81,9 +82,10 @@ def build_reference(family: str, seed: int = 0):
             scheduler=scheduler,
         )
     scheduler = diffusers.PNDMScheduler(**SCHEDULER, prediction_type=prediction)
-    te = transformers.CLIPTextModel(text_config(32, 3, "quick_gelu" if family == "sd1" else "gelu", 4)).eval()
+    sd1 = family.startswith("sd1")
+    te = transformers.CLIPTextModel(text_config(32, 3, "quick_gelu" if sd1 else "gelu", 4)).eval()
     return diffusers.StableDiffusionPipeline(
-        vae=vae, text_encoder=te, tokenizer=hf_tokenizer(EOS if family == "sd1" else "!"), unet=unet, scheduler=scheduler,
+        vae=vae, text_encoder=te, tokenizer=hf_tokenizer(EOS if sd1 else "!"), unet=unet, scheduler=scheduler,
         safety_checker=None, feature_extractor=None, requires_safety_checker=False,
     )  # fmt: skip
 

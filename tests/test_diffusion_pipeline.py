@@ -129,6 +129,46 @@ def test_img2img_matches_diffusers(family, tmp_path_factory):
         assert pixel_diff(got, ours(pipe, sampler, guidance=6.0)) > 5  # the init image matters
 
 
+@pytest.mark.parametrize("family", ["sd1", "sd1-inpaint"])
+def test_inpainting_matches_diffusers(family, tmp_path_factory):
+    """--mask: an ordinary UNet (the kept part reset to the init latents after every step) and an
+    inpainting UNet (9 input channels), against StableDiffusionInpaintPipeline, at full and partial
+    strength (full strength starts from pure noise there)."""
+    from PIL import Image
+
+    from gencli.pipelines.diffusion import prepare_mask
+
+    _, _, pipe, folder = _pipelines(family, tmp_path_factory)
+    assert pipe.is_inpainting == (family == "sd1-inpaint")
+    inpaint = diffusers.StableDiffusionInpaintPipeline.from_pretrained(str(folder))
+    inpaint.set_progress_bar_config(disable=True)
+    rng = np.random.default_rng(1)
+    init = (rng.random((SIZE, SIZE, 3)) * 255).astype(np.uint8)
+    mask_image = np.zeros((SIZE, SIZE), np.uint8)
+    mask_image[2:12, 5:14] = 255  # repaint a rectangle
+    mask = prepare_mask(Image.fromarray(mask_image), SIZE, SIZE)
+    assert mask.sum() == 10 * 9
+    for sampler, strength in (("ddim", 1.0), ("euler_a", 0.75)):
+        inpaint.scheduler = reference_scheduler(inpaint, sampler)
+        want = inpaint(
+            prompt=PROMPTS, negative_prompt=NEGATIVE, image=[Image.fromarray(init)] * 2, mask_image=[Image.fromarray(mask_image)] * 2,
+            strength=strength, num_inference_steps=STEPS, guidance_scale=6.0, height=SIZE, width=SIZE,
+            generator=[torch.Generator().manual_seed(s) for s in SEEDS], output_type="np",
+        ).images  # fmt: skip
+        want = (want * 255).round().astype(np.uint8)
+        settings = resolve_settings(pipe, steps=STEPS, guidance=6.0, sampler=sampler, width=SIZE, height=SIZE, strength=strength)
+        images = generate(pipe, PROMPTS, SEEDS, settings, negative_prompts=NEGATIVE, init_images=[init] * 2, masks=[mask] * 2)
+        got = np.stack([g.pixels for g in images])
+        assert pixel_diff(got, want) <= MAX_PIXEL_DIFF, (family, sampler, strength)
+        assert images[0].parameters(pipe).extra == {"Mask blur": "0"}
+        if family == "sd1":  # the mask matters
+            plain = np.stack([g.pixels for g in generate(pipe, PROMPTS, SEEDS, settings, negative_prompts=NEGATIVE, init_images=[init] * 2)])
+            assert pixel_diff(got, plain) > 5
+    if family == "sd1-inpaint":
+        with pytest.raises(UserError, match="inpainting UNet"):
+            ours(pipe, "ddim")
+
+
 def test_single_file_sd1_matches_from_single_file(tmp_path):
     """An SD 1.x checkpoint in the original layout (UNet, CLIP text tower, VAE under their original
     prefixes), loaded by gencli from its shapes and the shipped configs, and by diffusers'

@@ -109,6 +109,28 @@ def test_img2img_and_its_replay(env):
     assert r.exit_code == 0 and np.abs(np.asarray(Image.open("weak.png")).astype(int) - np.asarray(Image.open("out.png"))).max() > 5
 
 
+def test_inpainting_keeps_the_black_part_and_replays_with_its_mask(env):
+    rng = np.random.default_rng(1)
+    Image.fromarray((rng.random((16, 16, 3)) * 255).astype(np.uint8)).save(env / "src.png")
+    mask = np.zeros((16, 16), np.uint8)
+    mask[:, 8:] = 255  # repaint the right half
+    Image.fromarray(mask).save(env / "mask.png")
+    args = ("img2img", "src.png", "a red heart", "--strength", "1", "--seed", "2", "--steps", "4")
+    assert invoke(*args, "-o", "plain.png").exit_code == 0
+    r = invoke(*args, "--mask", "mask.png", "-o", "inpainted.png")
+    assert r.exit_code == 0, r.output
+    assert "Mask blur: 0" in parameters(env / "inpainted.png")
+    plain, inpainted = (np.asarray(Image.open(env / f)).astype(int) for f in ("plain.png", "inpainted.png"))
+    assert np.abs(plain - inpainted).max() > 5
+    r = invoke("replay", "inpainted.png", "-o", "again.png", "--init-image", "src.png")
+    assert r.exit_code == 2 and "--mask" in r.stderr and not (env / "again.png").exists()
+    r = invoke("replay", "inpainted.png", "-o", "again.png", "--init-image", "src.png", "--mask", "mask.png")
+    assert r.exit_code == 0, r.output
+    assert (env / "again.png").read_bytes() == (env / "inpainted.png").read_bytes()
+    r = invoke("img2img", "src.png", "x", "--mask", "missing.png", "-o", "never.png")
+    assert r.exit_code == 2 and "missing.png" in r.stderr and not (env / "never.png").exists()
+
+
 @pytest.mark.parametrize(
     "args,message",
     [

@@ -51,6 +51,7 @@ VaeOpt = _opt(Optional[str], "--vae", help="Another VAE: a diffusers vae/ folder
 VariantOpt = _opt(Optional[str], "--variant", help="diffusers weight variant to load, e.g. fp16.", panel="Common options")
 StrengthOpt = _opt(float, "--strength", help="How much to change the image, in (0, 1]: the share of the steps run.", show_default=True)
 InitImageOpt = _opt(Optional[str], "--init-image", help="The source image of an img2img PNG.", panel=_IO)
+MaskOpt = _opt(Optional[str], "--mask", help="Inpaint: an image, white where IMAGE is repainted, black where it is kept.", panel=_IO)
 PromptArg = Annotated[Optional[str], typer.Argument(metavar="PROMPT", help="The prompt ('' = unconditional); - reads it from stdin.", show_default=False)]
 
 
@@ -97,6 +98,7 @@ def img2img(
     image: Annotated[str, typer.Argument(metavar="IMAGE", help="The image to start from.", show_default=False)],
     prompt: PromptArg = None,
     strength: StrengthOpt = 0.8,
+    mask: MaskOpt = None,
     negative_prompt: NegativeOpt = None,
     steps: StepsOpt = None,
     guidance: GuidanceOpt = None,
@@ -119,13 +121,17 @@ def img2img(
     """Change an image following a prompt: encode it, noise it to --strength, denoise.
 
     The image is resized to --width/--height when given, else kept at its size rounded down to a
-    multiple of 8. Example:
+    multiple of 8. With --mask only the mask's white part is repainted (inpainting; an inpainting
+    checkpoint such as SD 1.5 inpainting, or any other, as diffusers does it; --strength 1 starts from
+    pure noise there). Examples:
 
     gencli img2img star.png "a red heart on a blue background" --strength 0.6 -o heart.png
+
+    gencli img2img photo.png "a wooden bench" --mask bench-mask.png --strength 1 -o bench.png
     """
     flags = dict(steps=steps, guidance=guidance, guidance_rescale=guidance_rescale, sampler=sampler, width=width, height=height, clip_skip=clip_skip,
                  strength=strength)  # fmt: skip
-    _run(opts, prompt, prompts_file, negative_prompt, flags, n, seeds, batch_size, out, force, vae, variant, "img2img", image=image)
+    _run(opts, prompt, prompts_file, negative_prompt, flags, n, seeds, batch_size, out, force, vae, variant, "img2img", image=image, mask=mask)
 
 
 @command(app, "replay")
@@ -134,6 +140,7 @@ def replay(
     out: OutOpt = None,
     force: ForceOpt = False,
     init_image: InitImageOpt = None,
+    mask: MaskOpt = None,
     vae: VaeOpt = None,
     *,
     opts: RunOptions,
@@ -158,13 +165,17 @@ def replay(
         opts.model = params.model
     if params.denoising_strength is not None and init_image is None:
         raise UserError(f"'{image}' is an img2img result (Denoising strength {params.denoising_strength:g}): pass its source image with --init-image")
+    if "Mask blur" in params.extra and mask is None:
+        raise UserError(f"'{image}' was inpainted: pass its source image with --init-image and its mask with --mask")
+    if mask is not None and init_image is None:
+        raise UserError("--mask needs --init-image (the image the mask applies to)")
     flags = dict(steps=params.steps, guidance=params.cfg_scale, guidance_rescale=params.guidance_rescale or None, sampler=params.sampler,
                  width=params.width or None, height=params.height or None, clip_skip=params.clip_skip or None,
                  strength=params.denoising_strength)  # fmt: skip
     default_out = str(Path(image).with_name(Path(image).stem + "-replay.png"))
     _run(
         opts, params.prompt, None, params.negative_prompt or None, flags, None, str(params.seed), 1, out or default_out, force, vae, None,
-        "replay", image=init_image, expect_hash=params.model_hash,
+        "replay", image=init_image, mask=mask, expect_hash=params.model_hash,
     )  # fmt: skip
 
 
@@ -184,6 +195,7 @@ def _run(
     kind: str,
     *,
     image: Optional[str] = None,
+    mask: Optional[str] = None,
     expect_hash: str = "",
 ) -> None:
     import sys
@@ -210,6 +222,7 @@ def _run(
     if opts.seed is not None and opts.seed < 0:
         raise UserError("--seed must be >= 0")
     init = _read_init_image(image, flags) if image is not None else None
+    mask_pixels = _read_mask(mask, flags) if mask is not None else None
     jobs = plan_jobs(
         specs, negative_prompt=negative_prompt, flags=flags, seed=opts.seed, seeds=seeds, n=n, out=out,
         default_out=f"{'txt2img' if kind == 'replay' else kind}-{{seed}}.png" if len(specs) == 1 and not n and not seeds else f"{kind}-{{i:03d}}-{{seed}}.png",
@@ -225,7 +238,7 @@ def _run(
     report.debug(f"loaded in {pipe.load_seconds:.2f}s")
     if expect_hash and expect_hash != pipe.model_hash:
         report.warn(f"the image was made with Model hash {expect_hash}, '{path}' has {pipe.model_hash}: the image will differ")
-    _generate(opts, pipe, jobs, batch_size, init, force)
+    _generate(opts, pipe, jobs, batch_size, init, mask_pixels, force)
 
 
 def _read_init_image(image: str, flags: dict[str, Any]):
@@ -243,7 +256,15 @@ def _read_init_image(image: str, flags: dict[str, Any]):
     return prepare_init_image(pil, w, h)
 
 
-def _generate(opts: RunOptions, pipe, jobs, batch_size: int, init, force: bool) -> None:
+def _read_mask(mask: str, flags: dict[str, Any]):
+    """The inpainting mask at the run's size (that of the init image, read first)."""
+    from gencli.pipelines.diffusion import prepare_mask
+    from gencli.pipelines.images import load_image
+
+    return prepare_mask(load_image(mask), flags["width"], flags["height"])
+
+
+def _generate(opts: RunOptions, pipe, jobs, batch_size: int, init, mask, force: bool) -> None:
     from gencli.console import emit_json
     from gencli.io import atomic_write_bytes
     from gencli.pipelines.diffusion_jobs import model_calls, run_jobs
@@ -267,7 +288,7 @@ def _generate(opts: RunOptions, pipe, jobs, batch_size: int, init, force: bool) 
     start = time.perf_counter()
     total = model_calls(pipe, jobs, batch_size) if report.interactive else None
     with report.progress("denoising", total=total) as advance:
-        for job, image in run_jobs(pipe, jobs, batch_size=batch_size, init_image=init, on_step=advance, on_notice=notice, on_batch=batch_done):
+        for job, image in run_jobs(pipe, jobs, batch_size=batch_size, init_image=init, mask=mask, on_step=advance, on_notice=notice, on_batch=batch_done):
             params = image.parameters(pipe)
             atomic_write_bytes(job.out, png_bytes(image.pixels, params.to_text()), force=force)
             s = image.settings

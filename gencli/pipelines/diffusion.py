@@ -110,7 +110,13 @@ class StableDiffusion:
 
     @property
     def latent_channels(self) -> int:
-        return self.unet.config.in_channels
+        return self.vae.model.config.latent_channels
+
+    @property
+    def is_inpainting(self) -> bool:
+        """An inpainting UNet (SD 1.5/2 inpainting): it takes the noisy latents, the mask and the
+        masked image's latents stacked (4 + 1 + 4 channels)."""
+        return self.unet.config.in_channels == 2 * self.latent_channels + 1
 
     @property
     def default_size(self) -> tuple[int, int]:
@@ -177,10 +183,11 @@ def _check_fit(unet: UNet2DConditionModel, vae: LoadedAutoencoder, encoder: Prom
     cfg = unet.config
     if cfg.context_dim != encoder.hidden_size:
         raise CheckpointError(f"'{where}': the UNet attends to {cfg.context_dim}-wide text states, the text encoder(s) give {encoder.hidden_size}")
-    if vae.model.config.latent_channels != cfg.in_channels or cfg.out_channels != cfg.in_channels:
+    latent = vae.model.config.latent_channels
+    if cfg.out_channels != latent or cfg.in_channels not in (latent, 2 * latent + 1):
         raise CheckpointError(
-            f"'{where}': the VAE has {vae.model.config.latent_channels} latent channels, the UNet takes {cfg.in_channels} and gives {cfg.out_channels}"
-            " (inpainting and other conditioned UNets are not supported)"
+            f"'{where}': the VAE has {latent} latent channels, the UNet takes {cfg.in_channels} and gives {cfg.out_channels}"
+            f" (supported: {latent} in and out, or an inpainting UNet's {2 * latent + 1} in)"
         )
     if cfg.addition_embed_type == "text_time":
         if encoder.pooled_size is None:
@@ -376,15 +383,18 @@ class GeneratedImage:
     seed: int
     settings: GenerationSettings
     notices: list[str] = field(default_factory=list)
+    inpainted: bool = False  # made with a mask
 
     def parameters(self, pipe: StableDiffusion) -> ImageParameters:
         s = self.settings
         scheduler = make_scheduler(s.sampler, pipe.scheduler_config, s.eta)
+        # "Mask blur" is the key other front ends write for an inpainting (gencli's masks are sharp)
         return ImageParameters(
             prompt=self.prompt, negative_prompt=self.negative_prompt, steps=s.steps, sampler=scheduler.display_name,
             cfg_scale=s.guidance, seed=self.seed, width=s.width, height=s.height, model=pipe.name, model_hash=pipe.model_hash,
             clip_skip=s.clip_skip, guidance_rescale=s.guidance_rescale, denoising_strength=s.strength,
             vae=pipe.vae_override.stem if pipe.vae_override is not None else "", vae_hash=pipe.vae_hash,
+            extra={"Mask blur": "0"} if self.inpainted else {},
         )  # fmt: skip
 
 
@@ -448,18 +458,27 @@ def generate(
     *,
     negative_prompts: Optional[Sequence[str]] = None,
     init_images: Optional[Sequence[np.ndarray]] = None,
+    masks: Optional[Sequence[np.ndarray]] = None,
     on_step: Optional[StepCallback] = None,
     on_notice: Optional[NoticeCallback] = None,
     timing: Optional[BatchTiming] = None,
 ) -> list[GeneratedImage]:
     """One batch: row ``i`` is ``prompts[i]`` with ``seeds[i]`` (and ``negative_prompts[i]``; None = no
     negative prompt, diffusers' default). ``init_images`` (uint8 ``(H, W, 3)``, already at the
-    settings' size) make it img2img with ``settings.strength``."""
+    settings' size) make it img2img with ``settings.strength``; ``masks`` as well (``(H, W)``, 1 where
+    the image is repainted, 0 where it is kept: :func:`prepare_mask`) make it inpainting, as diffusers'
+    ``StableDiffusionInpaintPipeline`` does it: with an ordinary UNet the kept part of the latents is
+    reset to the init image's, noised to the next step's level, after every step; an inpainting UNet
+    (9 input channels) is given the mask and the masked image's latents instead."""
     prompts = list(prompts)
     if len(seeds) != len(prompts) or (negative_prompts is not None and len(negative_prompts) != len(prompts)):
         raise ValueError("one seed (and negative prompt) per prompt")
     if init_images is not None and len(init_images) != len(prompts):
         raise ValueError("one init image per prompt")
+    if masks is not None and (init_images is None or len(masks) != len(prompts)):
+        raise ValueError("one mask per init image")
+    if pipe.is_inpainting and masks is None:
+        raise UserError("this is an inpainting UNet (9 input channels): use gencli img2img IMAGE PROMPT --mask MASK")
     timing = timing if timing is not None else BatchTiming()
     device = pipe.placement.device
     batch = len(prompts)
@@ -485,17 +504,37 @@ def generate(
         latents = randn_tensor(shape, generators, device=device, dtype=context.dtype).float() * scheduler.init_noise_sigma
     else:
         timesteps, _ = scheduler.img2img_timesteps(float(settings.strength))
+        # diffusers' inpainting starts from pure noise at full strength; img2img always noises the image
+        from_noise = masks is not None and float(settings.strength) == 1.0
         t0 = time.perf_counter()
-        init = _encode_images(pipe, init_images, generators)
+        # the order of the generators' draws is diffusers': image posterior, noise, masked-image posterior
+        init = None if from_noise and pipe.is_inpainting else _encode_images(pipe, init_images, generators)
         timing.encode_s += time.perf_counter() - t0
         noise = randn_tensor(shape, generators, device=device, dtype=context.dtype).float()
-        latents = scheduler.add_noise(init, noise, timesteps[:1].repeat(batch))
+        if from_noise:
+            latents = noise * scheduler.init_noise_sigma
+        else:
+            latents = scheduler.add_noise(init, noise, timesteps[:1].repeat(batch))
+    mask = masked_latents = None
+    if masks is not None:
+        mask = latent_masks(masks, shape[-2:]).to(device)
+        # the masked image's latents: the inpainting UNet's input. diffusers encodes (and samples) them
+        # for an ordinary UNet too, which moves the generators on: so do we, or an ancestral sampler's
+        # noise would differ from diffusers' for the same seed
+        t0 = time.perf_counter()
+        pixels = torch.cat([images_to_tensor(img) for img in init_images])
+        keep = torch.from_numpy(np.stack([np.asarray(m) for m in masks]).astype(np.float32))[:, None] < 0.5
+        masked_latents = _encode_pixels(pipe, pixels * keep, generators)
+        timing.encode_s += time.perf_counter() - t0
 
     t0 = time.perf_counter()
     cfg = settings.classifier_free_guidance
     total = len(timesteps)
     for i, t in enumerate(timesteps):
         model_input = scheduler.scale_model_input(torch.cat([latents] * 2) if cfg else latents, t)
+        if pipe.is_inpainting:
+            extra = torch.cat([mask, masked_latents], dim=1)
+            model_input = torch.cat([model_input, torch.cat([extra] * 2) if cfg else extra], dim=1)
         out = pipe.unet(model_input, t, context, added_cond_kwargs=added)
         _check_finite(
             out,
@@ -508,6 +547,10 @@ def generate(
             if settings.guidance_rescale > 0:
                 out = rescale_noise_cfg(out, text, settings.guidance_rescale)
         latents = scheduler.step(out, t, latents, generator=generators).prev_sample
+        if mask is not None and not pipe.is_inpainting:
+            # keep the unmasked part: the init latents at the noise level the next step starts from
+            kept = init if i == total - 1 else scheduler.add_noise(init, noise, timesteps[i + 1 : i + 2])
+            latents = (1 - mask) * kept + mask * latents
         timing.model_calls += 1
         if on_step:
             on_step(i + 1, total)
@@ -519,21 +562,44 @@ def generate(
     rows = []
     for i in range(batch):
         neg = negative[i] if negative is not None else ""
-        rows.append(GeneratedImage(pixels[i], prompts[i], neg or "", int(seeds[i]), replace(settings), list(notices)))
+        rows.append(GeneratedImage(pixels[i], prompts[i], neg or "", int(seeds[i]), replace(settings), list(notices), inpainted=masks is not None))
     return rows
 
 
 def _encode_images(pipe: StableDiffusion, images: Sequence[np.ndarray], generators: list[torch.Generator]) -> torch.Tensor:
     """img2img's starting latents: each image encoded and sampled from its posterior with its own
     generator (diffusers' order of draws), then scaled as the UNet sees latents. float32."""
+    return _encode_pixels(pipe, torch.cat([images_to_tensor(image) for image in images]), generators)
+
+
+def _encode_pixels(pipe: StableDiffusion, pixels: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+    """Scaled latents of ``(B, 3, H, W)`` pixels in [-1, 1], row ``i`` sampled with ``generators[i]``."""
     vae = pipe.vae.model
     weight = vae.decoder.conv_out.weight
     out = []
-    for image, g in zip(images, generators):
-        x = images_to_tensor(image).to(weight.device, weight.dtype)
-        z = vae.encode(x).sample(g)
+    for x, g in zip(pixels, generators):
+        z = vae.encode(x[None].to(weight.device, weight.dtype)).sample(g)
         out.append(vae.scale_latents(z.float()))
     return torch.cat(out)
+
+
+def latent_masks(masks: Sequence[np.ndarray], size: tuple[int, int]) -> torch.Tensor:
+    """``(B, 1, h, w)`` float32 masks at the latent size, nearest-neighbour as diffusers resizes them."""
+    import torch.nn.functional as F
+
+    m = torch.from_numpy(np.stack([np.asarray(x, dtype=np.float32) for x in masks]))[:, None]
+    return F.interpolate(m, size=tuple(size))
+
+
+def prepare_mask(image: Any, width: int, height: int) -> np.ndarray:
+    """An inpainting mask as diffusers' mask processor makes it: grayscale, resized to the run's size
+    (Lanczos), then 1 where it is at least half white (repaint) and 0 elsewhere (keep)."""
+    from PIL import Image
+
+    gray = image.convert("L")
+    if gray.size != (width, height):
+        gray = gray.resize((width, height), Image.LANCZOS)
+    return (np.asarray(gray, dtype=np.float32) / 255.0 >= 0.5).astype(np.float32)
 
 
 def decode_latents(pipe: StableDiffusion, latents: torch.Tensor, on_notice: Optional[NoticeCallback] = None) -> np.ndarray:
@@ -581,6 +647,8 @@ __all__ = [
     "decode_latents",
     "rescale_noise_cfg",
     "prepare_init_image",
+    "prepare_mask",
+    "latent_masks",
     "single_file_scheduler_config",
     "attention_path",
 ]

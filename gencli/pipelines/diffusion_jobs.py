@@ -210,13 +210,14 @@ def run_jobs(
     *,
     batch_size: int = 1,
     init_image: Optional[np.ndarray] = None,
+    mask: Optional[np.ndarray] = None,
     on_step: Optional[Callable[[], None]] = None,
     on_notice: Optional[Callable[[str], None]] = None,
     on_batch: Optional[Callable[[list[Job], BatchTiming], None]] = None,
 ) -> Iterator[tuple[Job, GeneratedImage]]:
     """Make the images, ``batch_size`` at a time (same settings within a batch), yielding each with
     its job as soon as its batch is done. ``init_image`` (uint8 ``(H, W, 3)`` at the run's size) makes
-    every image an img2img of it."""
+    every image an img2img of it, and ``mask`` (``(H, W)``, 1 = repaint) an inpainting."""
     from gencli.pipelines.diffusion import BatchTiming, generate, resolve_settings
 
     for group in batches(jobs, batch_size):
@@ -230,6 +231,7 @@ def run_jobs(
             settings,
             negative_prompts=None if all(n is None for n in negatives) else [n or "" for n in negatives],
             init_images=None if init_image is None else [init_image] * len(group),
+            masks=None if mask is None else [mask] * len(group),
             on_step=(lambda _done, _total: on_step()) if on_step else None,
             on_notice=on_notice,
             timing=timing,
