@@ -100,6 +100,36 @@ def test_quantized_text_models_stay_close_to_fp32(models, family, mode):
     assert last.shape == (1, 1, quant.model.vocab_size) and torch.isfinite(last).all()
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_a_bf16_file_is_quantized_from_its_own_dtype_with_the_same_result(models, family, mode, tmp_path, monkeypatch):
+    """Quantizing a bf16 checkpoint on loading reads it in bf16 (no fp32 copy of the whole model) and
+    gives exactly what quantizing the fp32 model gives."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from gencli.checkpoints import loader
+    from gencli.pipelines import text
+
+    folder = tmp_path / family
+    shutil.copytree(models / family, folder)
+    weights = folder / "model.safetensors"
+    save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in load_file(str(weights)).items()}, str(weights))
+
+    reference = text.load_text_model(folder, device="cpu", dtype="float32", threads=1)
+    quantize_linears(reference.model, QuantizationSpec.for_mode(mode))
+    dtypes = []
+    real_load = loader.load_model
+    monkeypatch.setattr(loader, "load_model", lambda *a, **kw: dtypes.append(kw["dtype"]) or real_load(*a, **kw))
+    quant = text.load_text_model(folder, device="cpu", dtype="float32", threads=1, quantize=mode)
+    assert dtypes == [torch.bfloat16]
+    want, got = reference.model.state_dict(), quant.model.state_dict()
+    assert want.keys() == got.keys()
+    for name in want:
+        assert want[name].dtype == got[name].dtype and torch.equal(want[name], got[name]), name
+
+
 def cli(*args):
     return CliRunner().invoke(app, [*map(str, args)])
 

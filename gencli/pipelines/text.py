@@ -145,20 +145,32 @@ def load_text_model(
         # products run faster over column-major weights once the model is too big for the caches
         # (measured: +9% per product at 500 MB, -10% tokens/s for the 36 MB default model). Only
         # weights converted on loading (bf16/fp16 files) change layout; fp32 files stay zero-copy.
-        fast_layout = (
-            spec is None and placement.device.type == "cpu" and placement.dtype == torch.float32 and (n_params or 0) * 4 >= COLUMN_MAJOR_MIN_BYTES
-        )
+        fast_layout = spec is None and placement.device.type == "cpu" and placement.dtype == torch.float32 and (n_params or 0) * 4 >= COLUMN_MAJOR_MIN_BYTES
         if stored:  # the quantized layers are built empty and filled from the checkpoint
             model = build_on_meta(lambda: model_class(cfg))
             quantize_linears(model, spec)
             model = load_state(model, reader, module.HF_KEYMAP, device=placement.device, dtype=placement.dtype, config=src.config)
         else:
+            # quantizing on loading: the weights are read in the file's own dtype when it is narrower
+            # (a bf16 file is not copied into fp32 before its linears are quantized), the rest is
+            # converted afterwards; the codes and scales are the same either way (computed in fp32)
+            load_dtype = placement.dtype
+            if spec is not None and not src.is_pickle:
+                narrow = _narrow_source_dtype(src, placement.dtype)
+                load_dtype = narrow or placement.dtype
             model = load_model(
-                lambda: model_class(cfg), reader, module.HF_KEYMAP, device=placement.device, dtype=placement.dtype, config=src.config,
+                lambda: model_class(cfg),
+                reader,
+                module.HF_KEYMAP,
+                device=placement.device,
+                dtype=load_dtype,
+                config=src.config,
                 column_major=module.CPU_COLUMN_MAJOR if fast_layout else (),
             )
             if spec is not None:
                 spec = quantize_linears(model, spec)
+                if load_dtype != placement.dtype:
+                    _convert_unquantized(model, placement.dtype)
     finally:
         reader.close()
     gen_cfg = read_json(folder / "generation_config.json")
@@ -172,6 +184,28 @@ def load_text_model(
         context = window  # within the window, full causal attention is exactly what the model computes
     elapsed = time.perf_counter() - start
     return TextModel(model, tokenizer, placement, Path(path), arch, gen_cfg, eos, pad, context, elapsed, quantization=spec)
+
+
+def _narrow_source_dtype(src: Any, dtype: torch.dtype) -> Optional[torch.dtype]:
+    """The checkpoint's one floating-point dtype when it is narrower than ``dtype`` (else None)."""
+    from gencli.checkpoints.header import DTYPE_NAMES
+
+    floats = {info.dtype for info in src.tensor_infos().values() if info.dtype in ("F32", "F16", "BF16", "F64")}
+    if len(floats) != 1:
+        return None
+    found = getattr(torch, DTYPE_NAMES[floats.pop()])
+    return found if found.itemsize < dtype.itemsize else None
+
+
+def _convert_unquantized(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Floating-point parameters to ``dtype``, except the quantized layers' scales and zero points."""
+    from gencli.backend.quantize import QuantizedLinear
+
+    for module in model.modules():
+        keep = ("weight_scale", "weight_zero") if isinstance(module, QuantizedLinear) else ()
+        for name, param in list(module.named_parameters(recurse=False)):
+            if param.is_floating_point() and param.dtype != dtype and name not in keep:
+                setattr(module, name, torch.nn.Parameter(param.detach().to(dtype), requires_grad=False))
 
 
 def quantization_of(config: dict[str, Any], quantize: Optional[str], group_size: Optional[int]) -> tuple[bool, Any]:
@@ -354,10 +388,7 @@ def encode_prompt(tm: TextModel, prompt: str, *, chat: bool = False, system: Opt
     if not ids:
         raise UserError("the prompt encodes to no tokens")
     if len(ids) >= tm.context_length:
-        raise UserError(
-            f"the prompt is {len(ids)} tokens, the model's context is {tm.context_length} tokens: "
-            "shorten the prompt to leave room for new tokens"
-        )
+        raise UserError(f"the prompt is {len(ids)} tokens, the model's context is {tm.context_length} tokens: shorten the prompt to leave room for new tokens")
     return ids
 
 
