@@ -130,6 +130,17 @@ def test_a_bf16_file_is_quantized_from_its_own_dtype_with_the_same_result(models
         assert want[name].dtype == got[name].dtype and torch.equal(want[name], got[name]), name
 
 
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_info_counts_the_parameters_of_the_model_not_the_untied_head_or_the_scales(models, mode, tmp_path):
+    original = json.loads(cli("info", models / "gpt2", "--json").stdout)["parameters"]
+    group = ("--group-size", "32") if mode == "int4" else ()
+    assert cli("quantize", models / "gpt2", tmp_path / "q", "--mode", mode, *group).exit_code == 0
+    info = json.loads(cli("info", tmp_path / "q", "--json").stdout)
+    assert info["quantization"]["untied_head"] is True  # GPT-2 ties its head to the embedding
+    assert info["parameters"] == original
+    assert "quantized copy of the tied embedding" in cli("info", tmp_path / "q").stdout
+
+
 def cli(*args):
     return CliRunner().invoke(app, [*map(str, args)])
 

@@ -117,15 +117,16 @@ def describe(path: str | Path, *, allow_pickle: bool = False, source: Optional[C
     )
     quant = (src.config or {}).get("quantization_config")
     if isinstance(quant, dict):
-        result["quantization"], result["parameters"] = _quantization(quant, tensors, total)
+        result["quantization"], result["parameters"] = _quantization(quant, tensors, total, src.config or {})
     return result
 
 
-def _quantization(entry: dict[str, Any], tensors: list[dict[str, Any]], total: int) -> tuple[dict[str, Any], int]:
+def _quantization(entry: dict[str, Any], tensors: list[dict[str, Any]], total: int, config: dict[str, Any]) -> tuple[dict[str, Any], int]:
     """(the ``quantization_config`` entry with the number of quantized layers, the parameter count the
     weights stand for). A layer quantized by ``gencli quantize`` stores ``weight`` (int8, or two
     4-bit codes per uint8) beside ``weight_scale`` (and ``weight_zero``); the scales are not
-    parameters of the model, and a 4-bit byte holds two."""
+    parameters of the model, and a 4-bit byte holds two. An LM head tied to the embedding is stored
+    as its own quantized copy: not a parameter of the model either (``untied_head`` says so)."""
     by_name = {t["name"]: t for t in tensors}
     layers = [n[: -len(".weight_scale")] for n in by_name if n.endswith(".weight_scale")]
     params = total
@@ -134,4 +135,9 @@ def _quantization(entry: dict[str, Any], tensors: list[dict[str, Any]], total: i
         weight = by_name.get(f"{layer}.weight")
         if weight is not None and entry.get("bits") == 4:
             params += _numel(weight["shape"])
-    return {**entry, "layers": len(layers)}, params
+    tied = config.get("tie_word_embeddings", config.get("model_type") == "gpt2")  # transformers' defaults
+    head = by_name.get("lm_head.weight")
+    untied_head = bool(tied) and "lm_head.weight_scale" in by_name and head is not None
+    if untied_head:
+        params -= _numel(head["shape"]) * (2 if entry.get("bits") == 4 else 1)
+    return {**entry, "layers": len(layers), "untied_head": untied_head}, params

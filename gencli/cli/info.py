@@ -65,7 +65,8 @@ def _render(d: dict, limit: Optional[int], file) -> None:
     q = d.get("quantization")
     if q:
         how = "per output channel" if q.get("group_size", -1) <= 0 else f"in groups of {q['group_size']}"
-        out.print(f"  quantization  {q.get('mode')} ({q.get('quant_method')}), {q.get('layers')} linear layers {how}")
+        head = ", the LM head stored as a quantized copy of the tied embedding (not counted)" if q.get("untied_head") else ""
+        out.print(f"  quantization  {q.get('mode')} ({q.get('quant_method')}), {q.get('layers')} linear layers {how}{head}")
     if d.get("config"):
         out.print("  config        " + ", ".join(f"{k}={v}" for k, v in d["config"].items()))
     for name, comp in (d.get("components") or {}).items():
