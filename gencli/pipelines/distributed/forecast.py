@@ -26,7 +26,7 @@ from typing import Any, Iterator, Optional
 
 from gencli.console import Reporter, open_output
 from gencli.errors import UserError
-from gencli.pipelines.distributed.runtime import Cluster, RayOptions, check_options, prepare_out_dir, ray_runtime, refuse, shard_name
+from gencli.pipelines.distributed.runtime import Cluster, RayOptions, check_options, prepare_out_dir, ray_runtime, ray_task_errors, refuse, shard_name
 from gencli.pipelines.forecast.layout import Layout
 from gencli.pipelines.forecast.outputs import imputed_note
 from gencli.pipelines.forecast.pipeline import Failures, RunState, Setup, forecast_batches, prepare, write_forecasts
@@ -134,22 +134,6 @@ class ForecastReplica:
 
 
 # -- the driver ----------------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def ray_task_errors() -> Iterator[None]:
-    """A UserError raised inside a Ray task (a file that cannot be read) is the command's error line."""
-    try:
-        yield
-    except UserError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - Ray wraps the task's exception
-        cause = exc
-        while cause is not None and not isinstance(cause, UserError):
-            cause = getattr(cause, "cause", None) or cause.__cause__
-        if isinstance(cause, UserError):
-            raise UserError(str(cause)) from None
-        raise
-
-
 def run(req: ForecastRequest, ray_opts: RayOptions, report: Reporter) -> None:
     """``gencli forecast --ray``: the single-process :func:`~gencli.pipelines.forecast.pipeline.run`,
     with the series read, validated and forecast by Ray workers."""
@@ -185,7 +169,8 @@ def _forecast_rows(req: ForecastRequest, ray_opts: RayOptions, setup: Setup, fil
     kw = {"layout": setup.layout, "rec_opts": setup.record_options}
     ds = ray.data.from_items(items, override_num_blocks=len(items)).flat_map(read_series, fn_kwargs={**kw, "merge": merge})
     if merge:
-        ds = ds.groupby("id").map_groups(merge_series, batch_format="pandas", fn_kwargs=kw)
+        # one row per series, back in input order (where each first appears): the single-process order
+        ds = ds.groupby("id").map_groups(merge_series, batch_format="pandas", fn_kwargs=kw).sort(["file_index", "position"])
     ds = ds.materialize()  # read once: the skipped series go to the driver, the others to the replicas
     skipped = ds.filter(expr=col("error") != "").select_columns(["file_index", "position", "id", "error"]).take_all()
     # the model batches are the single-process ones (--batch-size series in input order): the
@@ -224,4 +209,4 @@ def _report_sharded(req: ForecastRequest, ray_opts: RayOptions, report: Reporter
     report.log(f"forecast {done} series x {setup.horizon} steps{skipped} -> {shards} shards in {ray_opts.out_dir}")
 
 
-__all__ = ["run", "input_files", "read_series", "merge_series", "ForecastReplica", "ray_task_errors"]
+__all__ = ["run", "input_files", "read_series", "merge_series", "ForecastReplica"]

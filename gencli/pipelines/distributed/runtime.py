@@ -187,7 +187,24 @@ def ray_runtime(opts: RayOptions, report: Reporter, *, device: str = "auto") -> 
         ray.shutdown()
 
 
+@contextlib.contextmanager
+def ray_task_errors() -> Iterator[None]:
+    """A UserError raised inside a Ray task (a file that cannot be read) is the command's error line."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - Ray wraps the task's exception
+        cause = exc
+        while cause is not None and not isinstance(cause, UserError):
+            cause = getattr(cause, "cause", None) or cause.__cause__
+        if isinstance(cause, UserError):
+            raise UserError(str(cause)) from None
+        raise
+
+
 __all__ = [
+    "ray_task_errors",
     "RayOptions",
     "Cluster",
     "check_options",
