@@ -139,7 +139,7 @@ def test_forecast_with_ray_writes_shards_from_a_directory(tmp_path):
 @pytest.mark.slow
 def test_classify_with_ray_is_the_single_process_output(tmp_path):
     pytest.importorskip("ray")
-    folder = write_scene_folder(tmp_path / "scenes", [32, 40, 48, 32, 56, 40, 32])
+    folder = write_scene_folder(tmp_path, [32, 40, 48, 32, 56, 40, 32])
     (folder / "img3.png").write_bytes(b"not an image")  # reported, and the others go on
     args = ["classify", str(folder), "--json", "--batch-size", "3"]
     single = run_cli(*args, env=ONE_THREAD)
