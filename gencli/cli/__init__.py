@@ -16,12 +16,14 @@ class GencliGroup(TyperGroup):
     ``gencli`` script, ``python -m gencli``, a test runner); ``--help`` stays rich."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-        if not standalone_mode:
-            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         import sys
 
-        from gencli.cli.common import usage_error_line
+        from gencli.cli.common import bare_ray_flag, usage_error_line
         from gencli.console import stderr
+
+        args = bare_ray_flag(sys.argv[1:] if args is None else list(args))  # a bare --ray means --ray local
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
 
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)

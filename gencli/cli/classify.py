@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from gencli.cli import app
-from gencli.cli.common import DETERMINISTIC_SEED_HELP, RunOptions, at_least, command, option
+from gencli.cli.common import DETERMINISTIC_SEED_HELP, GpusPerReplica, OutDir, RayAddress, Replicas, RunOptions, at_least, command, option, ray_options
 
 
 @command(app, "classify", seed_help=DETERMINISTIC_SEED_HELP)
@@ -20,6 +20,10 @@ def classify(
     batch_size: Annotated[int, option("--batch-size", callback=at_least(1), help="Images per forward pass.")] = 16,
     recursive: Annotated[bool, option("--recursive", help="Descend into sub-directories of directory inputs.")] = False,
     csv: Annotated[bool, option("--csv", help="CSV rows image,rank,label,id,score instead of a table.")] = False,
+    ray: RayAddress = None,
+    replicas: Replicas = None,
+    gpus_per_replica: GpusPerReplica = None,
+    out_dir: OutDir = None,
     *,
     opts: RunOptions,
 ) -> None:
@@ -27,8 +31,10 @@ def classify(
 
     Prints a table (plain whole rows when stdout is not a terminal), CSV with --csv, or with --json one
     line per image: {"image", "predictions": [{"label", "id", "score"}]}; --out FILE writes them there.
-    Unreadable images are reported and skipped; the exit code is then 2.
+    Unreadable images are reported and skipped; the exit code is then 2. --ray classifies on Ray Data
+    with the same output in the same order (--out-dir: JSON-lines shards written by the replicas).
     """
+    import functools
     import time
 
     from gencli.cli.images import output_format, write_predictions
@@ -39,6 +45,23 @@ def classify(
     report = opts.report
     fmt = output_format(report, csv)
     paths = image_paths(images, recursive=recursive)  # bad inputs fail before the model loads
+    distributed = ray_options(ray, replicas, gpus_per_replica, out_dir, opts.force)
+    if distributed is not None:
+        from gencli.cli.images import report_sharded
+        from gencli.pipelines.distributed.images import classifier, predict_images
+
+        if out_dir and opts.out:
+            from gencli.errors import UserError
+
+            raise UserError("--out and --out-dir are exclusive: one file, or shards in a directory")
+        load = functools.partial(classifier, resolve_model(opts.model, DEFAULT_MODEL), top_k, **opts.load_options())
+        results = predict_images(paths, load, distributed, report, batch_size=batch_size, device=opts.device)
+        if out_dir:
+            report_sharded(results, len(paths), report, out_dir)
+            return
+        with opts.results(newline="") as out:
+            write_predictions(results, len(paths), report, "classifying", fmt, out)
+        return
     start = time.perf_counter()
     clf = ImageClassifier.load(resolve_model(opts.model, DEFAULT_MODEL), warn=report.warn, **opts.load_options())
     loaded = time.perf_counter()

@@ -49,6 +49,58 @@ SHORT_OPTIONS: dict[str, str] = {
 }
 
 
+_RAY = "Scaling out (Ray)"
+# ``--ray [ADDRESS]``: a bare ``--ray`` (last, or before another option) means ``--ray local`` (see
+# :func:`bare_ray_flag`); the value is checked by the distributed pipeline.
+RayAddress = Annotated[
+    Optional[str],
+    typer.Option(
+        "--ray",
+        metavar="[ADDRESS]",
+        help="Run on Ray Data: local (a Ray runtime on this machine; the value of a bare --ray), auto (the cluster `ray start` joined), "
+        "HOST:PORT or ray://HOST:10001. Needs pip install 'gencli[ray]'.",
+        rich_help_panel=_RAY,
+    ),
+]
+Replicas = Annotated[
+    Optional[int],
+    typer.Option("--replicas", help="Model replicas with --ray (default: one per GPU, else one per CPU but one).", rich_help_panel=_RAY),
+]
+GpusPerReplica = Annotated[
+    Optional[float],
+    typer.Option("--gpus-per-replica", metavar="NUMBER", help="GPUs per replica with --ray (default: 1 where the cluster has GPUs).", rich_help_panel=_RAY),
+]
+OutDir = Annotated[
+    Optional[str],
+    typer.Option(
+        "--out-dir", help="With --ray: the replicas write sharded results into this new directory (part-*.csv, or .jsonl with --json).", rich_help_panel=_RAY
+    ),
+]
+RAY_DEFAULT_ADDRESS = "local"
+
+
+def bare_ray_flag(args: list[str]) -> list[str]:
+    """``--ray`` with no value (last, or followed by another option) becomes ``--ray local``."""
+    out = list(args)
+    for i, a in enumerate(args):
+        if a == "--":
+            break
+        if a == "--ray" and (i + 1 == len(args) or args[i + 1].startswith("-")):
+            out.insert(i + 1 + (len(out) - len(args)), RAY_DEFAULT_ADDRESS)
+    return out
+
+
+def ray_options(ray: Optional[str], replicas: Optional[int], gpus_per_replica: Optional[float], out_dir: Optional[str], force: bool):
+    """The distributed pipeline's options (None without --ray: the --ray options are then refused)."""
+    from gencli.pipelines.distributed.runtime import RayOptions, refuse_without_ray
+
+    opts = RayOptions(ray or RAY_DEFAULT_ADDRESS, replicas, gpus_per_replica, out_dir, force)
+    if ray is None:
+        refuse_without_ray(opts)
+        return None
+    return opts
+
+
 DETERMINISTIC_SEED_HELP = "Accepted by every model command; this one is deterministic and draws no random numbers."
 
 

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from gencli.cli import app
-from gencli.cli.common import RunOptions, at_least, command, option
+from gencli.cli.common import GpusPerReplica, OutDir, RayAddress, Replicas, RunOptions, at_least, command, option, ray_options
 
 _DATA = "Data"
 _OUT = "Output"
@@ -91,6 +91,10 @@ def forecast(
     save_model: Annotated[
         Optional[str], typer.Option("--save-model", help="Save the fine-tuned model to this folder (config.json + model.safetensors).", rich_help_panel=_EVAL)
     ] = None,
+    ray: RayAddress = None,
+    replicas: Replicas = None,
+    gpus_per_replica: GpusPerReplica = None,
+    out_dir: OutDir = None,
     *,
     opts: RunOptions,
 ) -> None:
@@ -99,7 +103,8 @@ def forecast(
     Writes CSV rows id,time,q0.1,q0.5,q0.9 (one per series and step) to --out or stdout; --json writes
     one JSON object per series instead (error records {"id", "error"} in input order among them, then
     one {"summary"} record). The embedded default model forecasts zero-shot; --backtest N shows how
-    much to trust it on your data, --fit-steps N adapts it to your data first.
+    much to trust it on your data, --fit-steps N adapts it to your data first. --ray runs it on Ray
+    Data (DATA may then be a directory or glob of files) with the same output, in the same order.
     """
     from gencli.pipelines.forecast.pipeline import run
     from gencli.pipelines.forecast.request import ForecastRequest, parse_columns, parse_quantiles
@@ -136,4 +141,10 @@ def forecast(
         seed=opts.seed,
         **opts.load_options(),
     )
-    run(req, opts.report)
+    distributed = ray_options(ray, replicas, gpus_per_replica, out_dir, opts.force)
+    if distributed is None:
+        run(req, opts.report)
+        return
+    from gencli.pipelines.distributed import forecast as ray_forecast
+
+    ray_forecast.run(req, distributed, opts.report)

@@ -25,7 +25,7 @@ def write_predictions(results: Iterable[Any], total: int, report: Reporter, desc
     they come, or a table after all images (``fmt``). Unreadable files are also reported on stderr
     as they come. Returns the number of images predicted; raises the command's UserError (exit 2)
     at the end if any input failed."""
-    from gencli.pipelines.images import unreadable_inputs_error
+    from gencli.pipelines.images import result_record, unreadable_inputs_error
 
     rows: list[tuple[str, list[dict[str, Any]]]] = []
     failed: list[str] = []
@@ -37,9 +37,9 @@ def write_predictions(results: Iterable[Any], total: int, report: Reporter, desc
                 failed.append(r.path)
                 report.error(f"'{r.path}': {r.error}")
                 if fmt == "json":
-                    emit_json({"image": r.path, "error": r.error}, out)
+                    emit_json(result_record(r), out)
             elif fmt == "json":
-                emit_json({"image": r.path, "predictions": r.value}, out)
+                emit_json(result_record(r), out)
             elif fmt == "csv":
                 keys = prediction_keys([(r.path, r.value)])
                 if not wrote_header:
@@ -52,6 +52,22 @@ def write_predictions(results: Iterable[Any], total: int, report: Reporter, desc
             advance(1)
     if fmt == "table" and rows:
         print_table(predictions_table(rows, repeat_image=not is_terminal(out)), out)
+    if failed:
+        raise unreadable_inputs_error(failed, total)
+    return total - len(failed)
+
+
+def report_sharded(results: Iterable[Any], total: int, report: Reporter, out_dir: str) -> int:
+    """``--out-dir``: the replicas wrote the results; report the unreadable inputs (exit 2 if any) and
+    the count. Returns the number of images predicted."""
+    from gencli.pipelines.images import unreadable_inputs_error
+
+    failed = []
+    for r in results:
+        if r.error is not None:
+            failed.append(r.path)
+            report.error(f"'{r.path}': {r.error}")
+    report.log(f"{total - len(failed)} image(s) -> shards in {out_dir}")
     if failed:
         raise unreadable_inputs_error(failed, total)
     return total - len(failed)

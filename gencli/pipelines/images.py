@@ -393,6 +393,13 @@ def predict_image_files(paths: Sequence[str], predict: Callable[[list[Image.Imag
             yield ImageResult(it.path, error=it.error) if it.error is not None else ImageResult(it.path, next(results))
 
 
+def result_record(result: ImageResult, key: str = "predictions") -> dict[str, Any]:
+    """The JSON line of one image: ``{"image", KEY: value}``, or ``{"image", "error"}``."""
+    if result.error is not None:
+        return {"image": result.path, "error": result.error}
+    return {"image": result.path, key: result.value}
+
+
 def unreadable_inputs_error(failed: Sequence[str], total: int) -> UserError:
     """The error a command ends with (exit 2) when some of its ``total`` inputs could not be read."""
     return UserError(f"{len(failed)} of {total} input(s) could not be read" + (f" (first: '{failed[0]}')" if len(failed) > 1 else ""))
@@ -410,4 +417,5 @@ __all__ = [
     "iter_image_batches",
     "predict_image_files",
     "unreadable_inputs_error",
+    "result_record",
 ]

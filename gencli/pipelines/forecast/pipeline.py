@@ -13,7 +13,7 @@ from gencli.console import Reporter, csv_line, emit_json, open_output
 from gencli.data.timeseries import SeriesRecord
 from gencli.errors import UserError
 from gencli.pipelines.forecast.features import Binding
-from gencli.pipelines.forecast.forecaster import Forecaster
+from gencli.pipelines.forecast.forecaster import Forecaster, ForecastResult
 from gencli.pipelines.forecast.layout import Layout, infer_layout
 from gencli.pipelines.forecast.outputs import ForecastWriter
 from gencli.pipelines.forecast.records import RecordOptions, SeriesError, build_record
@@ -66,6 +66,37 @@ def run(req: ForecastRequest, report: Reporter) -> None:
     """Run the forecast (or the backtest) ``req`` describes, writing its outputs."""
     check_request(req)
     table = open_table(req.data)
+    setup = prepare(req, report, table)
+    positions: dict[str, int] = {}
+    with open_output(req.out, req.force, newline="") as results:
+        failures = Failures(report, results)
+        records = _records(table, setup.layout, setup.record_options, failures, report.warn, positions)
+        run = RunState(req, report, setup.fc, setup.binding, setup.horizon, setup.context, failures, results, positions)
+        if req.backtest:
+            _run_backtest(run, records)
+            return
+        fit_report = None
+        if req.fit_steps:
+            records, fit_report = _fine_tune(req, report, setup.fc, setup.binding, list(records), setup.horizon, setup.context, failures)
+        write_forecasts(run, forecast_batches(run, records), fit_report)
+
+
+@dataclass
+class Setup:
+    """What a run settles before the first series is read: the table's layout, the loaded model, the
+    column binding, the horizon, the context and the options each series is validated with."""
+
+    layout: Layout
+    fc: Forecaster
+    binding: Binding
+    horizon: int
+    context: int
+    record_options: RecordOptions
+
+
+def prepare(req: ForecastRequest, report: Reporter, table: Table) -> Setup:
+    """Infer the layout from ``table``, load the model and settle the horizon and context (with the
+    run's notes and warnings); a horizon far beyond the model's training is a UserError."""
     layout = infer_layout(table.sample(), **layout_options(req))
     for note in layout.notes:
         report.log(note)
@@ -91,18 +122,7 @@ def run(req: ForecastRequest, report: Reporter) -> None:
     if context > fc.context_length:
         report.warn(f"context {context} is longer than the {fc.context_length} steps this model was trained with")
     rec_opts = RecordOptions(horizon=horizon, min_length=max(1, req.min_length), need_future_known=not req.backtest)
-    positions: dict[str, int] = {}
-    with open_output(req.out, req.force, newline="") as results:
-        failures = Failures(report, results)
-        records = _records(table, layout, rec_opts, failures, report.warn, positions)
-        run = RunState(req, report, fc, binding, horizon, context, failures, results, positions)
-        if req.backtest:
-            _run_backtest(run, records)
-            return
-        fit_report = None
-        if req.fit_steps:
-            records, fit_report = _fine_tune(req, report, fc, binding, list(records), horizon, context, failures)
-        _run_forecast(run, records, fit_report)
+    return Setup(layout, fc, binding, horizon, context, rec_opts)
 
 
 def _records(table: Table, layout: Layout, opts_rec: RecordOptions, failures: Failures, warn, positions: dict[str, int]) -> Iterator[SeriesRecord]:
@@ -176,14 +196,24 @@ class RunState:
     positions: dict[str, int]
 
 
-def _run_forecast(run: RunState, records: Iterable[SeriesRecord], fit_report) -> None:
-    req, report, fc, binding, horizon, context, failures = run.req, run.report, run.fc, run.binding, run.horizon, run.context, run.failures
+def forecast_batches(run: RunState, records: Iterable[SeriesRecord]) -> Iterator[list[ForecastResult]]:
+    """The forecasts of ``records``, one model batch (``--batch-size`` series) at a time."""
+    req = run.req
+    for batch in _batches(records, req.batch_size):
+        yield run.fc.forecast(
+            batch, run.binding, run.horizon, req.quantiles, run.context, explain=req.explain or bool(req.explain_out), clip_nonnegative=not req.allow_negative
+        )
+
+
+def write_forecasts(run: RunState, batches: Iterable[list[ForecastResult]], fit_report) -> None:
+    """Write the forecasts (batches of results in input order), the failures among them, the notes,
+    the plot and the summary: every output of a forecast run, wherever the batches were computed."""
+    req, report, fc, horizon, context, failures = run.req, run.report, run.fc, run.horizon, run.context, run.failures
     results_file, positions = run.results, run.positions
     with contextlib.ExitStack() as stack:
         writer = ForecastWriter(req, report, fc.grid, horizon, context, stack, results_file)
         advance = stack.enter_context(report.progress("forecasting", total=None))
-        for batch in _batches(records, req.batch_size):
-            results = fc.forecast(batch, binding, horizon, req.quantiles, context, explain=writer.want_explain, clip_nonnegative=not req.allow_negative)
+        for results in batches:
             for res in results:
                 failures.before(positions[res.record.id])
                 writer.write(res)
@@ -278,4 +308,4 @@ def _backtest_fine_tuned(
     return iter(records), (zero_shot, fit)
 
 
-__all__ = ["ForecastRequest", "run"]
+__all__ = ["ForecastRequest", "run", "prepare", "Setup", "RunState", "Failures", "forecast_batches", "write_forecasts"]

@@ -1,0 +1,83 @@
+"""The image commands with ``--ray`` (``classify``; the loop serves any command that predicts one
+value per image): the single-process loop, :func:`~gencli.pipelines.images.predict_image_files`,
+run by a pool of model replicas on the single-process batches.
+
+The paths are cut into the single-process batches (``--batch-size`` consecutive paths; a model's
+numerics depend on the composition of its batch, so the same batches give the same bytes), one
+dataset row per batch; each replica loads the model once and predicts batch after batch. The driver
+yields the results in input order as they come (Ray Data keeps the order), for the command's own
+writer; with ``--out-dir`` each replica writes its batch as one JSON-lines shard instead.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+from gencli.console import Reporter, emit_json, open_output
+from gencli.pipelines.distributed.runtime import RayOptions, check_options, prepare_out_dir, ray_runtime, ray_task_errors, shard_name
+from gencli.pipelines.images import ImageResult, predict_image_files, result_record
+
+Predict = Callable[[list], Sequence[Any]]
+
+
+def classifier(model: str, top_k: int, **load_options: Any) -> Predict:
+    """Load an image classifier (in a replica) and return its batch ``predict``."""
+    from gencli.pipelines.classify import ImageClassifier
+
+    clf = ImageClassifier.load(model, **load_options)
+    return lambda images: clf.predict(images, top_k)
+
+
+class ImageReplica:
+    """One model replica: ``load()`` once, then the single-process loop on each batch of paths."""
+
+    def __init__(self, load: Callable[[], Predict], key: str, out_dir: Optional[str] = None):
+        self.predict = load()
+        self.key = key
+        self.out_dir = out_dir
+
+    def __call__(self, frame):
+        import pandas as pd
+
+        rows = []
+        for index, paths_json in zip(frame["batch"].tolist(), frame["paths"].tolist()):
+            paths = json.loads(paths_json)
+            results = list(predict_image_files(paths, self.predict, batch_size=len(paths)))
+            if self.out_dir is not None:
+                with open_output(str(Path(self.out_dir) / shard_name((index,), ".jsonl")), True) as fh:
+                    for r in results:
+                        emit_json(result_record(r, self.key), fh)
+                results = [ImageResult(r.path, error=r.error) for r in results]  # the driver reports the errors
+            rows.append({"batch": index, "results": pickle.dumps(results)})
+        return pd.DataFrame(rows)
+
+
+def predict_images(
+    paths: Sequence[str],
+    load: Callable[[], Predict],
+    ray_opts: RayOptions,
+    report: Reporter,
+    *,
+    batch_size: int,
+    key: str = "predictions",
+    device: str = "auto",
+) -> Iterator[ImageResult]:
+    """One :class:`ImageResult` per path, in input order, computed by Ray replicas (their values are
+    None with ``--out-dir``: the shards hold them)."""
+    check_options(ray_opts)
+    batches = [{"batch": k, "paths": json.dumps(list(paths[i : i + batch_size]))} for k, i in enumerate(range(0, len(paths), batch_size))]
+    with ray_runtime(ray_opts, report, device=device) as cluster, ray_task_errors():
+        import ray.data
+
+        out_dir = str(prepare_out_dir(ray_opts.out_dir).resolve()) if ray_opts.out_dir else None
+        ds = ray.data.from_items(batches, override_num_blocks=max(1, len(batches))).map_batches(
+            ImageReplica, batch_size=1, batch_format="pandas", fn_constructor_kwargs={"load": load, "key": key, "out_dir": out_dir}, **cluster.actor_pool()
+        )
+        for row in ds.iter_rows():  # in input order (the runtime preserves it)
+            yield from pickle.loads(row["results"])
+
+
+__all__ = ["predict_images", "classifier", "ImageReplica"]

@@ -1,0 +1,149 @@
+"""``--ray``: batch inference on Ray Data gives the single-process output, byte for byte.
+
+The identity tests start a real local Ray runtime (``--ray local --replicas 2``; tens of seconds on a
+busy machine, hence ``slow``) and skip where Ray is not installed. The bad-input tests start nothing.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import ROOT, run_cli, write_scene_folder
+
+ONE_THREAD = {"GENCLI_THREADS": "1", "OMP_NUM_THREADS": "1"}
+
+
+def _series_csv(path: Path, n: int = 9) -> Path:
+    """``n`` daily series (rows of each id contiguous, ids in no sorted order) and a too-short one in the middle."""
+    rng = np.random.default_rng(0)
+    frames = []
+    for i in range(n):
+        t = np.arange(60)
+        y = 10 + i + 3 * np.sin(2 * np.pi * t / 7) + rng.normal(0, 0.5, 60)
+        frames.append(pd.DataFrame({"id": f"s{(7 * i) % n}", "time": pd.date_range("2024-01-01", periods=60, freq="D"), "value": y.round(3)}))
+        if i == n // 2:
+            frames.append(pd.DataFrame({"id": "short", "time": pd.date_range("2024-01-01", periods=3, freq="D"), "value": [1.0, 2.0, 3.0]}))
+    pd.concat(frames).to_csv(path, index=False)
+    return path
+
+
+def one_error_line(result, *needles):
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_without_ray_nothing_imports_ray(tmp_path):
+    data = _series_csv(tmp_path / "s.csv")
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from gencli.cli import app\n"
+        "r = CliRunner().invoke(app, ['forecast', '--help'])\n"
+        "assert r.exit_code == 0, r.output\n"
+        f"r = CliRunner().invoke(app, ['forecast', {str(data)!r}, '--horizon', '3'])\n"
+        "assert r.exit_code == 0, r.output\n"
+        "assert r.stdout.startswith('id,time,'), r.stdout[:200]\n"
+        "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **ONE_THREAD}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+# -- bad input: one line, exit 2, nothing started -------------------------------------------------------------
+@pytest.mark.parametrize(
+    "extra, needles",
+    [
+        (["--ray", "--replicas", "0"], ["--replicas must be at least 1"]),
+        (["--ray", "--backtest", "2"], ["--ray cannot honour --backtest"]),
+        (["--ray", "--fit-steps", "3"], ["--ray cannot honour --fit-steps"]),
+        (["--replicas", "2"], ["--replicas needs --ray"]),
+        (["--ray", "not an address"], ["is not an address"]),
+        (["--ray", "--out-dir", "EXISTING"], ["already exists", "--force"]),
+        (["--ray", "--out-dir", "NEW", "--plot", "x.png"], ["--ray cannot honour --plot"]),
+    ],
+)
+def test_bad_ray_options_are_one_line(tmp_path, extra, needles):
+    data = _series_csv(tmp_path / "s.csv")
+    (tmp_path / "EXISTING").mkdir()
+    (tmp_path / "EXISTING" / "part-000000000.csv").write_text("x\n")
+    extra = [str(tmp_path / e) if e in ("EXISTING", "NEW", "x.png") else e for e in extra]
+    one_error_line(run_cli("forecast", str(data), "--horizon", "3", *extra, env=ONE_THREAD), *needles)
+
+
+def test_unreachable_address_fails_in_bounded_time(tmp_path):
+    pytest.importorskip("ray")
+    data = _series_csv(tmp_path / "s.csv")
+    # port 1 on this machine: nothing listens there, so the connection is refused at once
+    one_error_line(run_cli("forecast", str(data), "--horizon", "3", "--ray", "127.0.0.1:1", env=ONE_THREAD), "cannot reach the Ray cluster", "127.0.0.1:1")
+
+
+def test_ray_not_installed_is_one_line(tmp_path):
+    data = _series_csv(tmp_path / "s.csv")
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text("import sys\nsys.modules['ray'] = None\n")  # `import ray` raises ImportError
+    env = {**ONE_THREAD, "PYTHONPATH": f"{shim}:{ROOT}"}
+    one_error_line(run_cli("forecast", str(data), "--horizon", "3", "--ray", env=env), "needs Ray Data", "gencli[ray]")
+
+
+# -- identical to the single-process run, on a real local Ray runtime ------------------------------------------------
+@pytest.mark.slow
+def test_forecast_with_ray_is_the_single_process_output(tmp_path):
+    pytest.importorskip("ray")
+    data = _series_csv(tmp_path / "s.csv")
+    args = ["forecast", str(data), "--horizon", "5", "--batch-size", "3", "--json"]
+    single = run_cli(*args, env=ONE_THREAD)
+    assert single.returncode == 0, single.stderr
+    distributed = run_cli(*args, "--ray", "--replicas", "2", env=ONE_THREAD)
+    assert distributed.returncode == 0, distributed.stderr
+    assert distributed.stdout == single.stdout  # same rows, same values, same order; stdout carries nothing else
+    assert '{"id": "short", "error"' in distributed.stdout and "skipped series 'short'" in distributed.stderr
+
+
+@pytest.mark.slow
+def test_forecast_with_ray_writes_shards_from_a_directory(tmp_path):
+    """A directory of files (one series split across two of them), sharded output: the shards, read in
+    name order, are the single-process CSV of the concatenated files."""
+    pytest.importorskip("ray")
+    whole = pd.read_csv(_series_csv(tmp_path / "s.csv"))
+    (tmp_path / "in").mkdir()
+    split = len(whole) // 2 + 17  # inside a series
+    whole.iloc[:split].to_csv(tmp_path / "in" / "a.csv", index=False)
+    whole.iloc[split:].to_csv(tmp_path / "in" / "b.csv", index=False)
+    single = run_cli("forecast", str(tmp_path / "s.csv"), "--horizon", "4", "--batch-size", "4", env=ONE_THREAD)
+    assert single.returncode == 0, single.stderr
+    out = tmp_path / "out"
+    args = ["--horizon", "4", "--batch-size", "4", "--ray", "local", "--replicas", "2", "--out-dir", str(out)]
+    r = run_cli("forecast", str(tmp_path / "in"), *args, env=ONE_THREAD)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == ""
+    shards = sorted(out.glob("part-*.csv"))
+    assert len(shards) >= 2
+    rows = pd.concat([pd.read_csv(s, dtype=str) for s in shards], ignore_index=True)
+    expected = pd.read_csv(io.StringIO(single.stdout), dtype=str)
+    assert rows.to_csv(index=False) == expected.to_csv(index=False)
+
+
+@pytest.mark.slow
+def test_classify_with_ray_is_the_single_process_output(tmp_path):
+    pytest.importorskip("ray")
+    folder = write_scene_folder(tmp_path, [32, 40, 48, 32, 56, 40, 32])
+    (folder / "img3.png").write_bytes(b"not an image")  # reported, and the others go on
+    args = ["classify", str(folder), "--json", "--batch-size", "3"]
+    single = run_cli(*args, env=ONE_THREAD)
+    distributed = run_cli(*args, "--ray", "--replicas", "2", env=ONE_THREAD)
+    assert single.returncode == distributed.returncode == 2
+    assert distributed.stdout == single.stdout
+    assert len(distributed.stdout.splitlines()) == 7 and '"error"' in distributed.stdout
