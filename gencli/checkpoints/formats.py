@@ -72,6 +72,12 @@ class CheckpointSource:
                 raise CheckpointError(f"'{self.path}': the shard index lists tensor '{missing[0]}' but no shard contains it")
         return infos
 
+    def num_parameters(self) -> Optional[int]:
+        """How many numbers the weights hold (from the headers; None for pickle files and pipeline folders)."""
+        if self.is_pickle or not self.weight_files:
+            return None
+        return sum(t.numel for t in self.tensor_infos().values())
+
     def metadata(self) -> dict[str, str]:
         md: dict[str, str] = {}
         if not self.is_pickle:

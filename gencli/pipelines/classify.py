@@ -57,8 +57,8 @@ class ImageClassifier:
         warn: Callable[[str], None] = lambda _m: None,
     ) -> "ImageClassifier":
         """Load a ViT/DeiT classifier folder, placed by the user's ``--device/--dtype/--threads``."""
-        placement = choose_placement(device, dtype, "transformer", threads)
         src = open_source(path, allow_pickle=allow_pickle)
+        placement = choose_placement(device, dtype, "transformer", threads, n_params=src.num_parameters())
         if src.kind == "diffusers-pipeline":
             raise UserError(f"'{path}' is a diffusers pipeline, not an image classifier")
         raw = _config_of(src)

@@ -137,7 +137,7 @@ def load_text_model(
     model_class = llama.LlamaForCausalLM if family == "llama" else gpt2.GPT2LMHeadModel
     stored, spec = quantization_of(src.config, quantize, group_size)
     tokenizer = load_tokenizer(folder)  # before the weights: a missing tokenizer fails fast
-    n_params = None if src.is_pickle else sum(t.numel for t in src.tensor_infos().values())
+    n_params = src.num_parameters()
     placement = choose_placement(device, dtype, "decoder", threads, n_params=n_params)
     reader = open_reader(src, allow_pickle=allow_pickle)
     try:

@@ -19,6 +19,7 @@ import torch
 from PIL import Image
 
 from gencli.backend.device import choose_placement
+from gencli.checkpoints.formats import open_source
 from gencli.errors import UserError
 from gencli.io import read_json
 from gencli.models.clip import l2_normalize
@@ -59,7 +60,8 @@ def load(
 ) -> ClipBundle:
     """A CLIP checkpoint ready for zero-shot use (model, tokenizer, image preprocessing), placed by
     the user's ``--device/--dtype/--threads``."""
-    placement = choose_placement(device, dtype, "transformer", threads)
+    n_params = open_source(path, allow_pickle=allow_pickle).num_parameters()
+    placement = choose_placement(device, dtype, "transformer", threads, n_params=n_params)
     return load_clip(path, placement, allow_pickle=allow_pickle, processor_factory=lambda folder, size: make_processor(Path(folder), size, warn))
 
 
