@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterable, Iterator, Optional
+from typing import IO, Any, Iterable, Iterator, Optional
 
 from gencli.console import Reporter, csv_line, emit_json, open_output
 from gencli.data.timeseries import SeriesRecord
@@ -95,7 +95,7 @@ def run(req: ForecastRequest, report: Reporter) -> None:
     with open_output(req.out, req.force, newline="") as results:
         failures = Failures(report, results)
         records = _records(table, layout, rec_opts, failures, report.warn, positions)
-        run = RunState(req, report, fc, binding, horizon, context, failures, results, positions)
+        run = RunState(req, report, fc, binding, horizon, context, failures, results, positions, layout.time_zone)
         if req.backtest:
             _run_backtest(run, records)
             return
@@ -174,13 +174,14 @@ class RunState:
     failures: Failures
     results: IO[str]
     positions: dict[str, int]
+    time_zone: Any = None  # the offset the input's timestamps carried: the output's carry it too
 
 
 def _run_forecast(run: RunState, records: Iterable[SeriesRecord], fit_report) -> None:
     req, report, fc, binding, horizon, context, failures = run.req, run.report, run.fc, run.binding, run.horizon, run.context, run.failures
     results_file, positions = run.results, run.positions
     with contextlib.ExitStack() as stack:
-        writer = ForecastWriter(req, report, fc.grid, horizon, context, stack, results_file)
+        writer = ForecastWriter(req, report, fc.grid, horizon, context, stack, results_file, time_zone=run.time_zone)
         advance = stack.enter_context(report.progress("forecasting", total=None))
         for batch in _batches(records, req.batch_size):
             results = fc.forecast(batch, binding, horizon, req.quantiles, context, explain=writer.want_explain, clip_nonnegative=not req.allow_negative)
