@@ -307,11 +307,11 @@ def _invoke(*args, input=None):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["generate", "-m", "tft-forecast", "x"], "holds a TemporalFusionTransformer (a forecasting model), not a text-generation model: run it with gencli forecast"),
-        (["generate", "-m", "vit-shapes", "x"], "holds a ViTForImageClassification (an image classifier), not a text-generation model: run it with gencli classify"),
-        (["classify", "-m", "llama-pystdlib", "x.png"], "holds a LlamaForCausalLM (a text-generation model), not an image classifier: run it with gencli generate"),
+        (["generate", "-m", "tft-forecast", "x"], "TemporalFusionTransformer (a forecasting model), not a text-generation model: run it with gencli forecast"),
+        (["generate", "-m", "vit-shapes", "x"], "ViTForImageClassification (an image classifier), not a text-generation model: run it with gencli classify"),
+        (["classify", "-m", "llama-pystdlib", "x.png"], "a LlamaForCausalLM (a text-generation model), not an image classifier: run it with gencli generate"),
         (["zeroshot", "-m", "vit-shapes", "x.png", "-l", "a,b"], "not an image-text model: run it with gencli classify"),
-        (["forecast", "-m", "clip-shapes", "x.csv"], "holds a CLIPModel (an image-text model), not a forecasting model: run it with gencli zeroshot or gencli similarity"),
+        (["forecast", "-m", "clip-shapes", "x.csv"], "(an image-text model), not a forecasting model: run it with gencli zeroshot or gencli similarity"),
         (["sample", "gan", "-m", "autoencoder-shapes"], "holds an AutoencoderKL (a latent-diffusion VAE), not a DCGAN: run it with gencli reconstruct"),
         (["txt2img", "-m", "tft-forecast", "a"], "holds a TemporalFusionTransformer (a forecasting model), not a Stable Diffusion pipeline"),
     ],

@@ -194,7 +194,7 @@ def test_a_model_without_both_towers_is_refused(tmp_path, images):
     cfg = transformers.CLIPTextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
     transformers.CLIPTextModel(cfg).save_pretrained(tmp_path, safe_serialization=True)
     r = invoke("zeroshot", images / "img0.png", "--labels", "a,b", "--model", tmp_path)
-    assert r.exit_code == 2 and "not a CLIPModel" in r.stderr
+    assert r.exit_code == 2 and "holds a CLIPTextModel (a CLIP text encoder), not an image-text model" in r.stderr, r.stderr
 
 
 def test_similarity_matrix_formats(model_dir, images, tmp_path):

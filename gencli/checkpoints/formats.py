@@ -331,6 +331,9 @@ _COMMAND_FOR = {
         ("diffusers", "stable-diffusion-v1", "stable-diffusion-v2", "stable-diffusion-xl"),
         ("a Stable Diffusion pipeline", "gencli txt2img or gencli img2img"),
     ),
+    **dict.fromkeys(
+        ("CLIPTextModel", "CLIPTextModelWithProjection"), ("a CLIP text encoder", "gencli txt2img, as the text encoder of a Stable Diffusion pipeline")
+    ),
     "UNet2DConditionModel": ("a Stable Diffusion UNet", "gencli txt2img, with the pipeline folder it belongs to"),
 }
 
