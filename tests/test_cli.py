@@ -132,6 +132,15 @@ def test_models_lists_defaults(cli, tmp_path):
     assert r.returncode == 2 and "tiny-thing" in r.stderr  # resolved by name; its fake weights are not safetensors
 
 
+def test_readme_models_example_lists_every_default():
+    from conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("$ gencli models | cut -c1-110\n", 1)[1].split("```", 1)[0]
+    shown = [line.split()[0] for line in block.splitlines()[1:] if line.strip()]
+    assert shown == sorted(p.name for p in (ROOT / "weights").iterdir() if p.is_dir() and (p / "README.md").is_file())
+
+
 # -- the shared command decorator on a throwaway app --------------------------------------
 def make_app():
     app = typer.Typer()
