@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from tests.conftest import ROOT, run_cli
+from conftest import ROOT, run_cli
 
 
 def _env(**extra: str) -> dict:
