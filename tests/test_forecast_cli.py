@@ -226,7 +226,7 @@ def test_missing_file_and_model_errors(tmp_path, model_dir):
     (other / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
     (other / "model.safetensors").write_bytes((Path(model_dir) / "model.safetensors").read_bytes())
     data = _write(tmp_path, "date,y\n" + _series(30))
-    one_error_line(run(data, "-m", other), "not a TFT forecasting model", "LlamaForCausalLM")
+    one_error_line(run(data, "-m", other), "holds a LlamaForCausalLM (a text-generation model), not a forecasting model: run it with gencli generate")
     pq = _write(tmp_path, "x", "d.parquet")
     if importlib.util.find_spec("pyarrow") is None:
         one_error_line(run(pq, "-m", model_dir), "Parquet", "pyarrow")

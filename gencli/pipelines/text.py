@@ -556,7 +556,8 @@ def describe(tm: TextModel) -> str:
     dtype = DTYPE_NAMES.get(tm.placement.dtype, tm.placement.dtype)
     if tm.quantization is not None:
         dtype = f"{dtype} with {describe_quantization(tm.quantization)} linear weights"
-    return f"{tm.architecture} from '{tm.path}', {dtype} on {tm.placement.device}, context {tm.context_length} tokens"
+    threads = f" ({tm.placement.threads} thread(s))" if tm.placement.device.type == "cpu" and tm.placement.threads else ""
+    return f"{tm.architecture} from '{tm.path}', {dtype} on {tm.placement.device}{threads}, context {tm.context_length} tokens"
 
 
 def make_sampler_generator(settings: GenerationSettings) -> tuple[Optional[torch.Generator], Optional[int]]:
