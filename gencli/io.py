@@ -222,6 +222,7 @@ def expand_inputs(args: Sequence[str], *, recursive: bool = False, extensions: I
     """
     exts = {e.lower() for e in extensions} if extensions else None
     out: list[str] = []
+    empty_dirs: list[Path] = []
     for arg in args:
         if arg == "-":
             out.extend(read_stdin_lines())
@@ -231,8 +232,15 @@ def expand_inputs(args: Sequence[str], *, recursive: bool = False, extensions: I
             walker = p.rglob("*") if recursive else p.iterdir()
             files = sorted(str(f) for f in walker if f.is_file() and (exts is None or f.suffix.lower() in exts))
             out.extend(files)
+            if not files:
+                empty_dirs.append(p)
         else:
             out.append(arg)
     if not out:
-        raise UserError("no inputs given")
+        if empty_dirs:
+            d = empty_dirs[0]
+            kinds = (f" ({', '.join(sorted(exts))})" if len(exts) <= 6 else " of a type it reads") if exts else ""
+            deeper = " (-r searches its subdirectories)" if not recursive and any(c.is_dir() for c in d.iterdir()) else ""
+            raise UserError(f"no input files{kinds} in directory '{d}'{deeper}")
+        raise UserError("no inputs given" + (" (stdin had no lines)" if "-" in args else ""))
     return out

@@ -194,6 +194,29 @@ def test_threads_respected():
         torch.set_num_threads(before)
 
 
+def test_default_threads_fit_the_work_and_never_exceed_the_usable_cores(monkeypatch):
+    monkeypatch.setattr(devmod, "usable_cores", lambda: 4)
+    before = torch.get_num_threads()
+    try:
+        for kind, n_params, expected in [
+            ("decoder", 9_000_000, 1),  # batch-1 decoding of a small model: 1 thread
+            ("decoder", None, 1),
+            ("decoder", 7_000_000_000, 4),  # a big decoder: the usable cores
+            ("float", None, 1),  # TFT/VAE/GAN: small
+            ("transformer", 3_000_000, 1),  # a tiny ViT/CLIP
+            ("transformer", None, 4),  # a diffusion pipeline
+            ("transformer", 300_000_000, 4),
+        ]:
+            torch.set_num_threads(2)
+            placement = devmod.choose_placement("cpu", "float32", kind, None, n_params=n_params)
+            assert torch.get_num_threads() == expected == placement.threads, (kind, n_params)
+        devmod.choose_placement("cpu", "float32", threads=64)  # an explicit count is capped
+        assert torch.get_num_threads() == 4
+        assert devmod.default_threads("transformer", None, 64) == devmod.MAX_DEFAULT_THREADS
+    finally:
+        torch.set_num_threads(before)
+
+
 # torch's CPU generator (mt19937) seeded with 123: the sequence every device's noise comes from.
 # Pinned, so that a change of generator, of the dtype of the draw or of the order of draws shows.
 SEED_123_RANDN_2x3 = [[-0.111467, 0.120363, -0.369635], [-0.240418, -1.196924, 0.209269]]

@@ -132,6 +132,15 @@ def test_models_lists_defaults(cli, tmp_path):
     assert r.returncode == 2 and "tiny-thing" in r.stderr  # resolved by name; its fake weights are not safetensors
 
 
+def test_readme_models_example_lists_every_default():
+    from conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("$ gencli models | cut -c1-110\n", 1)[1].split("```", 1)[0]
+    shown = [line.split()[0] for line in block.splitlines()[1:] if line.strip()]
+    assert shown == sorted(p.name for p in (ROOT / "weights").iterdir() if p.is_dir() and (p / "README.md").is_file())
+
+
 # -- the shared command decorator on a throwaway app --------------------------------------
 def make_app():
     app = typer.Typer()
@@ -290,3 +299,57 @@ def test_expand_inputs(tmp_path, monkeypatch):
     assert expand_inputs(["first.png", "-"]) == ["first.png", "x.png", "y.png"]
     with pytest.raises(UserError, match="no inputs"):
         expand_inputs([])
+
+
+def test_an_empty_directory_is_named(tmp_path):
+    (tmp_path / "photos" / "sub").mkdir(parents=True)
+    with pytest.raises(UserError, match=r"no input files \(\.png\) in directory '.*photos' \(-r searches its subdirectories\)"):
+        expand_inputs([str(tmp_path / "photos")], extensions=[".png"])
+
+
+def _invoke(*args, input=None):
+    from gencli.cli import app
+
+    return CliRunner().invoke(app, [*map(str, args)], input=input)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["generate", "-m", "tft-forecast", "x"], "TemporalFusionTransformer (a forecasting model), not a text-generation model: run it with gencli forecast"),
+        (["generate", "-m", "vit-shapes", "x"], "ViTForImageClassification (an image classifier), not a text-generation model: run it with gencli classify"),
+        (["classify", "-m", "llama-pystdlib", "x.png"], "a LlamaForCausalLM (a text-generation model), not an image classifier: run it with gencli generate"),
+        (["zeroshot", "-m", "vit-shapes", "x.png", "-l", "a,b"], "not an image-text model: run it with gencli classify"),
+        (["forecast", "-m", "clip-shapes", "x.csv"], "(an image-text model), not a forecasting model: run it with gencli zeroshot or gencli similarity"),
+        (["sample", "gan", "-m", "autoencoder-shapes"], "holds an AutoencoderKL (a latent-diffusion VAE), not a DCGAN: run it with gencli reconstruct"),
+        (["txt2img", "-m", "tft-forecast", "a"], "holds a TemporalFusionTransformer (a forecasting model), not a Stable Diffusion pipeline"),
+    ],
+)
+def test_a_model_of_another_family_is_named_with_its_command(tmp_path, monkeypatch, args, message):
+    (tmp_path / "x.png").write_bytes(b"")
+    (tmp_path / "x.csv").write_text("y\n1\n2\n")
+    monkeypatch.chdir(tmp_path)
+    r = _invoke(*args)
+    assert r.exit_code == 2 and message in r.stderr, r.stderr
+
+
+def test_one_shard_of_a_sharded_checkpoint_says_so(tmp_path):
+    weight_map = {}
+    for i, name in enumerate(("a", "b")):
+        shard = f"model-0000{i + 1}-of-00002.safetensors"
+        save_file({name: torch.zeros(2)}, str(tmp_path / shard))
+        weight_map[name] = shard
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    r = _invoke("generate", "-m", tmp_path / "model-00001-of-00002.safetensors", "x")
+    assert r.exit_code == 2 and "is one shard of a sharded checkpoint (model.safetensors.index.json lists it): pass its folder" in r.stderr, r.stderr
+
+
+def test_generate_refuses_an_empty_stop_and_reports_blank_prompt_lines(tmp_path):
+    r = _invoke("generate", "x", "--stop", "")
+    assert r.exit_code == 2 and "--stop takes a non-empty string" in r.stderr
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("import os\n\nimport sys\n   \n")
+    r = _invoke("generate", "--prompts-file", prompts, "-n", "1", "--temperature", "0", "--threads", "1")
+    assert r.exit_code == 0, r.stderr
+    assert "warning: --prompts-file: skipped 2 blank line(s) (line 2, 4); 2 prompt(s) left" in r.stderr

@@ -165,6 +165,7 @@ def test_inputs_stdin_labels_file_errors_and_table(model_dir, images, tmp_path):
         (["--labels", "a,b", "--template", "a photo"], "no {}"),
         (["--labels-file", "/nonexistent/labels.txt"], "cannot read"),
         (["--labels", "a,b", "--model", "/nonexistent/model"], "does not exist"),
+        (["--labels", "a,b", "--labels-file", "/dev/null"], "either --labels or --labels-file, not both"),
     ],
 )
 def test_bad_usage_exits_2_with_one_line(model_dir, images, args, message):
@@ -172,6 +173,16 @@ def test_bad_usage_exits_2_with_one_line(model_dir, images, args, message):
     r = invoke("zeroshot", images / "img0.png", *args)
     assert r.exit_code == 2, r.output
     assert message in r.stderr and "Traceback" not in r.output
+
+
+def test_one_label_and_over_long_labels_get_a_notice(model_dir, images):
+    r = invoke("zeroshot", images / "img0.png", "--model", model_dir, "--labels", "star", "--json")
+    assert r.exit_code == 0 and "warning: one label ('star'): every image scores 1.0" in r.stderr, r.stderr
+    long_label = " ".join(["star"] * 100)
+    r = invoke("zeroshot", images / "img0.png", "--model", model_dir, "--labels", f"circle,{long_label}", "--json")
+    assert r.exit_code == 0, r.stderr
+    notices = [line for line in r.stderr.splitlines() if "truncated" in line]
+    assert len(notices) == 1 and notices[0].startswith("warning: label 2 was truncated to the 77-token window of CLIP; dropped:"), r.stderr
 
 
 def test_stdin_cannot_be_both_images_and_labels(model_dir):
@@ -183,7 +194,7 @@ def test_a_model_without_both_towers_is_refused(tmp_path, images):
     cfg = transformers.CLIPTextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
     transformers.CLIPTextModel(cfg).save_pretrained(tmp_path, safe_serialization=True)
     r = invoke("zeroshot", images / "img0.png", "--labels", "a,b", "--model", tmp_path)
-    assert r.exit_code == 2 and "not a CLIPModel" in r.stderr
+    assert r.exit_code == 2 and "holds a CLIPTextModel (a CLIP text encoder), not an image-text model" in r.stderr, r.stderr
 
 
 def test_similarity_matrix_formats(model_dir, images, tmp_path):

@@ -176,6 +176,49 @@ def test_bad_input_is_one_clear_line(tmp_path, model_dir, content, args, needles
     one_error_line(run(_write(tmp_path, content), "-m", model_dir, *args), *needles)
 
 
+def test_dates_are_read_in_one_format_for_the_whole_column(tmp_path, model_dir):
+    days = pd.date_range("2024-01-01", periods=40, freq="D")
+    dmy = _write(tmp_path, "date,y\n" + "\n".join(f"{d:%d/%m/%Y},{i % 5 + 1}" for i, d in enumerate(days)))
+    r = run(dmy, "-m", model_dir, "-H", "2")
+    assert r.exit_code == 0, r.stderr
+    assert [line.split(",")[1] for line in r.stdout.splitlines()[1:]] == ["2024-02-10", "2024-02-11"]
+    # the first of each month: 01/02/2024 reads as 1 February or 2 January
+    monthly = tmp_path / "monthly.csv"
+    monthly.write_text("date,y\n" + "\n".join(f"01/{m:02d}/2023,{m}" for m in range(1, 13)) + "\n")
+    one_error_line(run(monthly, "-m", model_dir, "-H", "2"), "read two ways", "--time-format '%m/%d/%Y' or '%d/%m/%Y'", "--dayfirst")
+    r = run(monthly, "-m", model_dir, "-H", "2", "--dayfirst")
+    assert r.exit_code == 0 and [line.split(",")[1] for line in r.stdout.splitlines()[1:]] == ["2024-01-01", "2024-02-01"], r.stderr
+    r = run(monthly, "-m", model_dir, "-H", "1", "--time-format", "%d/%m/%Y")
+    assert r.exit_code == 0 and r.stdout.splitlines()[1].split(",")[1] == "2024-01-01", r.stderr
+    mixed = tmp_path / "mixed.csv"
+    mixed.write_text("date,y\n" + "\n".join(f"{d:%d/%m/%Y},1" for d in days[12:30]) + "\n02/14/2024,1\n")
+    one_error_line(run(mixed, "-m", model_dir), "mixes date formats", "--time-format")
+    one_error_line(run(monthly, "-m", model_dir, "--time-format", "%Y-%m-%d"), "--time-format '%Y-%m-%d' does not read the time column 'date'")
+
+
+def test_time_zone_offsets_are_kept(tmp_path, model_dir):
+    hours = pd.date_range("2024-03-01", periods=40, freq="h")
+    p = _write(tmp_path, "time,y\n" + "\n".join(f"{d} +01:00,{i % 4}".replace(" +", "+") for i, d in enumerate(hours)))
+    r = run(p, "-m", model_dir, "-H", "2")
+    assert r.exit_code == 0, r.stderr
+    assert [line.split(",")[1] for line in r.stdout.splitlines()[1:]] == ["2024-03-02 16:00:00+01:00", "2024-03-02 17:00:00+01:00"]
+
+
+def test_values_near_1e300_or_1e_12_forecast_in_their_scale(tmp_path, model_dir):
+    def forecast(factor):
+        p = _write(tmp_path, "step,y\n" + "".join(f"{i},{(10 + i % 7) * factor!r}\n" for i in range(48)))
+        r = run(p, "-m", model_dir, "-H", "3")
+        assert r.exit_code == 0 and "Warning" not in r.stderr, r.stderr
+        return np.array([[float(v) for v in line.split(",")[2:]] for line in r.stdout.splitlines()[1:]])
+
+    unit = forecast(1.0)
+    assert np.isfinite(unit).all()
+    for factor in (1e300, 1e-12):
+        assert np.allclose(forecast(factor) / factor, unit, rtol=1e-5), factor
+    p = _write(tmp_path, "step,y\n" + "".join(f"{i},{(10 + i % 7) * 1e305!r}\n" for i in range(48)))
+    one_error_line(run(p, "-m", model_dir), "too close to the largest 64-bit float", "divide the column")
+
+
 def test_missing_file_and_model_errors(tmp_path, model_dir):
     one_error_line(run(tmp_path / "nope.csv", "-m", model_dir), "does not exist")
     other = tmp_path / "other"
@@ -183,7 +226,7 @@ def test_missing_file_and_model_errors(tmp_path, model_dir):
     (other / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
     (other / "model.safetensors").write_bytes((Path(model_dir) / "model.safetensors").read_bytes())
     data = _write(tmp_path, "date,y\n" + _series(30))
-    one_error_line(run(data, "-m", other), "not a TFT forecasting model", "LlamaForCausalLM")
+    one_error_line(run(data, "-m", other), "holds a LlamaForCausalLM (a text-generation model), not a forecasting model: run it with gencli generate")
     pq = _write(tmp_path, "x", "d.parquet")
     if importlib.util.find_spec("pyarrow") is None:
         one_error_line(run(pq, "-m", model_dir), "Parquet", "pyarrow")

@@ -217,6 +217,14 @@ def test_threads_env_must_be_an_integer(tmp_path):
     assert r.returncode == 2 and "GENCLI_THREADS must be a positive integer (got 'two')" in r.stderr
 
 
+def test_threads_beyond_the_usable_cores_are_capped_with_a_notice(tmp_path):
+    cores = len(os.sched_getaffinity(0))
+    r = run_cli("classify", "x.png", "--threads", "999", cwd=str(tmp_path))
+    assert f"warning: --threads 999 is more than the {cores} usable CPU core(s): using {cores}" in r.stderr, r.stderr
+    r = run_cli("classify", "x.png", env={"GENCLI_THREADS": "999"}, cwd=str(tmp_path))
+    assert "warning: GENCLI_THREADS 999 is more than" in r.stderr, r.stderr
+
+
 def test_forecast_refuses_a_horizon_far_beyond_training(tmp_path):
     series_csv(tmp_path / "sales.csv")
     r = run_cli("forecast", "sales.csv", "-H", "100000", cwd=str(tmp_path))

@@ -60,9 +60,9 @@ def test_folders_round_trip_and_name_what_they_are(folders):
     ref.load_state_dict(vae.model.state_dict())
     z = torch.randn(2, 8)
     torch.testing.assert_close(vae.model.decode(z), ref.decode(z))
-    with pytest.raises(UserError, match="not a VAE checkpoint.*found DCGAN"):
+    with pytest.raises(UserError, match=r"holds a DCGAN \(a GAN\), not a ConvVAE: run it with gencli sample gan"):
         gen.load_generative(folders / "gan", "vae", FP32)
-    with pytest.raises(UserError, match="not a GAN checkpoint.*found ConvVAE"):
+    with pytest.raises(UserError, match=r"holds a ConvVAE \(a VAE\), not a DCGAN: run it with gencli sample vae or gencli reconstruct"):
         gen.load_generative(folders / "vae", "gan", FP32)
 
 
@@ -117,7 +117,7 @@ def test_sample_cli_grids_files_gifs_and_errors(cli, folders, tmp_path):
     assert cli("sample", "gan", "-m", ganf, "--seeds", "1,8", "--interpolate", "4", "--gif", "--out", str(g)).returncode == 0
     assert Image.open(g).n_frames == 6  # there and back
     for args, message in [
-        (("sample", "vae", "-m", ganf, "--out", str(tmp_path / "x.png")), "found DCGAN"),
+        (("sample", "vae", "-m", ganf, "--out", str(tmp_path / "x.png")), "holds a DCGAN (a GAN), not a ConvVAE: run it with gencli sample gan"),
         (("sample", "gan", "-m", ganf, "--seeds", "4-x", "--out", str(tmp_path / "x.png")), "does not parse"),
         (("sample", "gan", "-m", ganf, "--seeds", "4", "--interpolate", "3", "--out", str(tmp_path / "x.png")), "two seeds"),
         (("sample", "vae", "-m", vae, "-n", "0", "--out", str(tmp_path / "x.png")), "-n must be"),

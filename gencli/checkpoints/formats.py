@@ -13,6 +13,7 @@ Layouts understood:
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -71,6 +72,12 @@ class CheckpointSource:
             if missing:
                 raise CheckpointError(f"'{self.path}': the shard index lists tensor '{missing[0]}' but no shard contains it")
         return infos
+
+    def num_parameters(self) -> Optional[int]:
+        """How many numbers the weights hold (from the headers; None for pickle files and pipeline folders)."""
+        if self.is_pickle or not self.weight_files:
+            return None
+        return sum(t.numel for t in self.tensor_infos().values())
 
     def metadata(self) -> dict[str, str]:
         md: dict[str, str] = {}
@@ -307,3 +314,64 @@ def detect_architecture(src: CheckpointSource, keys: Optional[set[str]] = None) 
     if isinstance(cfg.get("model_type"), str):
         return cfg["model_type"]
     return None
+
+# -- which command runs what -------------------------------------------------------------------
+# an architecture's first word -> (what it is, the command that runs it)
+_COMMAND_FOR = {
+    **dict.fromkeys(("GPT2LMHeadModel", "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"), ("a text-generation model", "gencli generate")),
+    **dict.fromkeys(
+        ("ViTForImageClassification", "DeiTForImageClassification", "DeiTForImageClassificationWithTeacher"), ("an image classifier", "gencli classify")
+    ),
+    "CLIPModel": ("an image-text model", "gencli zeroshot or gencli similarity"),
+    "TemporalFusionTransformer": ("a forecasting model", "gencli forecast"),
+    "ConvVAE": ("a VAE", "gencli sample vae or gencli reconstruct"),
+    "DCGAN": ("a GAN", "gencli sample gan"),
+    "AutoencoderKL": ("a latent-diffusion VAE", "gencli reconstruct"),
+    **dict.fromkeys(
+        ("diffusers", "stable-diffusion-v1", "stable-diffusion-v2", "stable-diffusion-xl"),
+        ("a Stable Diffusion pipeline", "gencli txt2img or gencli img2img"),
+    ),
+    **dict.fromkeys(
+        ("CLIPTextModel", "CLIPTextModelWithProjection"), ("a CLIP text encoder", "gencli txt2img, as the text encoder of a Stable Diffusion pipeline")
+    ),
+    "UNet2DConditionModel": ("a Stable Diffusion UNet", "gencli txt2img, with the pipeline folder it belongs to"),
+}
+
+
+def with_article(word: str) -> str:
+    """``word`` after "a" or "an" (by its first letter: "an AutoencoderKL", "a ViT...")."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
+
+
+def command_for(arch: Optional[str]) -> Optional[tuple[str, str]]:
+    """``(what it is, the command that runs it)`` for an architecture name, or None."""
+    return _COMMAND_FOR.get(re.split(r"[ (]", arch, maxsplit=1)[0]) if arch else None
+
+
+def shard_index(path: Path) -> Optional[Path]:
+    """The ``*.safetensors.index.json`` next to ``path`` that lists it as a shard, if any."""
+    for index in sorted(path.parent.glob("*.safetensors.index.json")):
+        try:
+            weight_map = read_json(index).get("weight_map") or {}
+        except (UserError, AttributeError):
+            continue
+        if path.name in set(weight_map.values()):
+            return index
+    return None
+
+
+def wrong_family(src: "CheckpointSource", wanted: str, supported: str = "") -> UserError:
+    """The error for a checkpoint that is not ``wanted`` (e.g. "a text-generation model"): it names
+    what the checkpoint is and the command that runs it (``supported``: what this command runs, for
+    an architecture no command runs), or says that it is one shard of a sharded checkpoint."""
+    index = shard_index(src.path) if src.path.is_file() else None
+    if index is not None:
+        return UserError(f"'{src.path}' is one shard of a sharded checkpoint ({index.name} lists it): pass its folder '{src.path.parent}'")
+    arch = detect_architecture(src)
+    if not arch:
+        return UserError(f"'{src.path}' is not {wanted}: neither a config.json nor its tensor names tell its architecture")
+    what, command = command_for(arch) or (None, None)
+    if command is None or wanted == what:
+        return UserError(f"'{src.path}' holds {with_article(arch)}, which gencli does not run" + (f": {supported}" if supported else ""))
+    named = arch if "(" in arch else f"{arch} ({what})"
+    return UserError(f"'{src.path}' holds {with_article(named)}, not {wanted}: run it with {command}")

@@ -160,6 +160,21 @@ def threads_from_env() -> Optional[int]:
     return int(raw)
 
 
+def cap_threads(threads: Optional[int], report: Reporter) -> Optional[int]:
+    """``--threads`` (else ``$GENCLI_THREADS``, else None: the pipeline chooses) capped at the usable
+    cores, with a notice when it asked for more."""
+    from gencli.backend.cores import usable_cores
+
+    source = "--threads"
+    if threads is None:
+        threads, source = threads_from_env(), "GENCLI_THREADS"
+    cores = usable_cores()
+    if threads is not None and threads > cores:
+        report.warn(f"{source} {threads} is more than the {cores} usable CPU core(s): using {cores}")
+        threads = cores
+    return threads
+
+
 @dataclass
 class RunOptions:
     """The options every command accepts: what to load and where (passed on to the pipeline, which
@@ -230,8 +245,8 @@ _COMMON_PARAMS: dict[str, tuple[Any, Any]] = {
             Optional[int],
             typer.Option(
                 "--threads",
-                help="CPU threads for torch, at most the usable cores (default: $GENCLI_THREADS, else 1 for small models and the usable cores "
-                "for large ones).",
+                help="CPU threads for torch, at most the usable cores (default: $GENCLI_THREADS, else 1 for small models and the usable cores, "
+                "at most 16, for large ones).",
                 callback=_check_threads,
                 rich_help_panel="Common options",
             ),
@@ -418,8 +433,8 @@ def command(
             def body() -> Any:
                 if report.quiet and report.verbose:
                     raise UserError("--quiet and --verbose contradict each other: choose one")
-                if model_options and opts.threads is None:
-                    opts.threads = threads_from_env()
+                if model_options:
+                    opts.threads = cap_threads(opts.threads, report)
                 if opts.out is not None:
                     from gencli.io import ensure_writable
 

@@ -36,6 +36,24 @@ def forecast(
     ] = "0.1,0.5,0.9",
     context: Annotated[Optional[int], typer.Option("--context", help="History steps the model sees (default: the model's context length).")] = None,
     time_col: Annotated[Optional[str], typer.Option("--time-col", help="Timestamp column (inferred when omitted).", rich_help_panel=_DATA)] = None,
+    time_format: Annotated[
+        Optional[str],
+        typer.Option(
+            "--time-format",
+            metavar="FORMAT",
+            help="How the time column's dates are written, as strftime codes, e.g. '%d/%m/%Y' (inferred for the whole column when omitted).",
+            rich_help_panel=_DATA,
+        ),
+    ] = None,
+    dayfirst: Annotated[
+        Optional[bool],
+        typer.Option(
+            "--dayfirst/--monthfirst",
+            help="Read dates like 01/03/2024 day first (1 March) or month first (3 January) (inferred when the column tells).",
+            rich_help_panel=_DATA,
+            show_default=False,
+        ),
+    ] = None,
     target_col: Annotated[Optional[str], typer.Option("--target-col", help="Column to forecast (inferred when omitted).", rich_help_panel=_DATA)] = None,
     id_col: Annotated[
         Optional[str], typer.Option("--id-col", help="Series id column of a long table with many series (inferred when omitted).", rich_help_panel=_DATA)
@@ -115,6 +133,8 @@ def forecast(
         quantiles=parse_quantiles(quantiles),
         context=context,
         time_col=time_col,
+        time_format=time_format,
+        dayfirst=dayfirst,
         target_col=target_col,
         id_col=id_col,
         known_cols=parse_columns(known_cols),

@@ -75,10 +75,10 @@ def generate(
     from gencli.errors import UserError
     from gencli.pipelines.text import check_flags
 
-    check_flags(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty)
+    check_flags(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, stop=stop)
     if system is not None and not chat:
         raise UserError("--system needs --chat")
-    prompts = _read_prompts(prompt, prompts_file)
+    prompts = _read_prompts(prompt, prompts_file, opts.report)
 
     from gencli.pipelines.text import describe, encode_prompt, load_text_model, make_sampler_generator, resolve_settings
     from gencli.weights import resolve_model
@@ -151,7 +151,7 @@ def _run_batches(tm, encoded, settings, generator, seed: Optional[int], report: 
         )
 
 
-def _read_prompts(prompt: Optional[str], prompts_file: Optional[str]) -> list[str]:
+def _read_prompts(prompt: Optional[str], prompts_file: Optional[str], report: Reporter) -> list[str]:
     from pathlib import Path
 
     from gencli.errors import UserError
@@ -174,6 +174,10 @@ def _read_prompts(prompt: Optional[str], prompts_file: Optional[str]) -> list[st
         prompts = [line for line in lines if line.strip()]
         if not prompts:
             raise UserError(f"no prompts in '{prompts_file}' (one prompt per line)")
+        blank = [i + 1 for i, line in enumerate(lines) if not line.strip()]
+        if blank:
+            shown = ", ".join(map(str, blank[:5])) + (", ..." if len(blank) > 5 else "")
+            report.warn(f"--prompts-file: skipped {len(blank)} blank line(s) (line {shown}); {len(prompts)} prompt(s) left")
         return prompts
     if prompt == "-":
         text = sys.stdin.read()

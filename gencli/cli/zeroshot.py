@@ -51,6 +51,8 @@ def zeroshot(
     if labels_file == "-" and "-" in images:
         raise UserError("stdin cannot hold both the image paths and the labels: give --labels-file a file")
     label_list = zs.parse_labels(labels, labels_file)
+    if len(label_list) == 1:
+        report.warn(f"one label ('{label_list[0]}'): every image scores 1.0, since the scores are shared out over the labels; give two or more")
     templates = zs.check_templates(template) if template else None
     paths = image_paths(images, recursive=recursive)  # bad inputs fail before the model loads
     start = time.perf_counter()
@@ -60,7 +62,7 @@ def zeroshot(
     if templates is None:
         templates = zs.model_templates(bundle.path) or [zs.DEFAULT_TEMPLATE]
         report.debug(f"prompt template(s): {', '.join(repr(t) for t in templates)}")
-    clf = zs.ZeroShotClassifier(bundle, label_list, templates)
+    clf = zs.ZeroShotClassifier(bundle, label_list, templates, warn=report.warn)
     encoded = time.perf_counter()
     report.debug(f"{len(label_list)} label(s) x {len(templates)} template(s) encoded in {encoded - loaded:.2f}s")
     results = predict_image_files(paths, lambda ims: clf.predict(ims, top_k), batch_size=batch_size)

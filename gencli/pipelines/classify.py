@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 
 from gencli.backend.device import Placement, choose_placement
-from gencli.checkpoints.formats import CheckpointSource, detect_architecture, open_source
+from gencli.checkpoints.formats import CheckpointSource, open_source, wrong_family
 from gencli.checkpoints.loader import load_model
 from gencli.checkpoints.reader import open_reader
 from gencli.errors import CheckpointError, UserError
@@ -57,15 +57,14 @@ class ImageClassifier:
         warn: Callable[[str], None] = lambda _m: None,
     ) -> "ImageClassifier":
         """Load a ViT/DeiT classifier folder, placed by the user's ``--device/--dtype/--threads``."""
-        placement = choose_placement(device, dtype, "transformer", threads)
         src = open_source(path, allow_pickle=allow_pickle)
+        placement = choose_placement(device, dtype, "transformer", threads, n_params=src.num_parameters())
         if src.kind == "diffusers-pipeline":
-            raise UserError(f"'{path}' is a diffusers pipeline, not an image classifier")
+            raise wrong_family(src, "an image classifier")
         raw = _config_of(src)
         model_type = raw.get("model_type")
         if model_type not in SUPPORTED_TYPES:
-            arch = detect_architecture(src) or model_type or "unknown"
-            raise UserError(f"'{path}' holds a {arch} model; classify runs ViT and DeiT image classifiers (model_type vit or deit)")
+            raise wrong_family(src, "an image classifier", "classify runs ViT and DeiT image classifiers (model_type vit or deit)")
         reader = open_reader(src, allow_pickle=allow_pickle)
         keys = set(reader.keys())
         if not any(k.endswith("classifier.weight") for k in keys):

@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from gencli.backend.device import Placement
-from gencli.checkpoints.formats import CheckpointSource, open_source
+from gencli.checkpoints.formats import CheckpointSource, open_source, with_article, wrong_family
 from gencli.checkpoints.loader import load_model
 from gencli.checkpoints.reader import TensorReader
 from gencli.errors import CheckpointError, UserError
@@ -74,11 +74,16 @@ class ClipBundle:
     path: Path
 
     # -- encoding -----------------------------------------------------------------------------
+    @property
+    def text_context(self) -> int:
+        """The token window of the text tower (77 for CLIP), start and end tokens included."""
+        return min(self.tokenizer.model_max_length, self.model.config.text_config.max_position_embeddings)
+
     @torch.inference_mode()
     def encode_texts(self, texts: Sequence[str], batch_size: int = 256) -> torch.Tensor:
         """L2-normalised text embeddings ``(N, projection_dim)`` in fp32 (on the model's device)."""
         out = []
-        context = min(self.tokenizer.model_max_length, self.model.config.text_config.max_position_embeddings)
+        context = self.text_context
         for start in range(0, len(texts), batch_size):
             ids, mask = self.tokenizer(list(texts[start : start + batch_size]), max_length=context).tensors(self.placement.device)
             out.append(l2_normalize(self.model.get_text_features(ids, mask)))
@@ -112,7 +117,7 @@ def load_clip_model(path: str | Path, placement: Placement, *, allow_pickle: boo
     (``logit_scale`` stays fp32)."""
     src, cfg, reader, arch = _open(path, allow_pickle)
     if arch != "CLIPModel":
-        raise UserError(f"'{src.path}' holds a {arch}, not a CLIPModel (image-text matching needs both towers)")
+        raise wrong_family(src, "an image-text model", "image-text matching needs a CLIPModel (both towers)")
     try:
         config = CLIPConfig.from_dict(cfg)
     except (TypeError, ValueError) as exc:
@@ -167,7 +172,7 @@ def load_text_encoder(
         text_cfg = CLIPTextConfig.from_dict(cfg)
         model = load_model(lambda: CLIPTextTransformer(text_cfg), reader, CLIP_TEXT_TOWER, device=dev, dtype=dt, config=cfg)
     else:
-        raise UserError(f"'{src.path}' holds a {arch}, not a CLIP text encoder")
+        raise UserError(f"'{src.path}' holds {with_article(arch)}, not a CLIP text encoder")
     reader.close()
     return model
 
@@ -179,6 +184,17 @@ def _only_text():
 
 
 @torch.inference_mode()
+def truncation_notice(tokenizer: CLIPTokenizer, text: str, max_length: int, what: str) -> Optional[str]:
+    """A notice line when ``text`` does not fit the ``max_length``-token window (start and end tokens
+    included) and is truncated: what the truncation drops; None when it fits."""
+    content = tokenizer.tokenize_ids(text)
+    room = max_length - 2
+    if len(content) <= room:
+        return None
+    dropped = tokenizer.decode(content[room:], skip_special_tokens=False)
+    return f'{what} was truncated to the {max_length}-token window of CLIP; dropped: "{dropped}"'
+
+
 def encode_layer(
     encoder: CLIPTextTransformer | CLIPTextModelWithProjection,
     input_ids: torch.Tensor,

@@ -42,7 +42,7 @@ import torch
 
 from gencli.backend.device import DTYPE_NAMES, Placement, choose_placement
 from gencli.backend.random import randn_tensor
-from gencli.checkpoints.formats import CheckpointSource, detect_architecture, open_source
+from gencli.checkpoints.formats import CheckpointSource, detect_architecture, open_source, wrong_family
 from gencli.checkpoints.reader import TensorReader
 from gencli.errors import CheckpointError, UserError
 from gencli.io import read_json
@@ -231,7 +231,7 @@ def load_pipeline(
         layout = "diffusers"
     else:
         if src.path.is_dir():
-            raise UserError(f"'{src.path}' is not a Stable Diffusion pipeline: no model_index.json (a diffusers pipeline folder) and not a single file")
+            raise wrong_family(src, "a Stable Diffusion pipeline (a diffusers folder with model_index.json, or a single file)")
         with TensorReader(src, allow_pickle=allow_pickle) as reader:
             keys = set(reader.keys())
             if not any(k.startswith(UNET_PREFIX) for k in keys):

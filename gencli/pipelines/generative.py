@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from gencli.backend.device import Placement
-from gencli.checkpoints.formats import open_source
+from gencli.checkpoints.formats import open_source, with_article, wrong_family
 from gencli.checkpoints.loader import load_model, save_model
 from gencli.checkpoints.reader import TensorReader
 from gencli.errors import CheckpointError, UserError
@@ -73,7 +73,7 @@ def load_generative(path: Union[str, Path], family: str, placement: Placement, *
     src = open_source(path, allow_pickle=allow_pickle)
     found = architecture_of(src.config)
     if found != architecture:
-        raise UserError(f"'{src.path}' is not a {family.upper()} checkpoint: expected architecture '{architecture}' in config.json, found {found}")
+        raise wrong_family(src, with_article(architecture), f"gencli runs a {family.upper()} whose config.json names \"architecture\": \"{architecture}\"")
     try:
         config = config_cls.from_dict(src.config)
     except (TypeError, ValueError) as exc:

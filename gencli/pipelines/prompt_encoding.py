@@ -55,7 +55,7 @@ from gencli.models.clip_keymaps import (
     open_clip_keymap,
     original_clip_keymap,
 )
-from gencli.pipelines.clip import encode_layer, load_text_encoder
+from gencli.pipelines.clip import encode_layer, load_text_encoder, truncation_notice
 from gencli.tokenizers.clip_bpe import DEFAULT_CONTEXT, EOS, OPENAI_VOCAB_SIZE, CLIPTokenizer
 
 Prompts = str | Sequence[str]
@@ -127,13 +127,10 @@ class TextEncoderPart:
         device = self.tower.final_layer_norm.weight.device
         ids, mask = tok(prompts, padding="max_length", max_length=self.max_length, truncation=True).tensors(device)
         notices = {}
-        room = self.max_length - 2
         for i, text in enumerate(prompts):
-            content = tok.tokenize_ids(text)
-            if len(content) > room:
-                which = what if len(prompts) == 1 else f"{what} {i + 1}"
-                dropped = tok.decode(content[room:], skip_special_tokens=False)
-                notices[i] = f'{which} was truncated to the {self.max_length}-token window of CLIP; dropped: "{dropped}"'
+            notice = truncation_notice(tok, text, self.max_length, what if len(prompts) == 1 else f"{what} {i + 1}")
+            if notice:
+                notices[i] = notice
         return ids, (mask if self.use_attention_mask else None), notices
 
 

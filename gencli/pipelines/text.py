@@ -82,10 +82,12 @@ def screen_for(tm: TextModel, params: SamplingParams, steps: int) -> Optional[Sc
     return tm.screen
 
 
-def _family(config: dict[str, Any]) -> tuple[str, str]:
-    """(family, architecture name) from config.json; an unknown architecture is a user error."""
+def _family(src) -> tuple[str, str]:
+    """(family, architecture name) from config.json; another architecture is a user error that names it."""
+    from gencli.checkpoints.formats import wrong_family
     from gencli.models import gpt2, llama
 
+    config = src.config or {}
     archs = config.get("architectures") or []
     arch = archs[0] if isinstance(archs, list) and archs else None
     model_type = config.get("model_type")
@@ -93,8 +95,7 @@ def _family(config: dict[str, Any]) -> tuple[str, str]:
         return "llama", arch or f"{model_type}"
     if arch in gpt2.ARCHITECTURES or (arch is None and model_type in gpt2.MODEL_TYPES):
         return "gpt2", arch or "gpt2"
-    named = arch or model_type or "none given"
-    raise UserError(f"unsupported architecture '{named}' in config.json: gencli generate runs {SUPPORTED}")
+    raise wrong_family(src, "a text-generation model", f"gencli generate runs {SUPPORTED}")
 
 
 def _ids(value: Any) -> list[int]:
@@ -119,7 +120,7 @@ def load_text_model(
     layers (LM head included) on loading, see :mod:`gencli.backend.quantize`; a checkpoint written by
     ``gencli quantize`` loads quantized as it was saved (``quantize`` may then name the same mode)."""
     from gencli.backend.quantize import quantize_linears
-    from gencli.checkpoints.formats import open_source
+    from gencli.checkpoints.formats import command_for, detect_architecture, open_source, shard_index, wrong_family
     from gencli.checkpoints.loader import build_on_meta, load_model, load_state
     from gencli.checkpoints.reader import open_reader
     from gencli.models import gpt2, llama
@@ -127,17 +128,20 @@ def load_text_model(
     start = time.perf_counter()
     src = open_source(path, allow_pickle=allow_pickle)
     if src.kind == "diffusers-pipeline":
-        raise UserError(f"'{path}' is a diffusers pipeline, not a text-generation model")
+        raise wrong_family(src, "a text-generation model")
     folder = src.folder or Path(path)
     if src.config is None:
+        runs = command_for(detect_architecture(src))
+        if shard_index(src.path) is not None or (runs and runs[1] != "gencli generate"):
+            raise wrong_family(src, "a text-generation model", f"gencli generate runs {SUPPORTED}")
         raise UserError(f"no config.json next to '{path}': a text model needs its config.json (the architecture and sizes)")
-    family, arch = _family(src.config)
+    family, arch = _family(src)
     module = llama if family == "llama" else gpt2
     cfg = (llama.LlamaConfig if family == "llama" else gpt2.GPT2Config).from_hf(src.config)
     model_class = llama.LlamaForCausalLM if family == "llama" else gpt2.GPT2LMHeadModel
     stored, spec = quantization_of(src.config, quantize, group_size)
     tokenizer = load_tokenizer(folder)  # before the weights: a missing tokenizer fails fast
-    n_params = None if src.is_pickle else sum(t.numel for t in src.tensor_infos().values())
+    n_params = src.num_parameters()
     placement = choose_placement(device, dtype, "decoder", threads, n_params=n_params)
     reader = open_reader(src, allow_pickle=allow_pickle)
     try:
@@ -314,8 +318,10 @@ class GenerationSettings:
     seed: Optional[int] = None
 
 
-def check_flags(*, max_new_tokens=None, temperature=None, top_k=None, top_p=None, min_p=None, repetition_penalty=None) -> None:
+def check_flags(*, max_new_tokens=None, temperature=None, top_k=None, top_p=None, min_p=None, repetition_penalty=None, stop=()) -> None:
     """Reject out-of-range values before anything is loaded."""
+    if any(s == "" for s in stop or ()):
+        raise UserError("--stop takes a non-empty string (an empty one would match before the first token)")
     if max_new_tokens is not None and max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
     if temperature is not None and not temperature >= 0:
@@ -581,7 +587,8 @@ def describe(tm: TextModel) -> str:
     dtype = DTYPE_NAMES.get(tm.placement.dtype, tm.placement.dtype)
     if tm.quantization is not None:
         dtype = f"{dtype} with {describe_quantization(tm.quantization)} linear weights"
-    return f"{tm.architecture} from '{tm.path}', {dtype} on {tm.placement.device}, context {tm.context_length} tokens"
+    threads = f" ({tm.placement.threads} thread(s))" if tm.placement.device.type == "cpu" and tm.placement.threads else ""
+    return f"{tm.architecture} from '{tm.path}', {dtype} on {tm.placement.device}{threads}, context {tm.context_length} tokens"
 
 
 def make_sampler_generator(settings: GenerationSettings) -> tuple[Optional[torch.Generator], Optional[int]]:

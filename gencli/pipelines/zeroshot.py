@@ -19,10 +19,11 @@ import torch
 from PIL import Image
 
 from gencli.backend.device import choose_placement
+from gencli.checkpoints.formats import open_source
 from gencli.errors import UserError
 from gencli.io import read_json
 from gencli.models.clip import l2_normalize
-from gencli.pipelines.clip import ClipBundle, load_clip
+from gencli.pipelines.clip import ClipBundle, load_clip, truncation_notice
 from gencli.pipelines.images import ImageProcessor
 
 DEFAULT_MODEL = "clip-shapes"
@@ -59,7 +60,8 @@ def load(
 ) -> ClipBundle:
     """A CLIP checkpoint ready for zero-shot use (model, tokenizer, image preprocessing), placed by
     the user's ``--device/--dtype/--threads``."""
-    placement = choose_placement(device, dtype, "transformer", threads)
+    n_params = open_source(path, allow_pickle=allow_pickle).num_parameters()
+    placement = choose_placement(device, dtype, "transformer", threads, n_params=n_params)
     return load_clip(path, placement, allow_pickle=allow_pickle, processor_factory=lambda folder, size: make_processor(Path(folder), size, warn))
 
 
@@ -78,9 +80,11 @@ def read_lines(path: str, option: str) -> list[str]:
 
 
 def parse_labels(labels: Optional[str], labels_file: Optional[str]) -> list[str]:
-    """Labels from ``--labels "a,b,c"`` and/or ``--labels-file`` (one per line; ``-`` = stdin), in order,
+    """Labels from ``--labels "a,b,c"`` or ``--labels-file`` (one per line; ``-`` = stdin), in order,
     without blanks; a repeated label is an error (its score would be split in two)."""
     out: list[str] = []
+    if labels and labels_file:
+        raise UserError("give either --labels or --labels-file, not both")
     if labels:
         out.extend(part.strip() for part in labels.split(","))
     if labels_file:
@@ -151,11 +155,19 @@ def encode_images(bundle: ClipBundle, images: Sequence[Image.Image]) -> torch.Te
 class ZeroShotClassifier:
     """Scores images against a fixed label set; the label embeddings are computed once, at construction."""
 
-    def __init__(self, bundle: ClipBundle, labels: Sequence[str], templates: Sequence[str] = (DEFAULT_TEMPLATE,)):
+    def __init__(
+        self, bundle: ClipBundle, labels: Sequence[str], templates: Sequence[str] = (DEFAULT_TEMPLATE,), warn: Optional[Callable[[str], None]] = None
+    ):
+        """``warn`` gets a notice per label whose prompt does not fit the text tower's window (it is truncated)."""
         self.bundle = bundle
         self.labels = list(labels)
         self.templates = list(templates)
         prompts = [fill(t, label) for t in self.templates for label in self.labels]
+        if warn is not None:
+            for i in range(len(self.labels)):
+                notice = truncation_notice(bundle.tokenizer, max(prompts[i :: len(self.labels)], key=len), bundle.text_context, f"label {i + 1}")
+                if notice:
+                    warn(notice)
         emb = bundle.encode_texts(prompts).view(len(self.templates), len(self.labels), -1)
         # prompt ensembling: average the normalised embeddings over templates, then renormalise
         mean = emb.mean(dim=0)

@@ -101,11 +101,11 @@ def merge_series(group, *, layout: Layout, rec_opts: RecordOptions):
 class ForecastReplica:
     """One model replica of the actor pool: loads the model once, then forecasts batch after batch."""
 
-    def __init__(self, req: ForecastRequest, model: str, binding, horizon: int, context: int, out_dir: Optional[str] = None):
+    def __init__(self, req: ForecastRequest, model: str, binding, horizon: int, context: int, out_dir: Optional[str] = None, time_zone=None):
         from gencli.pipelines.forecast.forecaster import Forecaster
 
         fc = Forecaster(Path(model), device=req.device, dtype=req.dtype, threads=req.threads, allow_pickle=req.allow_pickle)
-        self.run = RunState(req, Reporter(quiet=True, json=req.json), fc, binding, horizon, context, None, None, {})
+        self.run = RunState(req, Reporter(quiet=True, json=req.json), fc, binding, horizon, context, None, None, {}, time_zone)
         self.out_dir = out_dir
 
     def __call__(self, frame) -> dict:
@@ -128,7 +128,7 @@ class ForecastReplica:
         path = Path(self.out_dir) / shard_name((batch["file_index"][0], batch["position"][0]), suffix)
         # a retried batch rewrites its own shard (same name, same content)
         with contextlib.ExitStack() as stack, open_output(str(path), True, newline="") as fh:
-            writer = ForecastWriter(run.req, run.report, run.fc.grid, run.horizon, run.context, stack, fh)
+            writer = ForecastWriter(run.req, run.report, run.fc.grid, run.horizon, run.context, stack, fh, time_zone=run.time_zone)
             for res in results:
                 writer.write(res)
 
@@ -156,7 +156,7 @@ def run(req: ForecastRequest, ray_opts: RayOptions, report: Reporter) -> None:
         for i, r in enumerate(rows):
             if r["error"]:
                 failures.add(str(r["id"]), str(r["error"]), i)
-        state = RunState(req, report, setup.fc, setup.binding, setup.horizon, setup.context, failures, results, positions)
+        state = RunState(req, report, setup.fc, setup.binding, setup.horizon, setup.context, failures, results, positions, setup.layout.time_zone)
         write_forecasts(state, _in_batches([pickle.loads(r["result"]) for r in rows if not r["error"]], req.batch_size), None)
 
 
@@ -181,6 +181,7 @@ def _forecast_rows(req: ForecastRequest, ray_opts: RayOptions, setup: Setup, fil
         ForecastReplica, batch_size=req.batch_size, batch_format="pandas",
         fn_constructor_kwargs={
             "req": req, "model": str(setup.fc.path), "binding": setup.binding, "horizon": setup.horizon, "context": setup.context, "out_dir": out_dir,
+            "time_zone": setup.layout.time_zone,
         },
         **cluster.actor_pool(),
     )  # fmt: skip

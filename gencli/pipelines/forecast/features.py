@@ -23,7 +23,8 @@ Inputs are matched to a model's config by name:
   (``static_cat_<n>``, values hashed into the embedding's buckets).
 
 Scaling: ``scale`` is the standard deviation of the observed target values in the window's history
-(floored at 1e-4 |mean| and 1e-8); ``loc`` is their mean, or with ``"scaling": "last"`` in the
+(floored at 1e-4 |mean|; computed on the values divided by a power of two near their peak, so that
+series near 1e300 or 1e-12 scale as exactly as series near 1); ``loc`` is their mean, or with ``"scaling": "last"`` in the
 config's ``extra`` the last observed value (then "no change" is exactly 0 for the model, which
 keeps smooth series' levels precise). The model forecasts in that scale and :func:`unscale` maps
 quantiles back. User covariates are standardised per series over the history
@@ -136,15 +137,20 @@ def hash_bucket(value: Any, cardinality: int) -> int:
 
 
 def series_scale(values: np.ndarray, mask: Optional[np.ndarray] = None) -> tuple[float, float]:
-    """``(loc, scale)`` of a history window: mean and standard deviation of its observed values."""
+    """``(loc, scale)`` of a history window: mean and standard deviation of its observed values (the
+    standard deviation floored at 1e-4 |mean|; ``(0, 1)`` for a window of zeros or of no values).
+
+    Both are computed in units of a power of two near the values' peak (an exact division), so the
+    squares neither overflow near 1e300 nor vanish near 1e-160, and a series' forecast scales with it."""
     v = values if mask is None else values[mask]
     v = v[np.isfinite(v)]
-    if v.size == 0:
+    peak = float(np.abs(v).max()) if v.size else 0.0
+    if peak == 0.0:
         return 0.0, 1.0
-    loc = float(v.mean())
-    scale = float(v.std())
-    scale = max(scale, 1e-4 * abs(loc), 1e-8)
-    return loc, scale
+    unit = float(np.ldexp(1.0, int(np.frexp(peak)[1])))
+    u = v / unit
+    loc = float(u.mean())
+    return loc * unit, max(float(u.std()), 1e-4 * abs(loc)) * unit
 
 
 @dataclass

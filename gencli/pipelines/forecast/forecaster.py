@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from gencli.backend.device import choose_placement
-from gencli.checkpoints.formats import open_source
+from gencli.checkpoints.formats import open_source, wrong_family
 from gencli.checkpoints.loader import load_model
 from gencli.checkpoints.reader import open_reader
 from gencli.data.timeseries import SeriesRecord
@@ -37,11 +37,7 @@ def load_config(path: Path, allow_pickle: bool = False) -> tuple[TFTConfig, obje
     src = open_source(path, allow_pickle=allow_pickle)
     cfg = src.config
     if not cfg or cfg.get("architecture") != ARCHITECTURE:
-        found = (cfg or {}).get("architecture") or (cfg or {}).get("architectures") or (cfg or {}).get("model_type")
-        raise CheckpointError(
-            f"'{path}' is not a TFT forecasting model: its config.json must name \"architecture\": \"{ARCHITECTURE}\""
-            + (f" (it names {found})" if found else " (no config.json with an architecture found)")
-        )
+        raise wrong_family(src, "a forecasting model", f"forecast runs a TFT whose config.json names \"architecture\": \"{ARCHITECTURE}\"")
     try:
         return TFTConfig.from_dict(cfg), src
     except (TypeError, ValueError) as exc:

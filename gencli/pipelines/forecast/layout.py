@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -68,6 +68,10 @@ class Layout:
     static_real: list[str] = field(default_factory=list)
     static_cat: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # how a "datetime" time column is read, decided once for the whole column (:func:`infer_time_format`)
+    time_format: Optional[str] = None  # a strptime format, "ISO8601", or "mixed" (each value on its own)
+    dayfirst: bool = False  # for "mixed"
+    time_zone: Any = None  # the tzinfo of offset-carrying timestamps: read as wall time, written back with it
 
     @property
     def columns(self) -> list[str]:
@@ -136,8 +140,35 @@ def infer_layout(
     static_cols: Optional[Sequence[str]] = None,
     observed_cols: Optional[Sequence[str]] = None,
     wide: bool = False,
+    time_format: Optional[str] = None,
+    dayfirst: Optional[bool] = None,
 ) -> Layout:
-    """Decide the role of every column (see the module docstring); ``df`` may be a leading sample."""
+    """Decide the role of every column (see the module docstring) and how the time column is read
+    (:func:`infer_time_format`, from ``--time-format``/``--dayfirst``); ``df`` may be a leading sample."""
+    layout = _infer_roles(
+        df, time_col=time_col, target_col=target_col, id_col=id_col, known_cols=known_cols, static_cols=static_cols, observed_cols=observed_cols, wide=wide
+    )
+    if layout.time_kind == "datetime":
+        layout.time_format, layout.dayfirst, layout.time_zone, note = infer_time_format(df[layout.time_col], layout.time_col, time_format, dayfirst)
+        if note:
+            layout.notes.append(note)
+    elif time_format or dayfirst is not None:
+        option = "--time-format" if time_format else "--dayfirst/--monthfirst"
+        raise UserError(f"{option} reads dates, but the time column '{layout.time_col or '(none)'}' holds none")
+    return layout
+
+
+def _infer_roles(
+    df,
+    *,
+    time_col: Optional[str],
+    target_col: Optional[str],
+    id_col: Optional[str],
+    known_cols: Optional[Sequence[str]],
+    static_cols: Optional[Sequence[str]],
+    observed_cols: Optional[Sequence[str]],
+    wide: bool,
+) -> Layout:
     import pandas as pd
 
     df.columns = [str(c) for c in df.columns]
@@ -224,6 +255,117 @@ def _time_kind(df, time_col: Optional[str]) -> str:
         return "year" if _norm(time_col) in ("year", "yr", "years") and _year_like(df[time_col]) else "numeric"
     example = df[time_col].dropna().astype(str).iloc[0] if df[time_col].notna().any() else ""
     raise UserError(f"time column '{time_col}' holds neither dates nor numbers (e.g. '{example}')")
+
+
+# -- how dates are read ------------------------------------------------------------------------------
+def _day_month_order(fmt: str) -> Optional[bool]:
+    """True when ``fmt`` puts the day before the month, False when after, None when it lacks either."""
+    if "%d" not in fmt or "%m" not in fmt and "%b" not in fmt and "%B" not in fmt:
+        return None
+    month = min(fmt.index(m) for m in ("%m", "%b", "%B") if m in fmt)
+    return fmt.index("%d") < month
+
+
+def _date_candidates(vals, dayfirst: Optional[bool]) -> list[str]:
+    """The formats the values could be in: ISO 8601, then pandas' guesses from a spread of them, read
+    month first and day first (or as ``dayfirst`` says); year-day-month orders nobody writes are left out."""
+    import warnings
+
+    from pandas.tseries.api import guess_datetime_format
+
+    out = ["ISO8601"]
+    step = max(1, len(vals) // 20)
+    for v in list(vals[::step])[:20]:
+        for first in (False, True) if dayfirst is None else (dayfirst,):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fmt = guess_datetime_format(v, dayfirst=first)
+            if not fmt or fmt in out:
+                continue
+            order = _day_month_order(fmt)
+            if order and "%Y" in fmt and fmt.index("%Y") < fmt.index("%d"):
+                continue  # year, day, month
+            if dayfirst is not None and order is not None and order != dayfirst:
+                continue
+            out.append(fmt)
+    return out
+
+
+def to_datetimes(values, fmt: Optional[str], dayfirst: bool = False, utc: bool = False):
+    """``values`` read as dates in format ``fmt`` (None or "mixed": each value on its own); NaT where one does not read."""
+    import warnings
+
+    import pandas as pd
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if fmt in (None, "mixed"):
+            return pd.to_datetime(values, errors="coerce", format="mixed", dayfirst=dayfirst, utc=utc)
+        return pd.to_datetime(values, errors="coerce", format=fmt, utc=utc)
+
+
+def infer_time_format(series, column: str, time_format: Optional[str] = None, dayfirst: Optional[bool] = None) -> tuple[Optional[str], bool, Any, str]:
+    """How to read the dates of the time column ``series`` (a leading sample), decided once for the
+    whole column: ``(format, dayfirst, time_zone, note)``.
+
+    ``time_format`` (``--time-format``) is taken as given. Otherwise the one format that reads every
+    value (ISO 8601, or what pandas guesses from the values, e.g. ``%d/%m/%Y``); ``dayfirst``
+    (``--dayfirst``/``--monthfirst``) settles day/month order. A column two formats read differently
+    (``01/03/2024``: 1 March or 3 January) or that mixes formats is a UserError naming both readings.
+    Values with UTC offsets keep them: ``time_zone`` is their offset (UTC where they differ, with a note).
+    """
+    import pandas as pd
+
+    if pd.api.types.is_datetime64_any_dtype(series):
+        tz = getattr(series.dt, "tz", None)
+        return None, False, tz, ""
+    vals = pd.Series(series.dropna().astype(str).str.strip().unique()[:2000])
+    vals = vals[vals != ""].reset_index(drop=True)
+    if vals.empty:
+        return time_format, bool(dayfirst), None, ""
+    if time_format:
+        parsed = to_datetimes(vals, time_format, utc=True)
+        if parsed.isna().all():
+            raise UserError(f"--time-format '{time_format}' does not read the time column '{column}' (e.g. '{vals[0]}')")
+        return (time_format, False, *_time_zone(vals, time_format, False))
+    readings = {fmt: to_datetimes(vals, fmt, utc=True) for fmt in _date_candidates(vals, dayfirst)}
+    complete = [fmt for fmt, parsed in readings.items() if parsed.notna().all()]
+    if complete:
+        fmt = complete[0]
+        for other in complete[1:]:
+            differ = (readings[other] != readings[fmt]).to_numpy()
+            if differ.any():
+                v = vals[int(differ.argmax())]
+                a, b = readings[fmt][int(differ.argmax())], readings[other][int(differ.argmax())]
+                raise UserError(
+                    f"the dates in time column '{column}' read two ways: '{v}' is {a:%Y-%m-%d} as {fmt} or {b:%Y-%m-%d} as {other}: "
+                    f"pass --time-format '{fmt}' or '{other}' (or --dayfirst / --monthfirst)"
+                )
+        return (fmt, False, *_time_zone(vals, fmt, False))
+    best = max(readings, key=lambda f: int(readings[f].notna().sum()))
+    if readings[best].notna().any():
+        missed = readings[best].isna().to_numpy()
+        for other, parsed in readings.items():
+            both = missed & parsed.notna().to_numpy()
+            if other != best and both.any():
+                good, bad = vals[int((~missed).argmax())], vals[int(both.argmax())]
+                raise UserError(
+                    f"the time column '{column}' mixes date formats ('{good}' reads as {best}, '{bad}' as {other}): pass --time-format"
+                    + (" (or --dayfirst / --monthfirst)" if None not in (_day_month_order(best), _day_month_order(other)) else "")
+                )
+        return (best, False, *_time_zone(vals, best, False))  # the values no format reads are reported per series
+    return ("mixed", bool(dayfirst), *_time_zone(vals, "mixed", bool(dayfirst)))
+
+
+def _time_zone(vals, fmt: str, dayfirst: bool) -> tuple[Any, str]:
+    """The offset the values carry (None when they carry none), and a note when they carry several."""
+    import datetime
+
+    try:
+        parsed = to_datetimes(vals, fmt, dayfirst)
+    except ValueError:  # several offsets
+        return datetime.timezone.utc, "the timestamps carry several UTC offsets: they are read and written in UTC"
+    return getattr(parsed.dt, "tz", None) if hasattr(parsed, "dt") else None, ""
 
 
 def _infer_id_col(df, rest: list[str], text_rest: list[str], time_col: Optional[str], notes: list[str]) -> Optional[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import IO, Optional, Sequence
+from typing import IO, Any, Optional, Sequence
 
 import numpy as np
 
@@ -36,9 +36,18 @@ class ForecastWriter:
     when the ``contextlib.ExitStack`` they were opened on closes without an error."""
 
     def __init__(
-        self, req: ForecastRequest, report: Reporter, grid: Sequence[float], horizon: int, context: int, stack: contextlib.ExitStack, results: IO[str]
+        self,
+        req: ForecastRequest,
+        report: Reporter,
+        grid: Sequence[float],
+        horizon: int,
+        context: int,
+        stack: contextlib.ExitStack,
+        results: IO[str],
+        time_zone: Any = None,
     ):
         self.req = req
+        self.time_zone = time_zone
         self.report = report
         self.grid = list(grid)
         self.horizon = horizon
@@ -58,7 +67,7 @@ class ForecastWriter:
         self.done = 0
 
     def write(self, res: ForecastResult) -> None:
-        times = future_times(res, self.horizon)
+        times = future_times(res, self.horizon, self.time_zone)
         if self.csv is not None:
             if not self.wrote_header:
                 self.csv.write(csv_line(["id", "time"] + [quantile_name(q) for q in self.levels]))
@@ -69,7 +78,7 @@ class ForecastWriter:
         if self.want_explain and res.explain is not None:
             self._explain(res)
         if self.req.plot and len(self.plots) < self.req.plot_max:
-            self.plots.append(plot_item(res, times, self.grid, self.context))
+            self.plots.append(plot_item(res, future_times(res, self.horizon) if self.time_zone else times, self.grid, self.context))
         if res.record.imputed:
             self.imputed.append((res.record.id, res.record.imputed))
         self.done += 1
@@ -108,8 +117,9 @@ class ForecastWriter:
             fan_chart(self.plots, self.levels, self.req.plot, self.req.force)
 
 
-def future_times(res: ForecastResult, horizon: int) -> list[str]:
-    """The time labels of the forecast steps after the result's origin."""
+def future_times(res: ForecastResult, horizon: int, time_zone: Any = None) -> list[str]:
+    """The time labels of the forecast steps after the result's origin (with ``time_zone``'s offset
+    where the input's timestamps carried one)."""
     rec = res.record
     o = res.origin
     if rec.timestamps is None:
@@ -124,7 +134,7 @@ def future_times(res: ForecastResult, horizon: int) -> list[str]:
             if len(ts) > o
             else future_timestamps(base[-1], rec.freq, horizon)
         )
-    return [format_time(v) for v in fut]
+    return [format_time(v, time_zone) for v in fut]
 
 
 def json_record(res: ForecastResult, times: Sequence[str], levels: Sequence[float], grid: Sequence[float]) -> dict:

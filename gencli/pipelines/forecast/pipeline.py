@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterable, Iterator, Optional
+from typing import IO, Any, Iterable, Iterator, Optional
 
 from gencli.console import Reporter, csv_line, emit_json, open_output
 from gencli.data.timeseries import SeriesRecord
@@ -71,7 +71,7 @@ def run(req: ForecastRequest, report: Reporter) -> None:
     with open_output(req.out, req.force, newline="") as results:
         failures = Failures(report, results)
         records = _records(table, setup.layout, setup.record_options, failures, report.warn, positions)
-        run = RunState(req, report, setup.fc, setup.binding, setup.horizon, setup.context, failures, results, positions)
+        run = RunState(req, report, setup.fc, setup.binding, setup.horizon, setup.context, failures, results, positions, setup.layout.time_zone)
         if req.backtest:
             _run_backtest(run, records)
             return
@@ -194,6 +194,7 @@ class RunState:
     failures: Failures
     results: IO[str]
     positions: dict[str, int]
+    time_zone: Any = None  # the offset the input's timestamps carried: the output's carry it too
 
 
 def forecast_batches(run: RunState, records: Iterable[SeriesRecord]) -> Iterator[list[ForecastResult]]:
@@ -211,7 +212,7 @@ def write_forecasts(run: RunState, batches: Iterable[list[ForecastResult]], fit_
     req, report, fc, horizon, context, failures = run.req, run.report, run.fc, run.horizon, run.context, run.failures
     results_file, positions = run.results, run.positions
     with contextlib.ExitStack() as stack:
-        writer = ForecastWriter(req, report, fc.grid, horizon, context, stack, results_file)
+        writer = ForecastWriter(req, report, fc.grid, horizon, context, stack, results_file, time_zone=run.time_zone)
         advance = stack.enter_context(report.progress("forecasting", total=None))
         for results in batches:
             for res in results:

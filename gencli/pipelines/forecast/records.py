@@ -20,6 +20,8 @@ from gencli.pipelines.forecast.layout import Layout, list_columns
 from gencli.pipelines.forecast.table import TIME_PARSED, prepare_frame
 
 MAX_MISSING_FRACTION = 0.5
+# quantiles reach a few standard deviations past the history: headroom below float64's 1.8e308
+MAX_TARGET_MAGNITUDE = float(np.finfo(np.float64).max) / 1e4
 
 
 class SeriesError(UserError):
@@ -64,6 +66,12 @@ def build_record(sid: str, frame, layout: Layout, opts: RecordOptions) -> Series
     observed_idx = np.flatnonzero(np.isfinite(y_all))
     if observed_idx.size == 0:
         raise SeriesError(f"series '{sid}': no observed target values")
+    peak = float(np.abs(y_all[observed_idx]).max())
+    if peak > MAX_TARGET_MAGNITUDE:
+        raise SeriesError(
+            f"series '{sid}': target values up to {peak:.3g} are too close to the largest 64-bit float ({np.finfo(np.float64).max:.3g}) "
+            "for the forecast's quantiles: divide the column by a power of ten"
+        )
     first, last = int(observed_idx[0]), int(observed_idx[-1])
     positions = pos[first : last + 1] - pos[first]
     hist = _History(first, last, positions, int(positions[-1]) + 1)
@@ -111,7 +119,10 @@ def _target_values(sid: str, frame, target_col: str) -> np.ndarray:
     if len(bad):
         raise SeriesError(f"series '{sid}': non-numeric target value '{bad.iloc[0]}'")
     y_all = y_all.to_numpy(dtype=np.float64, copy=True)
-    y_all[~np.isfinite(y_all)] = np.nan
+    infinite = np.isinf(y_all)
+    if infinite.any():
+        raw = frame[target_col].iloc[int(np.flatnonzero(infinite)[0])]
+        raise SeriesError(f"series '{sid}': target value '{raw}' is infinite or beyond the range of 64-bit floats")
     return y_all
 
 
@@ -205,12 +216,15 @@ def _parse_times(frame, layout: Layout, sid: str):
     return parsed.to_numpy(dtype=np.float64)
 
 
-def format_time(value) -> str:
-    """A time value as the output shows it: a date, a full timestamp, or a step number."""
+def format_time(value, time_zone=None) -> str:
+    """A time value as the output shows it: a date, a full timestamp (with ``time_zone``'s UTC offset,
+    when the input's timestamps carried one: ``2024-03-01 00:00:00+01:00``), or a step number."""
     import pandas as pd
 
     if isinstance(value, (np.datetime64, pd.Timestamp)):
         ts = pd.Timestamp(value)
+        if time_zone is not None:
+            return str(ts.tz_localize(time_zone))
         return ts.strftime("%Y-%m-%d") if ts == ts.normalize() else str(ts)
     if isinstance(value, (float, np.floating)):
         return str(int(value)) if float(value).is_integer() else repr(float(value))

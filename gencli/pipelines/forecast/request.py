@@ -20,6 +20,8 @@ class ForecastRequest:
     quantiles: list = field(default_factory=lambda: [0.1, 0.5, 0.9])
     context: Optional[int] = None
     time_col: Optional[str] = None
+    time_format: Optional[str] = None  # a strptime format for the time column (inferred when omitted)
+    dayfirst: Optional[bool] = None  # day/month order of ambiguous dates (inferred when omitted)
     target_col: Optional[str] = None
     id_col: Optional[str] = None
     known_cols: Optional[list] = None
@@ -51,7 +53,7 @@ class ForecastRequest:
     seed: Optional[int] = None
 
 
-LAYOUT_OPTIONS = ("time_col", "target_col", "id_col", "known_cols", "static_cols", "observed_cols", "wide")
+LAYOUT_OPTIONS = ("time_col", "time_format", "dayfirst", "target_col", "id_col", "known_cols", "static_cols", "observed_cols", "wide")
 
 
 def layout_options(req: ForecastRequest) -> dict:

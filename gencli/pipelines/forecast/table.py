@@ -18,7 +18,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from gencli.errors import UserError
-from gencli.pipelines.forecast.layout import Layout
+from gencli.pipelines.forecast.layout import Layout, to_datetimes
 
 STREAM_BYTES = 32 * 2**20  # CSV files larger than this are streamed when their ids are contiguous
 SAMPLE_ROWS = 20000
@@ -160,8 +160,6 @@ TIME_PARSED = "__time_parsed__"
 def prepare_frame(df, layout: Layout):
     """Column names as strings and the time column parsed once for the whole frame (into
     ``TIME_PARSED``; unparseable values become NaT/NaN and are reported per series)."""
-    import warnings
-
     import pandas as pd
 
     df.columns = [str(c) for c in df.columns]
@@ -169,17 +167,9 @@ def prepare_frame(df, layout: Layout):
         return df
     col = df[layout.time_col]
     if layout.time_kind == "datetime":
-        if pd.api.types.is_datetime64_any_dtype(col):
-            parsed = col
-        else:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                try:
-                    parsed = pd.to_datetime(col, errors="raise")
-                except (ValueError, TypeError, OverflowError):
-                    parsed = pd.to_datetime(col, errors="coerce", format="mixed")
-        if getattr(parsed.dt, "tz", None) is not None:
-            parsed = parsed.dt.tz_localize(None)
+        parsed = col if pd.api.types.is_datetime64_any_dtype(col) else to_datetimes(col, layout.time_format, layout.dayfirst, utc=layout.time_zone is not None)
+        if getattr(parsed.dt, "tz", None) is not None:  # wall time in the column's own offset (written back with it)
+            parsed = parsed.dt.tz_convert(layout.time_zone).dt.tz_localize(None) if layout.time_zone is not None else parsed.dt.tz_localize(None)
         df[TIME_PARSED] = parsed.astype("datetime64[ns]")
     elif layout.time_kind == "year":
         years = pd.to_numeric(col, errors="coerce")
