@@ -18,7 +18,7 @@ from gencli.console import emit_json
 from gencli.errors import UserError
 from gencli.io import atomic_open, atomic_path, ensure_writable, expand_inputs
 
-CONTRACT = ["generate", "classify", "zeroshot", "forecast", "sample", "reconstruct", "txt2img", "img2img", "replay", "info", "models"]
+CONTRACT = ["generate", "classify", "zeroshot", "forecast", "sample", "reconstruct", "encode", "decode", "txt2img", "img2img", "replay", "info", "models"]
 
 
 def imported_modules(result_stderr: str) -> set[str]:

@@ -71,6 +71,7 @@ from gencli.cli import (  # noqa: E402,F401,I001
     zeroshot,
     forecast,
     sample,
+    latents,
     txt2img,
     quantize,
     info,

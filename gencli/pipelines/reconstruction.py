@@ -55,8 +55,9 @@ def model_size(model: Union[LoadedGenerative, LoadedAutoencoder], width: int, he
     return max(f, round(width / f) * f), max(f, round(height / f) * f)
 
 
-def reconstruct_file(model, path: str, target: Path, *, tile: Optional[bool] = None, force: bool = False) -> Reconstruction:
-    """Reconstruct one image file into ``target`` (a PNG with the model in a text chunk)."""
+def read_model_image(model, path: str) -> tuple[np.ndarray, tuple[int, int], Optional[tuple[int, int]]]:
+    """One image file as the model takes it: uint8 ``(1, H, W, 3)``, the size it has (width, height)
+    and, when it had to be resized (bicubic) to fit the model, the file's own size."""
     from PIL import Image
 
     image = load_image(path)
@@ -65,7 +66,12 @@ def reconstruct_file(model, path: str, target: Path, *, tile: Optional[bool] = N
     if size != image.size:
         resized = image.size
         image = image.resize(size, Image.Resampling.BICUBIC)
-    x = np.array(image, dtype=np.uint8)[None]
+    return np.array(image, dtype=np.uint8)[None], size, resized
+
+
+def reconstruct_file(model, path: str, target: Path, *, tile: Optional[bool] = None, force: bool = False) -> Reconstruction:
+    """Reconstruct one image file into ``target`` (a PNG with the model in a text chunk)."""
+    x, size, resized = read_model_image(model, path)
     if isinstance(model, LoadedGenerative):
         y = reconstruct_vae(model, x)
     else:
@@ -75,4 +81,4 @@ def reconstruct_file(model, path: str, target: Path, *, tile: Optional[bool] = N
     return Reconstruction(float(psnr(y, x)[0].clamp(max=99.0)), s, size, resized)
 
 
-__all__ = ["Reconstruction", "load_any_vae", "model_size", "reconstruct_file"]
+__all__ = ["Reconstruction", "load_any_vae", "model_size", "read_model_image", "reconstruct_file"]
