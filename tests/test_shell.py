@@ -129,7 +129,7 @@ def test_tables_in_pipes_are_never_wrapped_or_cut(tmp_path):
 
 
 def test_classify_rows_in_a_pipe_name_the_image_on_every_row(tmp_path):
-    from tests.conftest import write_scene_folder
+    from conftest import write_scene_folder
 
     deep = tmp_path / ("a-rather-long-directory-name-" * 3) / "deeper"
     deep.mkdir(parents=True)
