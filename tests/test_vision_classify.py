@@ -101,7 +101,7 @@ def test_bad_usage_exits_2_with_one_line(model_dir, images, tmp_path):
     r = invoke(images / "img0.png", "--model", tmp_path / "nowhere")
     assert r.exit_code == 2 and "does not exist" in r.stderr
     r = invoke(tmp_path, "--model", model_dir)  # an empty directory: nothing to classify
-    assert r.exit_code == 2 and "no inputs" in r.stderr
+    assert r.exit_code == 2 and f"no input files of a type it reads in directory '{tmp_path}'" in r.stderr, r.stderr
 
 
 def test_help_does_not_import_torch():
