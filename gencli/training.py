@@ -65,4 +65,17 @@ def command_history(previous: Optional[str], step: int, argv: Optional[list[str]
     return previous if last == command else f"{previous}  # then, resumed at step {step}: {command}"
 
 
-__all__ = ["warmup_cosine_lr", "set_lr", "save_checkpoint", "load_checkpoint", "command_history"]
+def resume(path: str | Path, **stateful: Any) -> tuple[int, str, Optional[dict[str, Any]]]:
+    """Resume a run from its checkpoint at ``path`` when there is one: ``stateful`` maps checkpoint
+    keys to the objects restored from them (modules, optimizers: anything with ``load_state_dict``).
+    Returns ``(step, command history, the whole checkpoint or None)``; a fresh run is step 0."""
+    state = load_checkpoint(path)
+    if state is None:
+        return 0, command_history(None, 0), None
+    for key, obj in stateful.items():
+        obj.load_state_dict(state[key])
+    step = int(state["step"])
+    return step, command_history(state.get("command"), step), state
+
+
+__all__ = ["warmup_cosine_lr", "set_lr", "save_checkpoint", "load_checkpoint", "command_history", "resume"]

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from gencli.models.gan import DCGAN, DCGANConfig  # noqa: E402
 from gencli.pipelines.generative import save_generative  # noqa: E402
-from gencli.training import command_history, load_checkpoint, save_checkpoint  # noqa: E402
+from gencli.training import resume, save_checkpoint  # noqa: E402
 from scripts.train_vae import SIZE, batch  # noqa: E402  (the same stream of training scenes)
 
 
@@ -75,15 +75,7 @@ def main() -> None:
     opt_d = torch.optim.Adam(model.discriminator.parameters(), lr=2 * args.lr, betas=(0.0, 0.9))
     args.out.mkdir(parents=True, exist_ok=True)
     ckpt_path = args.out / "ckpt.pt"
-    state = load_checkpoint(ckpt_path)
-    step, command = 0, None
-    if state:
-        model.load_state_dict(state["model"])
-        ema.load_state_dict(state["ema"])
-        opt_g.load_state_dict(state["opt_g"])
-        opt_d.load_state_dict(state["opt_d"])
-        step, command = state["step"], state.get("command")
-    command = command_history(command, step)
+    step, command, _ = resume(ckpt_path, model=model, ema=ema, opt_g=opt_g, opt_d=opt_d)
     gen = torch.Generator().manual_seed(1234 + step)
     G, D = model.generator, model.discriminator
     t0 = time.time()

@@ -27,7 +27,7 @@ from gencli.data import shapes  # noqa: E402
 from gencli.models.vae import ConvVAE, ConvVAEConfig  # noqa: E402
 from gencli.pipelines.autoencoder import images_to_tensor  # noqa: E402
 from gencli.pipelines.generative import save_generative  # noqa: E402
-from gencli.training import command_history, load_checkpoint, save_checkpoint, set_lr, warmup_cosine_lr  # noqa: E402
+from gencli.training import resume, save_checkpoint, set_lr, warmup_cosine_lr  # noqa: E402
 
 SIZE = 64
 
@@ -58,13 +58,7 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     args.out.mkdir(parents=True, exist_ok=True)
     ckpt_path = args.out / "ckpt.pt"
-    state = load_checkpoint(ckpt_path)
-    step, command = 0, None
-    if state:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        step, command = state["step"], state.get("command")
-    command = command_history(command, step)
+    step, command, _ = resume(ckpt_path, model=model, optimizer=opt)
     if args.export is None or step < args.steps:
         model.train()
         t0 = time.time()

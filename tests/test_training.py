@@ -57,3 +57,21 @@ def test_command_history_records_resumptions():
     assert again == first  # the same command resumed: not repeated
     other = command_history(first, 250, ["train.py", "--out", "runs/a", "--steps", "9"])
     assert other == "python train.py --out runs/a  # then, resumed at step 250: python train.py --out runs/a --steps 9"
+
+
+def test_resume_restores_every_named_object_and_the_history(tmp_path):
+    from gencli.training import resume
+
+    path = tmp_path / "ckpt.pt"
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    assert resume(path, model=model, optimizer=opt)[:1] == (0,)  # a fresh run
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    save_checkpoint(path, {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": 7, "command": "python train.py --steps 7"})
+    fresh = torch.nn.Linear(3, 2)
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.1)
+    step, command, state = resume(path, model=fresh, optimizer=fresh_opt)
+    assert step == 7 and state["step"] == 7
+    assert torch.equal(fresh.weight, model.weight) and fresh_opt.state_dict()["state"][0]["step"] == 1
+    assert command.startswith("python train.py --steps 7  # then, resumed at step 7: ")
