@@ -9,7 +9,8 @@ steps, three forecasters predict the window from the history before it:
 - statsmodels' damped Holt-Winters (``ETSModel``, additive error, additive damped trend, additive
   season when the series is long enough), with its analytic Gaussian prediction intervals;
 - with ``with_auto=True``, statsforecast's AutoETS, AutoARIMA and AutoTheta (their own model
-  selection and prediction intervals) and the mean of their quantiles (an evaluation dependency only).
+  selection and prediction intervals; AutoETS and AutoARIMA non-seasonal for seasons over 24) and the
+  mean of their quantiles (an evaluation dependency only).
 
 Baseline forecasts do not depend on the forecaster under test: ``cache`` (a dict, e.g. loaded from and
 saved to a JSON file by the caller) keeps them between runs.
@@ -73,7 +74,10 @@ def auto_quantiles(history: np.ndarray, season: int, horizon: int, levels: Seque
     out = {}
     for key, make in makers.items():
         q = None
-        for m in ([season, 1] if season > 1 else [1]):
+        # AutoARIMA and AutoETS stay non-seasonal for seasons over 24 (weekly data), as R's ets does:
+        # a seasonal ARIMA with period 52 takes many minutes per fit
+        first = season if season > 1 and (season <= 24 or key == "autotheta") else 1
+        for m in ([first, 1] if first > 1 else [1]):
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")

@@ -157,11 +157,11 @@ def damped_trend(adj: np.ndarray, fac: np.ndarray, add: np.ndarray, horizon: int
     level, slope, mse = _smooth(adj, alpha, beta, phi, trend=True)
     best = np.argmin(np.where(np.isfinite(mse), mse, np.inf), axis=1)
     rows = np.arange(adj.shape[0])
-    l, b, s = level[rows, best], slope[rows, best], np.sqrt(mse[rows, best])
+    lvl, b, s = level[rows, best], slope[rows, best], np.sqrt(mse[rows, best])
     al, be, ph = alpha[best][:, None], beta[best][:, None], phi[best][:, None]
     j = np.arange(1, horizon + 1)[None, :]
     damp = ph * (1.0 - ph**j) / (1.0 - ph)  # phi + ... + phi^j
-    point = l[:, None] + damp * b[:, None]
+    point = lvl[:, None] + damp * b[:, None]
     c = al + be * damp
     return _quantiles(point, s, c, fac, add, levels)
 
@@ -172,7 +172,7 @@ def theta(adj: np.ndarray, fac: np.ndarray, add: np.ndarray, horizon: int, level
     level, _, mse = _smooth(adj, ALPHAS, zeros, np.ones_like(ALPHAS), trend=False)
     best = np.argmin(np.where(np.isfinite(mse), mse, np.inf), axis=1)
     rows = np.arange(adj.shape[0])
-    l, s, al = level[rows, best], np.sqrt(mse[rows, best]), ALPHAS[best][:, None]
+    lvl, s, al = level[rows, best], np.sqrt(mse[rows, best]), ALPHAS[best][:, None]
     obs = np.isfinite(adj)
     n_obs = obs.sum(axis=1)
     t = np.where(obs, np.cumsum(obs, axis=1) - 1.0, 0.0)
@@ -184,7 +184,7 @@ def theta(adj: np.ndarray, fac: np.ndarray, add: np.ndarray, horizon: int, level
     slope = np.where(var > 0, cov / np.maximum(var, 1e-12), 0.0)
     j = np.arange(horizon)[None, :]
     drift = slope[:, None] / 2.0 * (j + (1.0 - (1.0 - al) ** n_obs[:, None]) / al)
-    point = l[:, None] + drift
+    point = lvl[:, None] + drift
     c = np.repeat(al, horizon, axis=1)
     return _quantiles(point, s, c, fac, add, levels)
 
