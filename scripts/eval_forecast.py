@@ -104,17 +104,22 @@ def main(argv=None) -> None:
     if args.include_fertility:
         groups["fertility"] = ("fertility",)
     out = {"model": str(fc.path), "ensemble": fc.ensemble, "groups": {}}
-    for group, datasets in groups.items():
-        t0 = time.time()
-        result = evaluate(
-            fc, list(iter_series(datasets)), windows=args.windows, with_ets=not args.no_ets, with_auto=not args.no_auto,
-            cache=cache, log=None if args.quiet else print,
-        )  # fmt: skip
-        result["seconds"] = round(time.time() - t0, 1)
-        out["groups"][group] = result
+
+    def save_cache() -> None:
         if cache_path:
             cache_path.parent.mkdir(parents=True, exist_ok=True)
             cache_path.write_text(json.dumps(cache))
+
+    def log(line: str) -> None:  # after each series: report it, keep its baselines
+        if not args.quiet:
+            print(line, flush=True)
+        save_cache()
+
+    for group, datasets in groups.items():
+        t0 = time.time()
+        result = evaluate(fc, list(iter_series(datasets)), windows=args.windows, with_ets=not args.no_ets, with_auto=not args.no_auto, cache=cache, log=log)
+        result["seconds"] = round(time.time() - t0, 1)
+        out["groups"][group] = result
         print(f"\n== {group} ({result['seconds']} s)")
         print(table(result, label))
         print()

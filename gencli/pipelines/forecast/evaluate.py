@@ -69,7 +69,11 @@ def auto_quantiles(history: np.ndarray, season: int, horizon: int, levels: Seque
     from statsforecast.models import AutoARIMA, AutoETS, AutoTheta
 
     y = np.asarray(history[-max_history:], dtype=np.float64)
-    widths = sorted({round(abs(2 * q - 1) * 100, 6) for q in levels if q != 0.5})
+    def width(q: float):  # statsforecast names its columns after the level as given: lo-80, lo-80.0
+        w = round(abs(2 * q - 1) * 100, 6)
+        return int(w) if w == int(w) else w
+
+    widths = sorted({width(q) for q in levels if q != 0.5})
     makers = {"autoets": AutoETS, "autoarima": AutoARIMA, "autotheta": AutoTheta}
     out = {}
     for key, make in makers.items():
@@ -84,8 +88,7 @@ def auto_quantiles(history: np.ndarray, season: int, horizon: int, levels: Seque
                     f = make(season_length=m).forecast(y=y, h=horizon, level=widths)
                 cols = []
                 for lv in levels:
-                    w = round(abs(2 * lv - 1) * 100, 6)
-                    cols.append(f["mean"] if lv == 0.5 else f[f"{'lo' if lv < 0.5 else 'hi'}-{w:g}"])
+                    cols.append(f["mean"] if lv == 0.5 else f[f"{'lo' if lv < 0.5 else 'hi'}-{width(lv)}"])
                 q = np.stack([np.asarray(c, dtype=np.float64) for c in cols], axis=1)
                 if np.all(np.isfinite(q)):
                     break
