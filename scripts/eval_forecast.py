@@ -83,6 +83,7 @@ def main(argv=None) -> None:
     p.add_argument("--no-ets", action="store_true", help="skip the damped ETS baseline")
     p.add_argument("--no-auto", action="store_true", help="skip the statsforecast baselines")
     p.add_argument("--cache", default="runs/eval_forecast_baselines.json", help="baseline forecasts kept between runs ('' for none)")
+    p.add_argument("--cached-only", action="store_true", help="only the series whose baselines are all in --cache (a quick re-run)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", help="write the full result here")
     p.add_argument("--quiet", action="store_true")
@@ -117,7 +118,11 @@ def main(argv=None) -> None:
 
     for group, datasets in groups.items():
         t0 = time.time()
-        result = evaluate(fc, list(iter_series(datasets)), windows=args.windows, with_ets=not args.no_ets, with_auto=not args.no_auto, cache=cache, log=log)
+        series = list(iter_series(datasets))
+        if args.cached_only:
+            done = {k.split("@")[0] for k, v in cache.items() if "stats_mean" in v or args.no_auto}
+            series = [x for x in series if f"{x[0]}/{x[1]}" in done]
+        result = evaluate(fc, series, windows=args.windows, with_ets=not args.no_ets, with_auto=not args.no_auto, cache=cache, log=log)
         result["seconds"] = round(time.time() - t0, 1)
         out["groups"][group] = result
         print(f"\n== {group} ({result['seconds']} s)")
