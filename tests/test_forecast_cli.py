@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import sys
 from pathlib import Path
@@ -275,14 +276,44 @@ def test_explain_outputs(tmp_path, model_dir):
     assert r.exit_code == 0
     assert "series 'north':" in r.stderr and "history inputs:" in r.stderr and "attention:" in r.stderr
     ex = pd.read_csv(ex_csv)
-    assert set(ex["kind"]) == {"static", "past", "future", "attention"}
+    assert set(ex["kind"]) == {"static", "past", "future", "attention", "ensemble"}
     north = ex[ex["id"] == "north"]
-    for kind in ("static", "past", "future", "attention"):
+    assert set(north[north["kind"] == "ensemble"]["name"]) == {"network", "damped trend", "theta"}
+    assert "ensemble weights:" in r.stderr
+    for kind in ("static", "past", "future", "attention", "ensemble"):
         assert np.isclose(north[north["kind"] == kind]["weight"].sum(), 1.0, atol=1e-3), kind
     assert {"promo", "target history", "visits", "day of week"} <= set(north[north["kind"] == "past"]["name"])
     assert {"size", "area", "frequency"} <= set(north[north["kind"] == "static"]["name"])
     js = [json.loads(x) for x in ex_json.read_text().splitlines()]
     assert [j["id"] for j in js] == ["north", "south", "east"] and len(js[0]["attention_by_lag"]) == 60
+    r = run(path, "-m", model_dir, "--model-only", "--explain-out", ex_csv, "-f", "-q")
+    assert r.exit_code == 0 and "ensemble" not in set(pd.read_csv(ex_csv)["kind"])
+
+
+def test_model_only_is_the_network_alone(tmp_path, model_dir):
+    """The default combines the network with the statistical members; --model-only is the network's
+    own forecast, as the Forecaster without the ensemble gives it."""
+    from gencli.pipelines.forecast.features import Binding
+    from gencli.pipelines.forecast.forecaster import Forecaster
+    from gencli.pipelines.forecast.layout import Layout
+    from gencli.pipelines.forecast.records import RecordOptions, build_record
+
+    path = tmp_path / "stores.csv"
+    store_table(stores=("north",)).to_csv(path, index=False)
+    default = pd.read_csv(io.StringIO(run(path, "-m", model_dir, "-q", "--known-cols", "promo").stdout))
+    alone = pd.read_csv(io.StringIO(run(path, "-m", model_dir, "-q", "--known-cols", "promo", "--model-only").stdout))
+    assert default.shape == alone.shape and not np.allclose(default["q0.5"], alone["q0.5"])
+    # a clean weekly pattern: the statistical members follow it and the (random) network does not
+    t = np.arange(70)
+    y = 100 + 15 * np.sin(2 * np.pi * t / 7)
+    frame = pd.DataFrame({"time": pd.date_range("2024-01-01", periods=63, freq="D"), "value": y[:63]})
+    rec = build_record("s", frame, Layout("time", "datetime", None, "value"), RecordOptions(horizon=0, min_length=1))
+    errors = {}
+    for ens in (True, False):
+        fc = Forecaster(Path(model_dir), device="cpu", ensemble=ens)
+        res = fc.forecast([rec], Binding(), 7, [0.1, 0.5, 0.9])[0]
+        errors[ens] = np.abs(res.quantiles[:, 1] - y[63:]).mean()
+    assert errors[True] < 1.0 < errors[False], errors
 
 
 def test_plot(tmp_path, model_dir):

@@ -87,6 +87,14 @@ def forecast(
     allow_negative: Annotated[
         bool, typer.Option("--allow-negative", help="Do not clip forecasts at 0 for series that were never negative.", rich_help_panel=_OUT)
     ] = False,
+    model_only: Annotated[
+        bool,
+        typer.Option(
+            "--model-only",
+            help="The network's forecast alone; by default each series' forecast combines it with damped-trend ETS and Theta, weighted by "
+            "how well each forecast the series' last held-out window.",
+        ),
+    ] = False,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 2 if any series had to be skipped.", rich_help_panel=_OUT)] = False,
     batch_size: Annotated[
         int, option("--batch-size", callback=at_least(1), help="Series per model batch (output is streamed batch by batch).", rich_help_panel=_OUT)
@@ -116,7 +124,8 @@ def forecast(
     *,
     opts: RunOptions,
 ) -> None:
-    """Quantile forecasts for the series in a table, with a Temporal Fusion Transformer.
+    """Quantile forecasts for the series in a table, with a Temporal Fusion Transformer combined per
+    series with damped-trend ETS and Theta (--model-only: the network alone).
 
     Writes CSV rows id,time,q0.1,q0.5,q0.9 (one per series and step) to --out or stdout; --json writes
     one JSON object per series instead (error records {"id", "error"} in input order among them, then
@@ -157,6 +166,7 @@ def forecast(
         strict=strict,
         force=opts.force,
         allow_negative=allow_negative,
+        model_only=model_only,
         model=opts.model,
         seed=opts.seed,
         **opts.load_options(),

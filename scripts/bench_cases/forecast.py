@@ -23,6 +23,7 @@ def add_arguments(p):
     p.add_argument("--ets-series", type=int, default=30, help="series the ETS baseline is timed on")
     p.add_argument("--model", default=None, help="TFT model folder (default: the embedded default)")
     p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--model-only", action="store_true", help="time `gencli forecast --model-only` (the network without the ensemble)")
 
 
 def setup(args, workdir):
@@ -76,13 +77,14 @@ def run(side, args, workdir):
         out = workdir / f"out-{k}.csv"
         t0 = time.perf_counter()
         req = ForecastRequest(
-            data=str(path), horizon=args.horizon, out=str(out), batch_size=args.batch_size, force=True, model=str(model), device=args.device, dtype=args.dtype
-        )
+            data=str(path), horizon=args.horizon, out=str(out), batch_size=args.batch_size, force=True, model=str(model), device=args.device, dtype=args.dtype,
+            model_only=args.model_only,
+        )  # fmt: skip
         run_forecast(req, Reporter(quiet=True))
         best = min(best, time.perf_counter() - t0)
     rows = sum(1 for _ in open(workdir / "out-0.csv")) - 1
     assert rows == args.series * args.horizon, rows
-    # the model alone (records already built)
+    # the network alone (records already built)
     df = pd.read_csv(path)
     layout = Layout("time", "datetime", "id", "value")
     records = [build_record(str(k), g, layout, RecordOptions(horizon=args.horizon)) for k, g in df.groupby("id", sort=False)]

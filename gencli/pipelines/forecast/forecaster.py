@@ -23,6 +23,7 @@ from gencli.pipelines.forecast.features import Batch, Binding, make_batch, unsca
 from gencli.pipelines.forecast.metrics import interpolate_quantiles
 
 DEFAULT_MODEL = "tft-forecast"
+ENSEMBLE_LABELS = ("network", "damped trend", "theta")
 PAIRS = {("hour_sin", "hour_cos"): "hour of day", ("weekday_sin", "weekday_cos"): "day of week", ("year_sin", "year_cos"): "time of year"}
 BUILTIN_LABELS = {
     "target_observed": "observed flag",
@@ -58,8 +59,11 @@ class ForecastResult:
 class Forecaster:
     """A loaded TFT plus everything needed to feed it."""
 
-    def __init__(self, path: Path, *, device: str = "auto", dtype: str = "auto", threads: Optional[int] = None, allow_pickle: bool = False):
+    def __init__(
+        self, path: Path, *, device: str = "auto", dtype: str = "auto", threads: Optional[int] = None, allow_pickle: bool = False, ensemble: bool = False
+    ):
         self.path = Path(path)
+        self.ensemble = ensemble
         self.placement = choose_placement(device, dtype, "float", threads)
         self.config, src = load_config(self.path, allow_pickle)
         self.model = load_model(
@@ -110,15 +114,24 @@ class Forecaster:
         context = context or self.context_length
         batch = make_batch(records, self.config, binding, context, horizon, origins)
         grid, det = self._run(batch, explain)
-        if clip_nonnegative:
-            nonneg = np.array([r.nonnegative for r in records])
-            grid[nonneg] = np.maximum(grid[nonneg], 0.0)
+        nonneg = np.array([r.nonnegative for r in records]) if clip_nonnegative else np.zeros(len(records), dtype=bool)
+        grid[nonneg] = np.maximum(grid[nonneg], 0.0)
+        ends = [rec.length if origins is None else int(origins[i]) for i, rec in enumerate(records)]
+        weights = None
+        if self.ensemble:
+            from gencli.pipelines.forecast.ensemble import combine
+
+            def heldout(idx: list[int], starts: list[int]) -> np.ndarray:
+                return self._run(make_batch([records[i] for i in idx], self.config, binding, context, horizon, starts))[0]
+
+            grid, weights = combine(records, ends, grid, heldout, horizon, self.grid, context, nonneg)
         wanted = interpolate_quantiles(grid, self.grid, levels)
         results = []
         for i, rec in enumerate(records):
-            o = rec.length if origins is None else int(origins[i])
             ex = self._explanation(i, det, batch, rec, binding) if explain else None
-            results.append(ForecastResult(rec, grid[i], wanted[i], o, ex))
+            if ex is not None and weights is not None:
+                ex["ensemble"] = {name: float(w) for name, w in zip(ENSEMBLE_LABELS, weights[i])}
+            results.append(ForecastResult(rec, grid[i], wanted[i], ends[i], ex))
         return results
 
     # -- interpretation -----------------------------------------------------------------------

@@ -177,6 +177,8 @@ def explain_text(res: ForecastResult) -> str:
     if ex["static"]:
         lines.append(f"  static inputs:  {top(ex['static'])}")
     lines.append(f"  attention: {100 * ex['attention_on_history']:.0f}% on the history; peaks at {peaks}")
+    if ex.get("ensemble"):
+        lines.append(f"  ensemble weights: {top(ex['ensemble'])}")
     return "\n".join(lines)
 
 
@@ -184,8 +186,8 @@ def explain_csv_rows(res: ForecastResult):
     """The --explain-out CSV rows ``(id, kind, name, weight)`` of one series."""
     ex = res.explain
     sid = res.record.id
-    for kind in ("static", "past", "future"):
-        for name, w in ex[kind].items():
+    for kind in ("static", "past", "future", "ensemble"):
+        for name, w in ex.get(kind, {}).items():
             yield (sid, kind, name, f"{w:.6g}")
     for lag, w in enumerate(ex["attention_by_lag"], start=1):
         yield (sid, "attention", f"t-{lag}", f"{w:.6g}")

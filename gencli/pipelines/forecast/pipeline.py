@@ -106,8 +106,14 @@ def prepare(req: ForecastRequest, report: Reporter, table: Table) -> Setup:
     from gencli.pipelines.forecast.forecaster import DEFAULT_MODEL
     from gencli.weights import resolve_model
 
-    fc = Forecaster(resolve_model(req.model, DEFAULT_MODEL), device=req.device, dtype=req.dtype, threads=req.threads, allow_pickle=req.allow_pickle)
-    report.debug(f"model {fc.path} ({fc.placement.describe()}), context {fc.context_length}")
+    fc = Forecaster(
+        resolve_model(req.model, DEFAULT_MODEL), device=req.device, dtype=req.dtype, threads=req.threads, allow_pickle=req.allow_pickle,
+        ensemble=not req.model_only,
+    )  # fmt: skip
+    report.debug(
+        f"model {fc.path} ({fc.placement.describe()}), context {fc.context_length}"
+        + ("" if req.model_only else "; combined per series with damped-trend ETS and Theta (--model-only: the network alone)")
+    )
     binding = bind_columns(fc.config, layout.known, layout.observed, layout.static_real, layout.static_cat)
     horizon = req.horizon or _first_horizon(table, layout, report)
     limit = HORIZON_LIMIT_FACTOR * (fc.max_horizon or fc.context_length)
@@ -261,10 +267,11 @@ def _run_backtest(run: RunState, records: Iterable[SeriesRecord]) -> None:
             advance(len(batch))
     failures.finish(done, req.strict)
     summary = result.summary()
+    name = "TFT" if req.model_only else "TFT + ETS/Theta ensemble"
     if fitted is None:
-        label = "TFT"
+        label = name
     else:
-        label = f"TFT fine-tuned ({req.fit_steps} steps)" if fitted[1].kept else "TFT (fine-tuning not kept)"
+        label = f"{name}, fine-tuned ({req.fit_steps} steps)" if fitted[1].kept else f"{name} (fine-tuning not kept)"
     if report.json:
         for s in result.series:
             failures.before(positions[s.id])

@@ -44,6 +44,7 @@ class ForecastRequest:
     strict: bool = False
     force: bool = False
     allow_negative: bool = False
+    model_only: bool = False  # the network alone, without the statistical ensemble
     # the model and where it runs (``--model/--device/--dtype/--threads/--allow-pickle``), the fine-tuning seed
     model: Optional[str] = None
     device: str = "auto"

@@ -1,0 +1,72 @@
+"""The statistical members of the default forecast ensemble (damped-trend ETS, Theta) and the
+per-series weights of the ensemble."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gencli.pipelines.forecast.ensemble import member_weights
+from gencli.pipelines.forecast.statistical import _seasonal_indices, statistical_forecasts
+
+LEVELS = [0.05, 0.1, 0.5, 0.9, 0.95]
+
+
+def test_a_straight_line_is_extrapolated():
+    y = 10.0 + 2.0 * np.arange(60)
+    out = statistical_forecasts([y], [1], 6, LEVELS)
+    truth = 10.0 + 2.0 * np.arange(60, 66)
+    # the damped trend starts on the line and bends only slightly; Theta's drift is half the slope
+    # plus SES catching up, so it lags a little more
+    assert np.allclose(out["damped_trend"][0, :, 2], truth, rtol=0.02)
+    assert np.abs(out["theta"][0, :, 2] - truth).max() < 0.1 * (truth[-1] - truth[0]) + 6.0
+
+
+def test_seasonal_series_and_honest_bands():
+    rng = np.random.default_rng(0)
+    t = np.arange(180)
+    season = 1.0 + 0.3 * np.sin(2 * np.pi * t / 12)
+    y = (200 + 0.5 * t) * season * (1 + rng.normal(0, 0.02, t.size))
+    idx, mult = _seasonal_indices(y, 12)
+    assert mult and np.allclose(idx, season[:12], atol=0.03)
+    h = 24
+    out = statistical_forecasts([y[:-h]], [12], h, LEVELS)
+    for name, q in out.items():
+        assert np.all(np.diff(q[0], axis=-1) >= 0), name  # ordered quantiles
+        width = (q[0, :, 3] - q[0, :, 1]) / q[0, :, 2]
+        assert width[-1] > width[0], name  # the band widens with the lead time
+        median_err = np.abs(q[0, :, 2] - y[-h:]).mean() / y[-h:].mean()
+        assert median_err < 0.05, (name, median_err)
+        inside = np.mean((y[-h:] >= q[0, :, 0]) & (y[-h:] <= q[0, :, 4]))
+        assert inside >= 0.6, (name, inside)  # a 90% band holds most of the truth
+
+
+def test_no_seasonality_is_found_in_noise_and_batches_mix_lengths():
+    rng = np.random.default_rng(1)
+    noise = 50 + rng.normal(0, 1, 120)
+    idx, _ = _seasonal_indices(noise, 12)
+    assert np.allclose(idx, 1.0)
+    short = 20 + np.arange(25, dtype=float)
+    both = statistical_forecasts([noise, short], [12, 12], 6, LEVELS)
+    alone = statistical_forecasts([short], [12], 6, LEVELS)
+    for name in both:  # left padding of the shorter series changes nothing
+        assert np.allclose(both[name][1], alone[name][0]), name
+    assert np.all(np.isfinite(both["theta"])) and np.abs(both["theta"][0, :, 2] - 50).max() < 1.5
+
+
+def test_member_weights():
+    w = member_weights(np.array([[1.0, 2.0, 4.0], [3.0, 3.0, 3.0], [np.nan, 1.0, 1.0], [np.nan, np.nan, np.nan]]), power=1.0)
+    assert np.allclose(w.sum(axis=1), 1.0)
+    assert np.allclose(w[0], np.array([1.0, 0.5, 0.25]) / 1.75)
+    assert np.allclose(w[1], 1 / 3) and np.allclose(w[2], [0.0, 0.5, 0.5])
+    assert np.allclose(w[3], [1.0, 0.0, 0.0])  # nothing scored: the network alone
+    sharp = member_weights(np.array([[1.0, 2.0, 4.0]]), power=8.0)
+    assert sharp[0, 0] > 0.99
+
+
+@pytest.mark.parametrize("m", [1, 4, 7])
+def test_constant_series(m):
+    y = np.full(40, 5.0)
+    out = statistical_forecasts([y], [m], 5, LEVELS)
+    for q in out.values():
+        assert np.allclose(q, 5.0)
