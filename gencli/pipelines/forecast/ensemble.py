@@ -58,7 +58,11 @@ def combine(
     val = [i for i in range(n) if ends[i] - horizon >= max(MIN_FIT, 2 * seasons[i] if ends[i] - horizon >= 3 * seasons[i] else MIN_FIT)]
     hist = [records[i].target[max(0, ends[i] - spans[i]) : ends[i]] for i in range(n)]
     hist += [records[i].target[max(0, ends[i] - horizon - spans[i]) : ends[i] - horizon] for i in val]
-    stats = statistical_forecasts(hist, seasons + [seasons[i] for i in val], horizon, grid)
+    # in units of a power of two near each history's peak (exact): the members' squared errors
+    # neither overflow near 1e300 nor vanish near 1e-160, and their forecasts scale with the series
+    units = np.array([_power_of_two_unit(h) for h in hist])
+    stats = statistical_forecasts([h / u for h, u in zip(hist, units)], seasons + [seasons[i] for i in val], horizon, grid)
+    stats = {k: v * units[:, None, None] for k, v in stats.items()}
     if nonnegative is not None:
         clip = np.r_[nonnegative, nonnegative[val]] if len(val) else nonnegative
         stats = {k: np.where(clip[:, None, None], np.maximum(v, 0.0), v) for k, v in stats.items()}
@@ -72,11 +76,18 @@ def combine(
         cand = np.stack([held] + [stats[k][n:] for k in MEMBERS], axis=1)  # (V, 1 + K, H, G)
         truth = np.stack([records[i].target[ends[i] - horizon : ends[i]] for i in val])  # (V, H)
         mask = np.stack([records[i].observed_mask[ends[i] - horizon : ends[i]] for i in val])
-        loss = pinball(truth[:, None, :], cand, grid).mean(axis=-1)  # (V, 1 + K, H)
+        u = units[val][:, None]  # losses in the series' own units: member_weights' floor is then relative
+        loss = pinball((truth / u)[:, None, :], cand / u[:, :, None, None], grid).mean(axis=-1)  # (V, 1 + K, H)
         loss = (loss * mask[:, None, :]).sum(axis=-1) / np.maximum(mask.sum(axis=-1), 1)[:, None]
         weights[val] = member_weights(loss)
     out = np.einsum("nk,nkhg->nhg", weights, members)
     return out, weights
+
+
+def _power_of_two_unit(values: np.ndarray) -> float:
+    finite = np.abs(values[np.isfinite(values)])
+    peak = float(finite.max()) if finite.size else 0.0
+    return float(np.ldexp(1.0, int(np.frexp(peak)[1]))) if peak > 0 else 1.0
 
 
 __all__ = ["MEMBERS", "combine", "member_weights"]
