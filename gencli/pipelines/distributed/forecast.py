@@ -29,7 +29,7 @@ from gencli.errors import UserError
 from gencli.pipelines.distributed.runtime import Cluster, RayOptions, check_options, prepare_out_dir, ray_runtime, ray_task_errors, refuse, shard_name
 from gencli.pipelines.forecast.layout import Layout
 from gencli.pipelines.forecast.outputs import imputed_note
-from gencli.pipelines.forecast.pipeline import Failures, RunState, Setup, forecast_batches, prepare, write_forecasts
+from gencli.pipelines.forecast.pipeline import Failures, RunState, Setup, forecast_batches, load_forecaster, prepare, write_forecasts
 from gencli.pipelines.forecast.records import RecordOptions, SeriesError, build_record
 from gencli.pipelines.forecast.request import ForecastRequest, check_request
 from gencli.pipelines.forecast.table import iter_groups, open_table
@@ -102,9 +102,7 @@ class ForecastReplica:
     """One model replica of the actor pool: loads the model once, then forecasts batch after batch."""
 
     def __init__(self, req: ForecastRequest, model: str, binding, horizon: int, context: int, out_dir: Optional[str] = None, time_zone=None):
-        from gencli.pipelines.forecast.forecaster import Forecaster
-
-        fc = Forecaster(Path(model), device=req.device, dtype=req.dtype, threads=req.threads, allow_pickle=req.allow_pickle)
+        fc = load_forecaster(req, Path(model))
         self.run = RunState(req, Reporter(quiet=True, json=req.json), fc, binding, horizon, context, None, None, {}, time_zone)
         self.out_dir = out_dir
 

@@ -94,6 +94,12 @@ class Setup:
     record_options: RecordOptions
 
 
+def load_forecaster(req: ForecastRequest, path: Path) -> Forecaster:
+    """The model as ``req`` runs it (device, dtype, threads; the ensemble unless --model-only): the
+    one place the single-process run and the Ray replicas load it."""
+    return Forecaster(path, device=req.device, dtype=req.dtype, threads=req.threads, allow_pickle=req.allow_pickle, ensemble=not req.model_only)
+
+
 def prepare(req: ForecastRequest, report: Reporter, table: Table) -> Setup:
     """Infer the layout from ``table``, load the model and settle the horizon and context (with the
     run's notes and warnings); a horizon far beyond the model's training is a UserError."""
@@ -106,10 +112,7 @@ def prepare(req: ForecastRequest, report: Reporter, table: Table) -> Setup:
     from gencli.pipelines.forecast.forecaster import DEFAULT_MODEL
     from gencli.weights import resolve_model
 
-    fc = Forecaster(
-        resolve_model(req.model, DEFAULT_MODEL), device=req.device, dtype=req.dtype, threads=req.threads, allow_pickle=req.allow_pickle,
-        ensemble=not req.model_only,
-    )  # fmt: skip
+    fc = load_forecaster(req, resolve_model(req.model, DEFAULT_MODEL))
     report.debug(
         f"model {fc.path} ({fc.placement.describe()}), context {fc.context_length}"
         + ("" if req.model_only else "; combined per series with damped-trend ETS and Theta (--model-only: the network alone)")
