@@ -147,3 +147,25 @@ def test_classify_with_ray_is_the_single_process_output(tmp_path):
     assert single.returncode == distributed.returncode == 2
     assert distributed.stdout == single.stdout
     assert len(distributed.stdout.splitlines()) == 7 and '"error"' in distributed.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command, sharded", [("zeroshot", False), ("similarity", True)])
+def test_clip_commands_with_ray_are_the_single_process_output(tmp_path, command, sharded):
+    """zeroshot and similarity on Ray: the same JSON lines in the same order (an unreadable image
+    reported in its place), on stdout or, with --out-dir, in the shards read in name order."""
+    pytest.importorskip("ray")
+    folder = write_scene_folder(tmp_path, [32, 40, 48, 32, 56])
+    (folder / "img2.png").write_bytes(b"not an image")
+    what = ["--labels", "circle,square,triangle"] if command == "zeroshot" else ["--texts", "a red circle", "--texts", "a blue square"]
+    args = [command, str(folder), *what, "--json", "--batch-size", "2"]
+    single = run_cli(*args, env=ONE_THREAD)
+    assert single.returncode == 2 and len(single.stdout.splitlines()) == 5 and '"error"' in single.stdout
+    out = tmp_path / "shards"
+    distributed = run_cli(*args, "--ray", "--replicas", "2", *(["--out-dir", str(out)] if sharded else []), env=ONE_THREAD)
+    assert distributed.returncode == 2 and "img2.png" in distributed.stderr
+    if sharded:
+        assert distributed.stdout == ""
+        assert "".join(s.read_text() for s in sorted(out.glob("part-*.jsonl"))) == single.stdout
+    else:
+        assert distributed.stdout == single.stdout
