@@ -169,3 +169,19 @@ def test_clip_commands_with_ray_are_the_single_process_output(tmp_path, command,
         assert "".join(s.read_text() for s in sorted(out.glob("part-*.jsonl"))) == single.stdout
     else:
         assert distributed.stdout == single.stdout
+
+
+@pytest.mark.slow
+def test_generate_prompts_file_with_ray_is_the_single_process_output(tmp_path):
+    """Sampled with a seed, in batches of two: each batch draws from its own generator of (seed,
+    batch), so the replicas give the single-process texts, in prompt order."""
+    pytest.importorskip("ray")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("import os\n\ndef add(a, b):\nclass Point:\nfor i in range(3):\nx = [\n", encoding="utf-8")
+    args = ["generate", "--prompts-file", str(prompts), "-n", "6", "--temperature", "0.9", "--seed", "7", "--batch-size", "2"]
+    single = run_cli(*args, env=ONE_THREAD)
+    assert single.returncode == 0, single.stderr
+    distributed = run_cli(*args, "--ray", "--replicas", "2", env=ONE_THREAD)
+    assert distributed.returncode == 0, distributed.stderr
+    assert distributed.stdout == single.stdout
+    assert len(single.stdout.split("\n\n")) == 6
