@@ -265,10 +265,7 @@ def _read_mask(mask: str, flags: dict[str, Any]):
 
 
 def _generate(opts: RunOptions, pipe, jobs, batch_size: int, init, mask, force: bool) -> None:
-    from gencli.console import emit_json
-    from gencli.io import atomic_write_bytes
-    from gencli.pipelines.diffusion_jobs import model_calls, run_jobs
-    from gencli.pipelines.image_parameters import png_bytes
+    from gencli.pipelines.diffusion_jobs import model_calls, run_jobs, write_image
 
     report = opts.report
     notices_seen: set[str] = set()
@@ -289,16 +286,15 @@ def _generate(opts: RunOptions, pipe, jobs, batch_size: int, init, mask, force: 
     total = model_calls(pipe, jobs, batch_size) if report.interactive else None
     with report.progress("denoising", total=total) as advance:
         for job, image in run_jobs(pipe, jobs, batch_size=batch_size, init_image=init, mask=mask, on_step=advance, on_notice=notice, on_batch=batch_done):
-            params = image.parameters(pipe)
-            atomic_write_bytes(job.out, png_bytes(image.pixels, params.to_text()), force=force)
-            s = image.settings
-            if opts.json:
-                emit_json({
-                    "file": str(job.out), "prompt": image.prompt, "negative_prompt": image.negative_prompt, "seed": image.seed,
-                    "steps": s.steps, "sampler": params.sampler, "guidance": s.guidance, "guidance_rescale": s.guidance_rescale,
-                    "width": s.width, "height": s.height, "clip_skip": s.clip_skip, "strength": s.strength,
-                    "model": str(pipe.path), "model_hash": pipe.model_hash, "parameters": params.to_text(),
-                })  # fmt: skip
-            else:
-                report.log(f"wrote {job.out} (seed {image.seed})")
+            _report_image(opts, write_image(job, image, pipe, force=force))
     report.debug(f"{len(jobs)} image(s) in {time.perf_counter() - start:.2f}s")
+
+
+def _report_image(opts: RunOptions, record: dict[str, Any]) -> None:
+    """One image written: its JSON line with --json, else a log line."""
+    from gencli.console import emit_json
+
+    if opts.json:
+        emit_json(record)
+    else:
+        opts.report.log(f"wrote {record['file']} (seed {record['seed']})")

@@ -43,7 +43,8 @@ class TextReplica:
                 with open_output(str(Path(self.out_dir) / shard_name((index,), ".jsonl")), True) as fh:
                     for c in completions:
                         emit_json(c.as_json(str(self.tm.path), self.seed), fh)
-            rows.append({"batch": index, "completions": pickle.dumps(completions), "model": str(self.tm.path), "context": self.tm.context_length, "seed": self.seed})
+            model = {"model": str(self.tm.path), "context": self.tm.context_length, "seed": -1 if self.seed is None else self.seed}
+            rows.append({"batch": index, "completions": pickle.dumps(completions), **model})
         return pd.DataFrame(rows)
 
 
@@ -74,7 +75,8 @@ def generate_prompts(
             TextReplica, batch_size=1, batch_format="pandas", fn_constructor_kwargs=replica, **cluster.actor_pool()
         )
         for row in ds.iter_rows():  # in prompt order (the runtime preserves it)
-            yield pickle.loads(row["completions"]), row["model"], int(row["context"]), None if row["seed"] is None or row["seed"] != row["seed"] else int(row["seed"])
+            seed = int(row["seed"])
+            yield pickle.loads(row["completions"]), row["model"], int(row["context"]), None if seed < 0 else seed
 
 
 __all__ = ["generate_prompts", "TextReplica"]
