@@ -185,3 +185,26 @@ def test_generate_prompts_file_with_ray_is_the_single_process_output(tmp_path):
     assert distributed.returncode == 0, distributed.stderr
     assert distributed.stdout == single.stdout
     assert len(single.stdout.split("\n\n")) == 6
+
+
+@pytest.mark.slow
+def test_txt2img_prompts_file_with_ray_writes_the_single_process_files(tmp_path):
+    """The replicas write the PNGs to the names the single-process run uses, byte for byte, and the
+    JSON records come back in prompt order."""
+    pytest.importorskip("ray")
+    import json
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red star\na blue square\na green circle\n", encoding="utf-8")
+    args = ["txt2img", "--prompts-file", str(prompts), "--seed", "3", "--steps", "2", "--width", "32", "--height", "32", "--batch-size", "2", "--json"]
+    runs = {}
+    for name, extra in (("single", []), ("ray", ["--ray", "--replicas", "2"])):
+        (tmp_path / name).mkdir()
+        r = run_cli(*args, "-o", str(tmp_path / name / "{i:02d}-{seed}.png"), *extra, env=ONE_THREAD)
+        assert r.returncode == 0, r.stderr
+        runs[name] = [{k: v for k, v in json.loads(line).items() if k != "file"} for line in r.stdout.splitlines()]
+    assert runs["ray"] == runs["single"] and [row["seed"] for row in runs["single"]] == [3, 3, 3]  # each prompt from --seed
+    names = sorted(p.name for p in (tmp_path / "single").iterdir())
+    assert names == ["00-3.png", "01-3.png", "02-3.png"] == sorted(p.name for p in (tmp_path / "ray").iterdir())
+    for n in names:
+        assert (tmp_path / "ray" / n).read_bytes() == (tmp_path / "single" / n).read_bytes()
