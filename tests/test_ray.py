@@ -208,3 +208,25 @@ def test_txt2img_prompts_file_with_ray_writes_the_single_process_files(tmp_path)
     assert names == ["00-3.png", "01-3.png", "02-3.png"] == sorted(p.name for p in (tmp_path / "ray").iterdir())
     for n in names:
         assert (tmp_path / "ray" / n).read_bytes() == (tmp_path / "single" / n).read_bytes()
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["zeroshot", "IMG", "--labels", "a,b", "--replicas", "2"], ["--replicas needs --ray"]),
+        (["similarity", "IMG", "--texts", "a", "--ray", "--out", "x.jsonl", "--out-dir", "NEW"], ["--out and --out-dir are exclusive"]),
+        (["generate", "import os", "--ray"], ["--ray needs --prompts-file"]),
+        (["txt2img", "a red star", "--ray"], ["--ray needs --prompts-file"]),
+        (["txt2img", "--prompts-file", "PROMPTS", "--ray", "--replicas", "0"], ["--replicas must be at least 1"]),
+        (["txt2img", "--prompts-file", "PROMPTS", "--ray", "--out-dir", "EXISTING"], ["already exists", "--force"]),
+    ],
+)
+def test_bad_ray_options_of_the_other_commands(tmp_path, args, needles):
+    (tmp_path / "imgs").mkdir()
+    write_scene_folder(tmp_path / "imgs", [32])
+    (tmp_path / "prompts.txt").write_text("a red star\n")
+    (tmp_path / "EXISTING").mkdir()
+    (tmp_path / "EXISTING" / "old.png").write_bytes(b"x")
+    named = {"IMG": tmp_path / "imgs" / "img0.png", "PROMPTS": tmp_path / "prompts.txt"}
+    named.update({n: tmp_path / n for n in ("NEW", "EXISTING", "x.jsonl")})
+    one_error_line(run_cli(*[str(named.get(a, a)) for a in args], env=ONE_THREAD), *needles)
