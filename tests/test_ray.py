@@ -147,3 +147,86 @@ def test_classify_with_ray_is_the_single_process_output(tmp_path):
     assert single.returncode == distributed.returncode == 2
     assert distributed.stdout == single.stdout
     assert len(distributed.stdout.splitlines()) == 7 and '"error"' in distributed.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command, sharded", [("zeroshot", False), ("similarity", True)])
+def test_clip_commands_with_ray_are_the_single_process_output(tmp_path, command, sharded):
+    """zeroshot and similarity on Ray: the same JSON lines in the same order (an unreadable image
+    reported in its place), on stdout or, with --out-dir, in the shards read in name order."""
+    pytest.importorskip("ray")
+    folder = write_scene_folder(tmp_path, [32, 40, 48, 32, 56])
+    (folder / "img2.png").write_bytes(b"not an image")
+    what = ["--labels", "circle,square,triangle"] if command == "zeroshot" else ["--texts", "a red circle", "--texts", "a blue square"]
+    args = [command, str(folder), *what, "--json", "--batch-size", "2"]
+    single = run_cli(*args, env=ONE_THREAD)
+    assert single.returncode == 2 and len(single.stdout.splitlines()) == 5 and '"error"' in single.stdout
+    out = tmp_path / "shards"
+    distributed = run_cli(*args, "--ray", "--replicas", "2", *(["--out-dir", str(out)] if sharded else []), env=ONE_THREAD)
+    assert distributed.returncode == 2 and "img2.png" in distributed.stderr
+    if sharded:
+        assert distributed.stdout == ""
+        assert "".join(s.read_text() for s in sorted(out.glob("part-*.jsonl"))) == single.stdout
+    else:
+        assert distributed.stdout == single.stdout
+
+
+@pytest.mark.slow
+def test_generate_prompts_file_with_ray_is_the_single_process_output(tmp_path):
+    """Sampled with a seed, in batches of two: each batch draws from its own generator of (seed,
+    batch), so the replicas give the single-process texts, in prompt order."""
+    pytest.importorskip("ray")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("import os\n\ndef add(a, b):\nclass Point:\nfor i in range(3):\nx = [\n", encoding="utf-8")
+    args = ["generate", "--prompts-file", str(prompts), "-n", "6", "--temperature", "0.9", "--seed", "7", "--batch-size", "2"]
+    single = run_cli(*args, env=ONE_THREAD)
+    assert single.returncode == 0, single.stderr
+    distributed = run_cli(*args, "--ray", "--replicas", "2", env=ONE_THREAD)
+    assert distributed.returncode == 0, distributed.stderr
+    assert distributed.stdout == single.stdout
+    assert len(single.stdout.split("\n\n")) == 6
+
+
+@pytest.mark.slow
+def test_txt2img_prompts_file_with_ray_writes_the_single_process_files(tmp_path):
+    """The replicas write the PNGs to the names the single-process run uses, byte for byte, and the
+    JSON records come back in prompt order."""
+    pytest.importorskip("ray")
+    import json
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red star\na blue square\na green circle\n", encoding="utf-8")
+    args = ["txt2img", "--prompts-file", str(prompts), "--seed", "3", "--steps", "2", "--width", "32", "--height", "32", "--batch-size", "2", "--json"]
+    runs = {}
+    for name, extra in (("single", []), ("ray", ["--ray", "--replicas", "2"])):
+        (tmp_path / name).mkdir()
+        r = run_cli(*args, "-o", str(tmp_path / name / "{i:02d}-{seed}.png"), *extra, env=ONE_THREAD)
+        assert r.returncode == 0, r.stderr
+        runs[name] = [{k: v for k, v in json.loads(line).items() if k != "file"} for line in r.stdout.splitlines()]
+    assert runs["ray"] == runs["single"] and [row["seed"] for row in runs["single"]] == [3, 3, 3]  # each prompt from --seed
+    names = sorted(p.name for p in (tmp_path / "single").iterdir())
+    assert names == ["00-3.png", "01-3.png", "02-3.png"] == sorted(p.name for p in (tmp_path / "ray").iterdir())
+    for n in names:
+        assert (tmp_path / "ray" / n).read_bytes() == (tmp_path / "single" / n).read_bytes()
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["zeroshot", "IMG", "--labels", "a,b", "--replicas", "2"], ["--replicas needs --ray"]),
+        (["similarity", "IMG", "--texts", "a", "--ray", "--out", "x.jsonl", "--out-dir", "NEW"], ["--out and --out-dir are exclusive"]),
+        (["generate", "import os", "--ray"], ["--ray needs --prompts-file"]),
+        (["txt2img", "a red star", "--ray"], ["--ray needs --prompts-file"]),
+        (["txt2img", "--prompts-file", "PROMPTS", "--ray", "--replicas", "0"], ["--replicas must be at least 1"]),
+        (["txt2img", "--prompts-file", "PROMPTS", "--ray", "--out-dir", "EXISTING"], ["already exists", "--force"]),
+    ],
+)
+def test_bad_ray_options_of_the_other_commands(tmp_path, args, needles):
+    (tmp_path / "imgs").mkdir()
+    write_scene_folder(tmp_path / "imgs", [32])
+    (tmp_path / "prompts.txt").write_text("a red star\n")
+    (tmp_path / "EXISTING").mkdir()
+    (tmp_path / "EXISTING" / "old.png").write_bytes(b"x")
+    named = {"IMG": tmp_path / "imgs" / "img0.png", "PROMPTS": tmp_path / "prompts.txt"}
+    named.update({n: tmp_path / n for n in ("NEW", "EXISTING", "x.jsonl")})
+    one_error_line(run_cli(*[str(named.get(a, a)) for a in args], env=ONE_THREAD), *needles)

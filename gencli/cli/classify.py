@@ -47,20 +47,14 @@ def classify(
     paths = image_paths(images, recursive=recursive)  # bad inputs fail before the model loads
     distributed = ray_options(ray, replicas, gpus_per_replica, out_dir, opts.force)
     if distributed is not None:
-        from gencli.cli.images import report_sharded
-        from gencli.pipelines.distributed.images import classifier, predict_images
+        from gencli.cli.images import ray_image_results
+        from gencli.pipelines.distributed.images import classifier
 
-        if out_dir and opts.out:
-            from gencli.errors import UserError
-
-            raise UserError("--out and --out-dir are exclusive: one file, or shards in a directory")
         load = functools.partial(classifier, resolve_model(opts.model, DEFAULT_MODEL), top_k, **opts.load_options())
-        results = predict_images(paths, load, distributed, report, batch_size=batch_size, device=opts.device)
-        if out_dir:
-            report_sharded(results, len(paths), report, out_dir)
-            return
-        with opts.results(newline="") as out:
-            write_predictions(results, len(paths), report, "classifying", fmt, out)
+        results = ray_image_results(paths, load, distributed, opts, batch_size=batch_size)
+        if results is not None:
+            with opts.results(newline="") as out:
+                write_predictions(results, len(paths), report, "classifying", fmt, out)
         return
     start = time.perf_counter()
     clf = ImageClassifier.load(resolve_model(opts.model, DEFAULT_MODEL), warn=report.warn, **opts.load_options())

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from gencli.cli import app
-from gencli.cli.common import Quantize, RunOptions, at_least, command, option
+from gencli.cli.common import GpusPerReplica, OutDir, Quantize, RayAddress, Replicas, RunOptions, at_least, command, option, ray_options
 from gencli.console import Reporter, emit_json
 
 DEFAULT_MODEL = "llama-pystdlib"
@@ -54,6 +54,10 @@ def generate(
     group_size: Annotated[
         Optional[int], typer.Option("--group-size", help="int4: input columns per scale (default 32).", show_default=False)
     ] = None,
+    ray: RayAddress = None,
+    replicas: Replicas = None,
+    gpus_per_replica: GpusPerReplica = None,
+    out_dir: OutDir = None,
     *,
     opts: RunOptions,
 ) -> None:
@@ -71,6 +75,8 @@ def generate(
     gencli generate -m ./Qwen2.5-0.5B-Instruct --chat "Name three prime numbers."
 
     gencli generate --quantize int8 "import os"
+
+    gencli generate --prompts-file prompts.txt --seed 7 --ray --replicas 4 --out-dir completions/
     """
     from gencli.errors import UserError
     from gencli.pipelines.text import check_flags
@@ -78,7 +84,17 @@ def generate(
     check_flags(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, stop=stop)
     if system is not None and not chat:
         raise UserError("--system needs --chat")
+    distributed = ray_options(ray, replicas, gpus_per_replica, out_dir, opts.force)
+    if distributed is not None and prompts_file is None:
+        raise UserError("--ray needs --prompts-file (one prompt runs in this process)")
     prompts = _read_prompts(prompt, prompts_file, opts.report)
+    if distributed is not None:
+        _generate_on_ray(
+            prompts, distributed, opts, echo=echo, batch_size=batch_size, chat=chat, system=system, quantize=quantize, group_size=group_size,
+            settings=dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                          repetition_penalty=repetition_penalty, stop=stop or [], ignore_eos=ignore_eos),
+        )  # fmt: skip
+        return
 
     from gencli.pipelines.text import describe, encode_prompt, load_text_model, make_sampler_generator, resolve_settings
     from gencli.weights import resolve_model
@@ -101,7 +117,7 @@ def generate(
         seed=opts.seed,
         warn=report.warn,
     )
-    generator, seed = make_sampler_generator(settings)
+    _, seed = make_sampler_generator(settings)
     s = settings.sampling
     report.debug(
         ("greedy decoding" if s.greedy else f"sampling: temperature {s.temperature}, top-k {s.top_k}, top-p {s.top_p}, min-p {s.min_p}, seed {seed}")
@@ -110,44 +126,84 @@ def generate(
     encoded = [(p, encode_prompt(tm, p, chat=chat, system=system)) for p in prompts]
     single = prompt is not None and prompts_file is None
     with opts.results() as out:
-        _run_batches(tm, encoded, settings, generator, seed, report, out, stream=single and not opts.json, echo=echo, batch_size=batch_size)
+        _run_batches(tm, encoded, settings, seed, report, out, stream=single and not opts.json, echo=echo, batch_size=batch_size)
     if seed is not None:
         report.debug(f"seed {seed}")
 
 
-def _run_batches(tm, encoded, settings, generator, seed: Optional[int], report: Reporter, out, *, stream: bool, echo: bool, batch_size: int) -> None:
-    """Generate for the encoded prompts ``batch_size`` at a time and write the completions to
-    ``out``: streamed piece by piece for a single prompt, else each whole (one JSON line each with --json)."""
+def _generate_on_ray(prompts, distributed, opts: RunOptions, *, echo: bool, batch_size: int, chat: bool, system, quantize, group_size, settings) -> None:
+    """``--ray``: replicas generate the single-process batches (one seed for all: --seed, else a fresh
+    one, reported with -v) and the completions come back in prompt order."""
+    import functools
+
+    from gencli.backend.random import new_seed
+    from gencli.pipelines.distributed.text import generate_prompts
+    from gencli.pipelines.text import load_text_model
+    from gencli.weights import resolve_model
+
+    report = opts.report
+    seed = opts.seed if opts.seed is not None else new_seed()
+    load = functools.partial(
+        load_text_model, resolve_model(opts.model, DEFAULT_MODEL), **opts.load_options(), quantize=quantize.value if quantize else None, group_size=group_size
+    )
+    runs = generate_prompts(
+        prompts, load, {**settings, "seed": seed}, distributed, report, batch_size=batch_size, chat=chat, system=system, device=opts.device, out=opts.out
+    )
+    if distributed.out_dir:
+        n = sum(len(completions) for completions, *_ in runs)
+        report.log(f"{n} completion(s) -> shards in {distributed.out_dir}")
+    else:
+        with opts.results() as out:
+            write_completions(runs, report, out, echo=echo, many=len(prompts) > 1)
+    report.debug(f"seed {seed} (used when the settings sample)")
+
+
+def _run_batches(tm, encoded, settings, seed: Optional[int], report: Reporter, out, *, stream: bool, echo: bool, batch_size: int) -> None:
+    """Generate for the encoded prompts ``batch_size`` at a time (batch k sampling from
+    :func:`~gencli.pipelines.text.batch_generator`) and write the completions to ``out``: streamed
+    piece by piece for a single prompt, else each whole (one JSON line each with --json)."""
+    from gencli.pipelines.text import batch_generator
     from gencli.pipelines.text import generate as run
 
     def on_text(row: int, piece: str) -> None:
         out.write(piece)
         out.flush()
 
+    def batches():
+        for k, start in enumerate(range(0, len(encoded), batch_size)):
+            batch = encoded[start : start + batch_size]
+            if stream and echo:
+                out.write(batch[0][0])
+                out.flush()
+            completions = run(tm, batch, settings, on_text=on_text if stream else None, generator=batch_generator(seed, k))
+            yield completions, str(tm.path), tm.context_length, seed
+
+    write_completions(batches(), report, out, stream=stream, echo=echo, many=len(encoded) > 1)
+
+
+def write_completions(batches, report: Reporter, out, *, stream: bool = False, echo: bool = False, many: bool = True) -> None:
+    """Write each batch's completions (``batches``: ``(completions, model path, context length,
+    seed)`` in prompt order) as they come: JSON lines with --json, else the texts (a blank line between
+    them when ``many``; only the line end when ``stream``ed already)."""
     context_warned = False
-    for start in range(0, len(encoded), batch_size):
-        batch = encoded[start : start + batch_size]
-        if stream and echo:
-            out.write(batch[0][0])
-            out.flush()
-        completions = run(tm, batch, settings, on_text=on_text if stream else None, generator=generator)
+    for completions, model_path, context_length, seed in batches:
         for c in completions:
             if c.hit_context and not context_warned:
-                report.warn(f"stopped at the model's context length ({tm.context_length} tokens)")
+                report.warn(f"stopped at the model's context length ({context_length} tokens)")
                 context_warned = True
             if report.json:
-                emit_json(c.as_json(str(tm.path), seed), out)
+                emit_json(c.as_json(model_path, seed), out)
             elif stream:
                 out.write("\n")
             else:
                 out.write((c.prompt if echo else "") + c.text + "\n")
-                if len(encoded) > 1:
+                if many:
                     out.write("\n")
             out.flush()
         t = completions[0].timing
         report.debug(
             f"prefill {t['prefill_s']:.3f}s ({t['prefill_tokens_per_s'] or 0:.1f} tokens/s), "
-            f"decode {t['decode_s']:.3f}s ({t['decode_tokens_per_s'] or 0:.1f} tokens/s), batch of {len(batch)}"
+            f"decode {t['decode_s']:.3f}s ({t['decode_tokens_per_s'] or 0:.1f} tokens/s), batch of {len(completions)}"
         )
 
 

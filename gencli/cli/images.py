@@ -57,6 +57,20 @@ def write_predictions(results: Iterable[Any], total: int, report: Reporter, desc
     return total - len(failed)
 
 
+def ray_image_results(paths: Sequence[str], load: Any, distributed: Any, opts: Any, *, batch_size: int, record: Any = None) -> Optional[Iterable[Any]]:
+    """``--ray``: the results of ``load()``'s predict per image from Ray replicas, in input order, for
+    the command's writer; None with ``--out-dir`` (the replicas wrote ``record(result)`` JSON-lines
+    shards, and the unreadable inputs are reported here: exit 2 if any)."""
+    from gencli.pipelines.distributed.images import predict_images
+
+    more = {"record": record} if record is not None else {}
+    results = predict_images(paths, load, distributed, opts.report, batch_size=batch_size, device=opts.device, out=opts.out, **more)
+    if distributed.out_dir is None:
+        return results
+    report_sharded(results, len(paths), opts.report, distributed.out_dir)
+    return None
+
+
 def report_sharded(results: Iterable[Any], total: int, report: Reporter, out_dir: str) -> int:
     """``--out-dir``: the replicas wrote the results; report the unreadable inputs (exit 2 if any) and
     the count. Returns the number of images predicted."""
@@ -113,6 +127,8 @@ def write_similarities(results: Iterable[Any], total: int, texts: Sequence[str],
     value is its cosine per text) as CSV rows or JSON lines as they come, or a table at the end
     (``fmt``), to ``file`` (default: stdout). Unreadable files are reported on stderr (and as JSON
     error lines). Returns the paths that could not be read."""
+    from gencli.pipelines.similarity import similarity_record
+
     rows: list[tuple[str, list[float]]] = []
     failed: list[str] = []
     out = sys.stdout if file is None else file
@@ -129,11 +145,11 @@ def write_similarities(results: Iterable[Any], total: int, texts: Sequence[str],
                 failed.append(r.path)
                 report.error(f"'{r.path}': {r.error}")
                 if fmt == "json":
-                    emit(json_line({"image": r.path, "error": r.error}))
+                    emit(json_line(similarity_record(r, texts)))
             else:
                 rows.append((r.path, r.value))
                 if fmt == "json":
-                    emit(json_line({"image": r.path, "similarities": [{"text": t, "cosine": v} for t, v in zip(texts, r.value)]}))
+                    emit(json_line(similarity_record(r, texts)))
                 elif fmt == "csv":
                     emit(csv_line([r.path, *(f"{v:.6f}" for v in r.value)]))
             advance(1)

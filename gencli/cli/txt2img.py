@@ -9,7 +9,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from gencli.cli import app
-from gencli.cli.common import RunOptions, command, option
+from gencli.cli.common import GpusPerReplica, OutDir, RayAddress, Replicas, RunOptions, command, option, ray_options
 
 DEFAULT_MODEL = "txt2img-shapes"
 _GEN = "Generation"
@@ -74,6 +74,10 @@ def txt2img(
     prompts_file: PromptsFileOpt = None,
     vae: VaeOpt = None,
     variant: VariantOpt = None,
+    ray: RayAddress = None,
+    replicas: Replicas = None,
+    gpus_per_replica: GpusPerReplica = None,
+    out_dir: OutDir = None,
     *,
     opts: RunOptions,
 ) -> None:
@@ -88,9 +92,12 @@ def txt2img(
     gencli txt2img "a green circle" --seeds 0-3 -o "circle-{seed}.png" --json
 
     gencli txt2img -m ./stable-diffusion-v1-5 "a lighthouse at dusk" --steps 25 --sampler "DPM++ 2M Karras" --width 512 --height 512
+
+    gencli txt2img --prompts-file prompts.txt --seed 1 --ray --replicas 4 --out-dir renders/
     """
     flags = dict(steps=steps, guidance=guidance, guidance_rescale=guidance_rescale, sampler=sampler, width=width, height=height, clip_skip=clip_skip)
-    _run(opts, prompt, prompts_file, negative_prompt, flags, n, seeds, batch_size, out, force, vae, variant, "txt2img")
+    distributed = ray_options(ray, replicas, gpus_per_replica, out_dir, force)
+    _run(opts, prompt, prompts_file, negative_prompt, flags, n, seeds, batch_size, out, force, vae, variant, "txt2img", distributed=distributed)
 
 
 @command(app, "img2img")
@@ -197,6 +204,7 @@ def _run(
     image: Optional[str] = None,
     mask: Optional[str] = None,
     expect_hash: str = "",
+    distributed: Any = None,
 ) -> None:
     import sys
 
@@ -210,6 +218,8 @@ def _run(
         raise UserError(f"--batch-size must be at least 1 (got {batch_size})")
     if prompt is not None and prompts_file is not None:
         raise UserError("give a PROMPT or --prompts-file, not both")
+    if distributed is not None:
+        out = _ray_out(distributed, prompts_file, out)
     if prompts_file is not None:
         specs = read_prompts_file(prompts_file)
     elif prompt is None:
@@ -232,6 +242,15 @@ def _run(
     from gencli.pipelines.diffusion import load_pipeline
 
     path = resolve_model(opts.model, DEFAULT_MODEL)
+    if distributed is not None:
+        import functools
+
+        from gencli.pipelines.distributed.diffusion import make_images
+
+        load = functools.partial(load_pipeline, path, vae=vae, variant=variant, **opts.load_options())
+        for record in make_images(jobs, load, distributed, report, batch_size=batch_size, force=force, device=opts.device):
+            _report_image(opts, record)
+        return
     with report.progress("loading model"):
         pipe = load_pipeline(path, vae=vae, variant=variant, **opts.load_options())
     report.debug(pipe.describe())
@@ -239,6 +258,23 @@ def _run(
     if expect_hash and expect_hash != pipe.model_hash:
         report.warn(f"the image was made with Model hash {expect_hash}, '{path}' has {pipe.model_hash}: the image will differ")
     _generate(opts, pipe, jobs, batch_size, init, mask_pixels, force)
+
+
+def _ray_out(distributed, prompts_file: Optional[str], out: Optional[str]) -> Optional[str]:
+    """``--ray`` (``--prompts-file`` only): the output pattern, ``--out-dir DIR`` putting the default
+    names in DIR (created here)."""
+    from pathlib import Path
+
+    from gencli.errors import UserError
+    from gencli.pipelines.distributed.runtime import check_options
+
+    if prompts_file is None:
+        raise UserError("--ray needs --prompts-file (one prompt runs in this process)")
+    check_options(distributed, out=out)
+    if distributed.out_dir is None:
+        return out
+    Path(distributed.out_dir).mkdir(parents=True, exist_ok=True)
+    return str(Path(distributed.out_dir) / "txt2img-{i:03d}-{seed}.png")
 
 
 def _read_init_image(image: str, flags: dict[str, Any]):
@@ -265,10 +301,7 @@ def _read_mask(mask: str, flags: dict[str, Any]):
 
 
 def _generate(opts: RunOptions, pipe, jobs, batch_size: int, init, mask, force: bool) -> None:
-    from gencli.console import emit_json
-    from gencli.io import atomic_write_bytes
-    from gencli.pipelines.diffusion_jobs import model_calls, run_jobs
-    from gencli.pipelines.image_parameters import png_bytes
+    from gencli.pipelines.diffusion_jobs import model_calls, run_jobs, write_image
 
     report = opts.report
     notices_seen: set[str] = set()
@@ -289,16 +322,15 @@ def _generate(opts: RunOptions, pipe, jobs, batch_size: int, init, mask, force: 
     total = model_calls(pipe, jobs, batch_size) if report.interactive else None
     with report.progress("denoising", total=total) as advance:
         for job, image in run_jobs(pipe, jobs, batch_size=batch_size, init_image=init, mask=mask, on_step=advance, on_notice=notice, on_batch=batch_done):
-            params = image.parameters(pipe)
-            atomic_write_bytes(job.out, png_bytes(image.pixels, params.to_text()), force=force)
-            s = image.settings
-            if opts.json:
-                emit_json({
-                    "file": str(job.out), "prompt": image.prompt, "negative_prompt": image.negative_prompt, "seed": image.seed,
-                    "steps": s.steps, "sampler": params.sampler, "guidance": s.guidance, "guidance_rescale": s.guidance_rescale,
-                    "width": s.width, "height": s.height, "clip_skip": s.clip_skip, "strength": s.strength,
-                    "model": str(pipe.path), "model_hash": pipe.model_hash, "parameters": params.to_text(),
-                })  # fmt: skip
-            else:
-                report.log(f"wrote {job.out} (seed {image.seed})")
+            _report_image(opts, write_image(job, image, pipe, force=force))
     report.debug(f"{len(jobs)} image(s) in {time.perf_counter() - start:.2f}s")
+
+
+def _report_image(opts: RunOptions, record: dict[str, Any]) -> None:
+    """One image written: its JSON line with --json, else a log line."""
+    from gencli.console import emit_json
+
+    if opts.json:
+        emit_json(record)
+    else:
+        opts.report.log(f"wrote {record['file']} (seed {record['seed']})")

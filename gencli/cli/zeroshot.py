@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from gencli.cli import app
-from gencli.cli.common import DETERMINISTIC_SEED_HELP, RunOptions, at_least, command, option
+from gencli.cli.common import DETERMINISTIC_SEED_HELP, GpusPerReplica, OutDir, RayAddress, Replicas, RunOptions, at_least, command, option, ray_options
 
 _IMAGES_HELP = "Image files, directories of images, or - to read one path per line from stdin."
 
@@ -29,6 +29,10 @@ def zeroshot(
     batch_size: Annotated[int, option("--batch-size", callback=at_least(1), help="Images per forward pass.")] = 32,
     recursive: Annotated[bool, option("--recursive", help="Descend into sub-directories of directory inputs.")] = False,
     csv: Annotated[bool, option("--csv", help="CSV rows image,rank,label,score instead of a table.")] = False,
+    ray: RayAddress = None,
+    replicas: Replicas = None,
+    gpus_per_replica: GpusPerReplica = None,
+    out_dir: OutDir = None,
     *,
     opts: RunOptions,
 ) -> None:
@@ -37,8 +41,10 @@ def zeroshot(
     Scores are a softmax over logit_scale * cosine similarity between the image and each label's
     prompt. Prints a table (plain whole rows when stdout is not a terminal), CSV with --csv, or with
     --json one line per image: {"image", "predictions": [{"label", "score"}]}; --out FILE writes them there.
-    Unreadable images are reported and skipped; the exit code is then 2.
+    Unreadable images are reported and skipped; the exit code is then 2. --ray scores on Ray Data with
+    the same output in the same order (--out-dir: JSON-lines shards written by the replicas).
     """
+    import functools
     import time
 
     from gencli.cli.images import output_format, write_predictions
@@ -55,12 +61,24 @@ def zeroshot(
         report.warn(f"one label ('{label_list[0]}'): every image scores 1.0, since the scores are shared out over the labels; give two or more")
     templates = zs.check_templates(template) if template else None
     paths = image_paths(images, recursive=recursive)  # bad inputs fail before the model loads
+    distributed = ray_options(ray, replicas, gpus_per_replica, out_dir, opts.force)
+    if distributed is not None:
+        from gencli.cli.images import ray_image_results
+        from gencli.pipelines.distributed.images import zero_shot
+        from gencli.weights import resolve_model
+
+        load = functools.partial(zero_shot, resolve_model(opts.model, zs.DEFAULT_MODEL), label_list, templates, top_k, **opts.load_options())
+        results = ray_image_results(paths, load, distributed, opts, batch_size=batch_size)
+        if results is not None:
+            with opts.results(newline="") as out:
+                write_predictions(results, len(paths), report, "zero-shot", fmt, out)
+        return
     start = time.perf_counter()
     bundle = _load(opts, "zeroshot")
     loaded = time.perf_counter()
     report.debug(f"loaded {bundle.path} in {loaded - start:.2f}s")
     if templates is None:
-        templates = zs.model_templates(bundle.path) or [zs.DEFAULT_TEMPLATE]
+        templates = zs.default_templates(bundle.path)
         report.debug(f"prompt template(s): {', '.join(repr(t) for t in templates)}")
     clf = zs.ZeroShotClassifier(bundle, label_list, templates, warn=report.warn)
     encoded = time.perf_counter()
@@ -94,6 +112,10 @@ def similarity(
     csv_out: Annotated[bool, option("--csv", help="Write CSV (image, then one column per text) instead of a table.")] = False,
     batch_size: Annotated[int, option("--batch-size", callback=at_least(1), help="Images per forward pass.")] = 32,
     recursive: Annotated[bool, option("--recursive", help="Descend into sub-directories of directory inputs.")] = False,
+    ray: RayAddress = None,
+    replicas: Replicas = None,
+    gpus_per_replica: GpusPerReplica = None,
+    out_dir: OutDir = None,
     *,
     opts: RunOptions,
 ) -> None:
@@ -101,8 +123,11 @@ def similarity(
 
     Rows are images, columns texts. Prints a table (plain whole rows when stdout is not a terminal), CSV
     with --csv, or with --json one line per image: {"image", "similarities": [{"text", "cosine"}]}
-    (texts in the order given); --out FILE writes them there.
+    (texts in the order given); --out FILE writes them there. --ray scores on Ray Data with the same
+    output in the same order (--out-dir: JSON-lines shards written by the replicas).
     """
+    import functools
+
     from gencli.cli.images import output_format, write_similarities
     from gencli.errors import UserError
     from gencli.pipelines import similarity as sim
@@ -116,8 +141,21 @@ def similarity(
         raise UserError("stdin cannot hold both the image paths and the texts: give --texts-file a file")
     text_list = sim.parse_texts(texts, texts_file)
     paths = image_paths(inputs, recursive=recursive)
-    bundle = _load(opts, "similarity")
-    results = predict_image_files(paths, sim.SimilarityScorer(bundle, text_list), batch_size=batch_size)
+    distributed = ray_options(ray, replicas, gpus_per_replica, out_dir, opts.force)
+    if distributed is not None:
+        from gencli.cli.images import ray_image_results
+        from gencli.pipelines.distributed.images import similarity as scorer
+        from gencli.pipelines.zeroshot import DEFAULT_MODEL
+        from gencli.weights import resolve_model
+
+        load = functools.partial(scorer, resolve_model(opts.model, DEFAULT_MODEL), text_list, **opts.load_options())
+        record = functools.partial(sim.similarity_record, texts=text_list)
+        results = ray_image_results(paths, load, distributed, opts, batch_size=batch_size, record=record)
+        if results is None:
+            return
+    else:
+        bundle = _load(opts, "similarity")
+        results = predict_image_files(paths, sim.SimilarityScorer(bundle, text_list), batch_size=batch_size)
     with opts.results(newline="") as out:
         failed = write_similarities(results, len(paths), text_list, opts.report, fmt, out)
     if failed:

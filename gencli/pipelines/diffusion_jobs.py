@@ -241,6 +241,23 @@ def run_jobs(
         yield from zip(group, images)
 
 
+def write_image(job: Job, image: Any, pipe: StableDiffusion, *, force: bool, to: Optional[Path] = None) -> dict[str, Any]:
+    """Write one generated image as PNG (its settings in the 'parameters' chunk) to ``job.out`` (or
+    ``to``: the same file by an absolute name, for a Ray worker) and return its JSON record."""
+    from gencli.io import atomic_write_bytes
+    from gencli.pipelines.image_parameters import png_bytes
+
+    params = image.parameters(pipe)
+    atomic_write_bytes(to or job.out, png_bytes(image.pixels, params.to_text()), force=force)
+    s = image.settings
+    return {
+        "file": str(job.out), "prompt": image.prompt, "negative_prompt": image.negative_prompt, "seed": image.seed,
+        "steps": s.steps, "sampler": params.sampler, "guidance": s.guidance, "guidance_rescale": s.guidance_rescale,
+        "width": s.width, "height": s.height, "clip_skip": s.clip_skip, "strength": s.strength,
+        "model": str(pipe.path), "model_hash": pipe.model_hash, "parameters": params.to_text(),
+    }  # fmt: skip
+
+
 def model_calls(pipe: StableDiffusion, jobs: Sequence[Job], batch_size: int) -> int:
     """How many UNet calls the run makes (for a progress bar)."""
     from gencli.pipelines.diffusion import make_scheduler, resolve_settings
@@ -254,4 +271,4 @@ def model_calls(pipe: StableDiffusion, jobs: Sequence[Job], batch_size: int) -> 
     return total
 
 
-__all__ = ["parse_seeds", "PromptSpec", "read_prompts_file", "Job", "plan_jobs", "check_job_flags", "batches", "run_jobs", "model_calls"]
+__all__ = ["parse_seeds", "PromptSpec", "read_prompts_file", "Job", "plan_jobs", "check_job_flags", "batches", "run_jobs", "write_image", "model_calls"]

@@ -4,12 +4,13 @@ and the command renders the rows as a table, CSV or JSON lines."""
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from PIL import Image
 
 from gencli.errors import UserError
 from gencli.pipelines.clip import ClipBundle
+from gencli.pipelines.images import ImageResult
 from gencli.pipelines.zeroshot import read_lines, similarity_matrix
 
 
@@ -37,4 +38,12 @@ class SimilarityScorer:
         return [[round(v, 6) for v in row] for row in sims]
 
 
-__all__ = ["parse_texts", "SimilarityScorer"]
+def similarity_record(result: ImageResult, texts: Sequence[str]) -> dict[str, Any]:
+    """The JSON line of one image: ``{"image", "similarities": [{"text", "cosine"}]}`` (texts in
+    order), or ``{"image", "error"}``."""
+    if result.error is not None:
+        return {"image": result.path, "error": result.error}
+    return {"image": result.path, "similarities": [{"text": t, "cosine": v} for t, v in zip(texts, result.value)]}
+
+
+__all__ = ["parse_texts", "SimilarityScorer", "similarity_record"]

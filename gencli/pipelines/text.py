@@ -591,6 +591,21 @@ def describe(tm: TextModel) -> str:
     return f"{tm.architecture} from '{tm.path}', {dtype} on {tm.placement.device}{threads}, context {tm.context_length} tokens"
 
 
+def batch_generator(seed: Optional[int], index: int) -> Optional[torch.Generator]:
+    """The sampling generator of the ``index``-th batch of a prompts file (None when greedy: no seed).
+
+    Batch 0 draws from ``seed`` itself (one prompt gives the text it always gave); batch ``k > 0``
+    from a seed derived from ``(seed, k)``. A batch's text thus depends on its prompts and the seed
+    only, never on what the batches before it drew: the same on one process and on Ray replicas."""
+    if seed is None:
+        return None
+    if index:
+        import numpy as np
+
+        seed = int(np.random.SeedSequence([seed, index]).generate_state(1)[0]) & 0x7FFFFFFF
+    return make_generator(seed)[0]
+
+
 def make_sampler_generator(settings: GenerationSettings) -> tuple[Optional[torch.Generator], Optional[int]]:
     """A seeded generator when sampling (a fresh seed, reported back, when none was given)."""
     if settings.sampling.greedy:

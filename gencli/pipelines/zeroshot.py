@@ -119,6 +119,11 @@ def model_templates(path: Path) -> Optional[list[str]]:
         raise UserError(f"'{f}': {e}") from None
 
 
+def default_templates(path: Path) -> list[str]:
+    """The templates used when none are given: the model's :data:`TEMPLATES_FILE`, else CLIP's."""
+    return model_templates(path) or [DEFAULT_TEMPLATE]
+
+
 def check_templates(templates: Optional[Sequence[str]]) -> list[str]:
     """The prompt templates (default: CLIP's "a photo of a {}."); each must contain ``{}``."""
     templates = list(templates or [DEFAULT_TEMPLATE])
@@ -201,6 +206,7 @@ __all__ = [
     "DEFAULT_TEMPLATE",
     "ZeroShotClassifier",
     "check_templates",
+    "default_templates",
     "encode_images",
     "fill",
     "load",

@@ -1,5 +1,5 @@
-"""The image commands with ``--ray`` (``classify``; the loop serves any command that predicts one
-value per image): the single-process loop, :func:`~gencli.pipelines.images.predict_image_files`,
+"""The image commands with ``--ray`` (``classify``, ``zeroshot``, ``similarity``: any command that
+predicts one value per image): the single-process loop, :func:`~gencli.pipelines.images.predict_image_files`,
 run by a pool of model replicas on the single-process batches.
 
 The paths are cut into the single-process batches (``--batch-size`` consecutive paths; a model's
@@ -21,6 +21,7 @@ from gencli.pipelines.distributed.runtime import RayOptions, check_options, prep
 from gencli.pipelines.images import ImageResult, predict_image_files, result_record
 
 Predict = Callable[[list], Sequence[Any]]
+Record = Callable[[ImageResult], dict]
 
 
 def classifier(model: str, top_k: int, **load_options: Any) -> Predict:
@@ -31,12 +32,29 @@ def classifier(model: str, top_k: int, **load_options: Any) -> Predict:
     return lambda images: clf.predict(images, top_k)
 
 
+def zero_shot(model: str, labels: Sequence[str], templates: Optional[Sequence[str]], top_k: int, **load_options: Any) -> Predict:
+    """Load a CLIP model (in a replica), embed the labels once and return the zero-shot ``predict``."""
+    from gencli.pipelines import zeroshot as zs
+
+    bundle = zs.load(model, **load_options)
+    clf = zs.ZeroShotClassifier(bundle, labels, templates or zs.default_templates(bundle.path))
+    return lambda images: clf.predict(images, top_k)
+
+
+def similarity(model: str, texts: Sequence[str], **load_options: Any) -> Predict:
+    """Load a CLIP model (in a replica), embed the texts once and return the cosine scorer."""
+    from gencli.pipelines import zeroshot as zs
+    from gencli.pipelines.similarity import SimilarityScorer
+
+    return SimilarityScorer(zs.load(model, **load_options), texts)
+
+
 class ImageReplica:
     """One model replica: ``load()`` once, then the single-process loop on each batch of paths."""
 
-    def __init__(self, load: Callable[[], Predict], key: str, out_dir: Optional[str] = None):
+    def __init__(self, load: Callable[[], Predict], record: Record, out_dir: Optional[str] = None):
         self.predict = load()
-        self.key = key
+        self.record = record
         self.out_dir = out_dir
 
     def __call__(self, frame):
@@ -49,7 +67,7 @@ class ImageReplica:
             if self.out_dir is not None:
                 with open_output(str(Path(self.out_dir) / shard_name((index,), ".jsonl")), True) as fh:
                     for r in results:
-                        emit_json(result_record(r, self.key), fh)
+                        emit_json(self.record(r), fh)
                 results = [ImageResult(r.path, error=r.error) for r in results]  # the driver reports the errors
             rows.append({"batch": index, "results": pickle.dumps(results)})
         return pd.DataFrame(rows)
@@ -62,22 +80,25 @@ def predict_images(
     report: Reporter,
     *,
     batch_size: int,
-    key: str = "predictions",
+    record: Record = result_record,
     device: str = "auto",
+    out: Optional[str] = None,
 ) -> Iterator[ImageResult]:
     """One :class:`ImageResult` per path, in input order, computed by Ray replicas (their values are
-    None with ``--out-dir``: the shards hold them)."""
-    check_options(ray_opts)
+    None with ``--out-dir``: the shards hold them, one ``record(result)`` JSON line each; ``out`` is
+    the command's ``--out``, exclusive with ``--out-dir``)."""
+    check_options(ray_opts, out=out)
     batches = [{"batch": k, "paths": json.dumps(list(paths[i : i + batch_size]))} for k, i in enumerate(range(0, len(paths), batch_size))]
     with ray_runtime(ray_opts, report, device=device) as cluster, ray_task_errors():
         import ray.data
 
         out_dir = str(prepare_out_dir(ray_opts.out_dir).resolve()) if ray_opts.out_dir else None
+        replica = {"load": load, "record": record, "out_dir": out_dir}
         ds = ray.data.from_items(batches, override_num_blocks=max(1, len(batches))).map_batches(
-            ImageReplica, batch_size=1, batch_format="pandas", fn_constructor_kwargs={"load": load, "key": key, "out_dir": out_dir}, **cluster.actor_pool()
+            ImageReplica, batch_size=1, batch_format="pandas", fn_constructor_kwargs=replica, **cluster.actor_pool()
         )
         for row in ds.iter_rows():  # in input order (the runtime preserves it)
             yield from pickle.loads(row["results"])
 
 
-__all__ = ["predict_images", "classifier", "ImageReplica"]
+__all__ = ["predict_images", "classifier", "zero_shot", "similarity", "ImageReplica"]
