@@ -73,7 +73,8 @@ GpusPerReplica = Annotated[
 OutDir = Annotated[
     Optional[str],
     typer.Option(
-        "--out-dir", help="With --ray: the replicas write sharded results into this new directory (part-*.csv, or .jsonl with --json).", rich_help_panel=_RAY
+        "--out-dir", help="With --ray: the replicas write sharded results into this new directory (part-*.csv or .txt, .jsonl with --json).",
+        rich_help_panel=_RAY
     ),
 ]
 RAY_DEFAULT_ADDRESS = "local"

@@ -95,8 +95,10 @@ def _rss_mb(pid: int) -> tuple[str, float]:
     return "", 0.0
 
 
-def _command(args, data: Path, out: str, ray: bool) -> list[str]:
-    cmd = [sys.executable, "-m", "gencli", "forecast", str(data), "--horizon", str(args.horizon), "--batch-size", str(args.batch_size)]
+def gencli_command(command: str, data: Path, out: str, args, ray: bool, *options: str) -> list[str]:
+    """``python -m gencli COMMAND DATA OPTIONS...`` writing ``out``, one torch thread, quiet, with
+    ``--batch-size`` and ``--model`` from ``args``, and on the Ray side ``--ray local --replicas R``."""
+    cmd = [sys.executable, "-m", "gencli", command, str(data), *options, "--batch-size", str(args.batch_size)]
     cmd += ["--out", out, "--force", "--threads", "1", "--quiet"]
     if args.model:
         cmd += ["--model", args.model]
@@ -105,9 +107,14 @@ def _command(args, data: Path, out: str, ray: bool) -> list[str]:
     return cmd
 
 
-def _timed(cmd: list[str]) -> dict:
+def _command(args, data: Path, out: str, ray: bool) -> list[str]:
+    return gencli_command("forecast", data, out, args, ray, "--horizon", str(args.horizon))
+
+
+def _timed(cmd: list[str], replica: str = "ForecastReplica") -> dict:
     """Wall seconds of ``cmd``, the peak resident memory of the command's own process and of its
-    largest Ray model replica (MB, sampled every 0.25 s), and how many replicas were seen."""
+    largest Ray model replica (a process whose title names the ``replica`` class; MB, sampled every
+    0.25 s), and how many replicas were seen."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "GENCLI_THREADS": "1"}
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -119,7 +126,7 @@ def _timed(cmd: list[str]) -> dict:
             peak["command"] = max(peak["command"], _rss_mb(proc.pid)[1])
             for pid in _descendants(proc.pid):
                 cmdline, rss = _rss_mb(pid)
-                if "ForecastReplica" in cmdline:
+                if replica in cmdline:
                     replicas.add(pid)
                     peak["replica"] = max(peak["replica"], rss)
             time.sleep(0.25)
