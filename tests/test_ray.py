@@ -238,7 +238,7 @@ def test_replica_warnings_are_kept_once_and_forwarded_once(capsys):
     import warnings
 
     from gencli.console import Reporter
-    from gencli.pipelines.distributed.runtime import ForwardedWarnings, ReplicaReporter
+    from gencli.pipelines.distributed.replica_warnings import ForwardedWarnings, ReplicaReporter
 
     replicas = [ReplicaReporter(), ReplicaReporter()]
     for rep in replicas:

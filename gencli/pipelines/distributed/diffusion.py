@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from gencli.console import Reporter
-from gencli.pipelines.distributed.runtime import ForwardedWarnings, RayOptions, ReplicaReporter, check_options, ray_runtime, ray_task_errors
+from gencli.pipelines.distributed.replica_warnings import ForwardedWarnings, ReplicaReporter
+from gencli.pipelines.distributed.runtime import RayOptions, check_options, ray_runtime, ray_task_errors
 
 
 class DiffusionReplica:

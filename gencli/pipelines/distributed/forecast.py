@@ -27,18 +27,8 @@ from typing import Any, Iterator, Optional
 
 from gencli.console import Reporter, open_output
 from gencli.errors import UserError
-from gencli.pipelines.distributed.runtime import (
-    Cluster,
-    ForwardedWarnings,
-    RayOptions,
-    ReplicaReporter,
-    check_options,
-    prepare_out_dir,
-    ray_runtime,
-    ray_task_errors,
-    refuse,
-    shard_name,
-)
+from gencli.pipelines.distributed.replica_warnings import ForwardedWarnings, ReplicaReporter
+from gencli.pipelines.distributed.runtime import Cluster, RayOptions, check_options, prepare_out_dir, ray_runtime, ray_task_errors, refuse, shard_name
 from gencli.pipelines.forecast.layout import Layout
 from gencli.pipelines.forecast.outputs import imputed_note
 from gencli.pipelines.forecast.pipeline import Failures, RunState, Setup, forecast_batches, load_forecaster, prepare, write_forecasts

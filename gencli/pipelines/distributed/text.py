@@ -19,16 +19,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from gencli.console import Reporter, open_output
-from gencli.pipelines.distributed.runtime import (
-    ForwardedWarnings,
-    RayOptions,
-    ReplicaReporter,
-    check_options,
-    prepare_out_dir,
-    ray_runtime,
-    ray_task_errors,
-    shard_name,
-)
+from gencli.pipelines.distributed.replica_warnings import ForwardedWarnings, ReplicaReporter
+from gencli.pipelines.distributed.runtime import RayOptions, check_options, prepare_out_dir, ray_runtime, ray_task_errors, shard_name
 
 
 class TextReplica:
