@@ -15,7 +15,6 @@ else at inference. Atomic checkpoints in ``OUT/ckpt.pt`` that a rerun with the s
 
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 import time
@@ -31,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from gencli.models.gan import DCGAN, DCGANConfig  # noqa: E402
 from gencli.pipelines.generative import save_generative  # noqa: E402
-from gencli.training import resume, save_checkpoint  # noqa: E402
+from gencli.training import parse_training_args, resume, save_checkpoint, training_parser  # noqa: E402
 from scripts.train_vae import SIZE, batch  # noqa: E402  (the same stream of training scenes)
 
 
@@ -48,21 +47,12 @@ def fold_spectral_norm(module: nn.Module) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=Path("runs/gan"))
-    p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--lr", type=float, default=2e-4)
+    p = training_parser(__doc__.split("\n\n")[0], out="runs/gan", steps=400, batch=32, lr=2e-4)
     p.add_argument("--g-widths", default="256,128,64,32")
     p.add_argument("--d-widths", default="32,64,128,256")
     p.add_argument("--latent-dim", type=int, default=64)
     p.add_argument("--ema", type=float, default=0.999)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--ckpt-every", type=int, default=50)
-    p.add_argument("--export", type=Path, default=None)
-    args = p.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
+    args = parse_training_args(p)
     config = DCGANConfig(
         image_size=SIZE, latent_dim=args.latent_dim,
         generator_channels=tuple(int(w) for w in args.g_widths.split(",")),

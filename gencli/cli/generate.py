@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from gencli.cli import app
-from gencli.cli.common import GpusPerReplica, OutDir, Quantize, RayAddress, Replicas, RunOptions, at_least, command, option, ray_options
+from gencli.cli.common import Quantize, RunOptions, at_least, command, option
+
+if TYPE_CHECKING:
+    from gencli.pipelines.distributed.runtime import RayOptions
 from gencli.console import Reporter
 
 DEFAULT_MODEL = "llama-pystdlib"
 
 
-@command(app, "generate", seed_help="Seed for sampling: the same seed gives the same text on any device (the seed used is reported with -v).")
+@command(app, "generate", ray=True, seed_help="Seed for sampling: the same seed gives the same text on any device (the seed used is reported with -v).")
 def generate(
     prompt: Annotated[Optional[str], typer.Argument(metavar="PROMPT", help="The prompt; - reads it from stdin.", show_default=False)] = None,
     max_new_tokens: Annotated[
@@ -54,12 +57,9 @@ def generate(
     group_size: Annotated[
         Optional[int], typer.Option("--group-size", help="int4: input columns per scale (default 32).", show_default=False)
     ] = None,
-    ray: RayAddress = None,
-    replicas: Replicas = None,
-    gpus_per_replica: GpusPerReplica = None,
-    out_dir: OutDir = None,
     *,
     opts: RunOptions,
+    distributed: Optional[RayOptions],
 ) -> None:
     """Generate text with a GPT-2 or Llama-family model; tokens stream to stdout as they are produced.
 
@@ -84,7 +84,6 @@ def generate(
     check_flags(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, stop=stop)
     if system is not None and not chat:
         raise UserError("--system needs --chat")
-    distributed = ray_options(ray, replicas, gpus_per_replica, out_dir, opts.force)
     if distributed is not None and prompts_file is None:
         raise UserError("--ray needs --prompts-file (one prompt runs in this process)")
     prompts = _read_prompts(prompt, prompts_file, opts.report)
