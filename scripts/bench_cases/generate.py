@@ -288,7 +288,7 @@ def run(side, args, workdir):
 
         dtype_name = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
         mode = side[len("gencli-") :] if side.startswith("gencli-") else None
-        tm = load_text_model(folder, device=str(device), dtype=dtype_name, quantize=mode, group_size=args.group_size)
+        tm = load_text_model(folder, device=str(device), dtype=dtype_name, threads=args.threads, quantize=mode, group_size=args.group_size)
         sync(device)
         load_s = time.perf_counter() - t0
 
