@@ -211,7 +211,12 @@ def _write_gguf(args, workdir: Path) -> None:
     stage = workdir / "gguf" / "hf"
     stage.mkdir(parents=True)
     for f in (workdir / "gpt2").iterdir():
-        (stage / f.name).symlink_to(f.resolve())
+        if f.name != "config.json":
+            (stage / f.name).symlink_to(f.resolve())
+    config = json.loads((workdir / "gpt2" / "config.json").read_text())
+    if config.get("model_type") == "gpt2":  # the converter reads GPT-2's context as n_ctx (older configs wrote it)
+        config.setdefault("n_ctx", config["n_positions"])
+    (stage / "config.json").write_text(json.dumps(config))
     # the converter reads the vocabulary through AutoTokenizer: a Llama config alone would ask for a
     # SentencePiece model, the files are GPT-2's byte-level BPE
     (stage / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "GPT2Tokenizer"}))
