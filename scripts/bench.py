@@ -13,6 +13,8 @@ Each case lives in ``scripts/bench_cases/<name>.py`` and defines:
     def setup(args, workdir): ...           # optional, once, in this process: shared inputs/checkpoints
     def run(side, args, workdir) -> dict     # side is "reference" or "gencli"; returns metric values
     def summarize(results) -> dict           # optional: figures drawn from both sides' results
+    def sides(args) -> list[str]: ...       # optional: more sides than the two (e.g. gencli-int8, llama.cpp-Q8_0)
+    def comparisons(args) -> list[tuple[str, str]]: ...  # optional: the (ours, theirs) pairs given as ratios
 
 Each side runs in its own fresh subprocess (so peak memory and load time are its own) on the inputs
 ``setup`` wrote into ``workdir``. The table shows both values and the ratio gencli / reference with
@@ -64,9 +66,9 @@ def build_parser(cases: dict[str, object]) -> argparse.ArgumentParser:
         p.add_argument("--threads", type=int, default=None, help="torch threads for both sides")
         p.add_argument("--repeat", type=int, default=3, help="timed repetitions (best is kept)")
         p.add_argument("--rounds", type=int, default=1, help="alternating runs of both sides (medians are reported)")
-        p.add_argument("--only", choices=SIDES, help="run one side only")
+        p.add_argument("--only", help="run one side only (reference, gencli, or a side the case adds)")
         p.add_argument("--json", action="store_true", help="print the result as one JSON object")
-        p.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
+        p.add_argument("--worker", help=argparse.SUPPRESS)
         p.add_argument("--workdir", help=argparse.SUPPRESS)
         if hasattr(mod, "add_arguments"):
             mod.add_arguments(p)
@@ -139,27 +141,31 @@ def main(argv: list[str] | None = None) -> None:
         run_worker(mod, args)
         return
     metrics: dict[str, str] = getattr(mod, "METRICS", {})
+    all_sides = list(mod.sides(args)) if hasattr(mod, "sides") else list(SIDES)
+    if args.only and args.only not in all_sides:
+        raise SystemExit(f"--only: this run has the sides {', '.join(all_sides)}")
+    sides = [args.only] if args.only else all_sides
+    pairs = [(a, b) for a, b in (mod.comparisons(args) if hasattr(mod, "comparisons") else [("gencli", "reference")]) if a in sides and b in sides]
     with tempfile.TemporaryDirectory(prefix=f"gencli-bench-{args.case}-") as workdir:
         if hasattr(mod, "setup"):
             mod.setup(args, Path(workdir))
         passthrough = [a for a in argv if a not in ("--json",)]
-        sides = [args.only] if args.only else list(SIDES)
         rounds = []
         for r in range(max(1, args.rounds)):
             order = sides if r % 2 == 0 else sides[::-1]
             rounds.append({side: run_side(side, passthrough, workdir) for side in order})
     results = {side: _median_result([rnd[side] for rnd in rounds]) for side in sides}
     report = {"case": args.case, "device": args.device, "dtype": args.dtype, "environment": environment(), "results": results, "ratios": {}}
-    per_round: dict[str, list[float]] = {}
-    if len(results) == 2:
-        for key in {**metrics, "peak_rss_mb": "lower"}:
-            pairs = [(rnd["reference"].get(key), rnd["gencli"].get(key)) for rnd in rounds]
-            ratios = [ours / ref for ref, ours in pairs if isinstance(ref, (int, float)) and isinstance(ours, (int, float)) and ref]
-            if ratios:
-                per_round[key] = [round(x, 3) for x in ratios]
-                report["ratios"][key] = round(statistics.median(ratios), 3)
+    # per pair: the median over the rounds of the per-round ratio of each metric (and the ratios)
+    compared = {f"{a}/{b}": _round_ratios(rounds, a, b, {**metrics, "peak_rss_mb": "lower"}) for a, b in pairs}
+    if list(compared) == ["gencli/reference"]:  # the two-side layout: one ratio per metric
+        report["ratios"] = {k: v[0] for k, v in compared["gencli/reference"].items()}
         if len(rounds) > 1:
-            report["round_ratios"] = per_round
+            report["round_ratios"] = {k: v[1] for k, v in compared["gencli/reference"].items()}
+    else:
+        report["ratios"] = {pair: {k: v[0] for k, v in per.items()} for pair, per in compared.items()}
+        if len(rounds) > 1:
+            report["round_ratios"] = {pair: {k: v[1] for k, v in per.items()} for pair, per in compared.items()}
     if hasattr(mod, "summarize"):
         report["summary"] = mod.summarize(results)
     report["load_average"] = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
@@ -170,25 +176,49 @@ def main(argv: list[str] | None = None) -> None:
     print(f"device {args.device}, dtype {args.dtype}, " + ", ".join(f"{k} {v}" for k, v in report["environment"].items()))
     keys = list(dict.fromkeys([*metrics, *(k for r in results.values() for k in r)]))
     width = max(len(k) for k in keys) + 2
-    header = f"{'metric':<{width}}" + "".join(f"{s:>14}" for s in sides) + ("   gencli/reference" if len(sides) == 2 else "")
+    col = max(14, *(len(s) + 2 for s in sides))
+    two_sides = list(compared) == ["gencli/reference"]
+    header = f"{'metric':<{width}}" + "".join(f"{s:>{col}}" for s in sides) + ("   gencli/reference" if two_sides else "")
     print(header)
     for key in keys:
         row = f"{key:<{width}}"
         for side in sides:
             v = results[side].get(key)
-            row += f"{_fmt(v):>14}"
-        if key in report["ratios"]:
+            row += f"{_fmt(v):>{col}}"
+        if two_sides and key in report["ratios"]:
             better = metrics.get(key, "lower" if key == "peak_rss_mb" else "")
             row += f"   {report['ratios'][key]:.2f}x" + (f" ({better} is better)" if better else "")
         print(row)
+    if not two_sides and compared:
+        print("ratios (median of the per-round ratios):")
+        pw = max(len(p) for p in compared) + 2
+        shown = [k for k in {**metrics, "peak_rss_mb": "lower"} if any(k in per for per in compared.values())]
+        print(f"  {'':<{pw}}" + "".join(f"{k:>{len(k) + 2}}" for k in shown))
+        for pair, per in compared.items():
+            print(f"  {pair:<{pw}}" + "".join(f"{(f'{per[k][0]:.2f}x' if k in per else '-'):>{len(k) + 2}}" for k in shown))
     if len(rounds) > 1:
-        print(f"medians of {len(rounds)} rounds; per-round gencli/reference:")
-        for key, ratios in per_round.items():
-            print(f"  {key:<{width}}" + " ".join(f"{x:.2f}" for x in ratios))
+        print(f"medians of {len(rounds)} rounds; per-round ratios:")
+        labels = {(pair, key): key if two_sides else f"{pair} {key}" for pair, per in compared.items() for key in per}
+        lw = max([width, *(len(x) + 2 for x in labels.values())])
+        for pair, per in compared.items():
+            for key, (_, ratios) in per.items():
+                print(f"  {labels[pair, key]:<{lw}}" + " ".join(f"{x:.2f}" for x in ratios))
+
     for key, value in report.get("summary", {}).items():
         print(f"{key:<{width}}{_fmt(value):>14}")
     if report["load_average"]:
         print("load average at the end (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in report["load_average"]))
+
+
+def _round_ratios(rounds: list[dict], ours: str, theirs: str, keys) -> dict[str, tuple[float, list[float]]]:
+    """``{metric: (median ratio, per-round ratios)}`` of side ``ours`` over side ``theirs``."""
+    out = {}
+    for key in keys:
+        pairs = [(rnd[theirs].get(key), rnd[ours].get(key)) for rnd in rounds]
+        ratios = [a / b for b, a in pairs if isinstance(b, (int, float)) and isinstance(a, (int, float)) and b]
+        if ratios:
+            out[key] = (round(statistics.median(ratios), 3), [round(x, 3) for x in ratios])
+    return out
 
 
 def _median_result(runs: list[dict]) -> dict:

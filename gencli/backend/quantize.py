@@ -7,9 +7,10 @@ runs torch's own weight-only kernels on a CPU (``aten._weight_int8pack_mm``,
 activations in bf16 for the product (those kernels are vectorised for bf16 activations only; in fp32
 they run several times slower than an fp32 ``F.linear``) and the result returned in the input's
 dtype. These kernels scale linearly with the number of rows (no GEMM blocking): from
-``DEQUANTIZE_MIN_ROWS`` rows (a prompt's prefill) the weight is dequantized to bf16 for that call
+``DEQUANTIZE_MIN_ROWS[mode]`` rows (a prompt's prefill) the weight is dequantized to bf16 for that call
 and multiplied by :func:`gencli.backend.layers.linear` instead. Other devices dequantize on every
-call (correct everywhere, not fast).
+call (correct everywhere, not fast). An int8 layer's prefill multiplies by the codes and scales the
+product's columns (its scales are per output channel), so only the codes are converted.
 
 Stored layout (the tensors a quantized safetensors checkpoint holds, under the layer's name):
 
@@ -39,10 +40,12 @@ MODES = ("int8", "int4")
 INT4_GROUP_SIZES = (32, 64, 128, 256)  # what torch's int4 CPU kernel takes
 DEFAULT_GROUP_SIZE = 32  # int4: input columns per scale/zero pair (llama.cpp's Q4_0 uses 32 too)
 # from this many rows the weight is dequantized for the call and multiplied by a dense bf16 GEMM:
-# the weight-only kernels cost rows x a matrix-vector product (measured on a 2-core AMX CPU, a
-# 3072x768 layer: at 32 rows int8 3.8 ms, dequantize + bf16 GEMM 3.6 ms, fp32 3.3 ms; at 8 rows the
-# kernel 0.9 ms against 2.7 ms fp32)
-DEQUANTIZE_MIN_ROWS = 16
+# the weight-only kernels cost rows x a matrix-vector product, dequantizing costs the same whatever
+# the rows (int4 about twice int8). Break-even on a 2-core AMX CPU, 1 thread, layers of 3072x768,
+# 768x3072 and 2816x1024 (ms, kernel / dequantize + GEMM): int8 at 32 rows 4.3-5.5 / 3.4-5.7, at 64
+# rows 6.9-9.6 / 4.4-5.9; int4 at 64 rows 6.4-11.7 / 10.7-14.0, at 96 rows 10.2-13.0 / 10.9-12.1,
+# at 128 rows 12.4-15.7 / 11.7-13.8
+DEQUANTIZE_MIN_ROWS = {"int8": 32, "int4": 96}
 _INT4_PACK_ROWS = 16  # torch's CPU int4 packing takes a multiple of 16 output rows
 _SCALE_DTYPE = torch.bfloat16
 
@@ -134,13 +137,18 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
 
 
 def dequantize(mode: str, weight: torch.Tensor, scale: torch.Tensor, zero: Optional[torch.Tensor] = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The dense ``(out, in)`` weight a stored quantized layer stands for, in ``dtype``."""
+    """The dense ``(out, in)`` weight a stored quantized layer stands for, in ``dtype``.
+
+    Written for the prefill, which dequantizes every layer once per prompt: the codes go straight into
+    the output tensor and are scaled in place (one pass per step, no temporaries of the weight's size)."""
     if mode == "int8":
-        return weight.to(dtype) * scale.to(dtype)[:, None]
-    q = unpack_int4(weight)
-    groups = scale.shape[1]
-    q = q.reshape(q.shape[0], groups, -1).to(dtype)
-    return ((q - 8) * scale.to(dtype).unsqueeze(-1) + zero.to(dtype).unsqueeze(-1)).reshape(weight.shape[0], -1)
+        return weight.to(dtype).mul_(scale.to(dtype)[:, None])
+    out_f, groups = scale.shape
+    w = torch.empty(out_f, weight.shape[1], 2, dtype=dtype, device=weight.device)
+    w[..., 0] = weight & 15  # the even input column, low nibble
+    w[..., 1] = weight >> 4
+    w = w.view(out_f, groups, -1)
+    return w.sub_(8).mul_(scale.to(dtype).unsqueeze(-1)).add_(zero.to(dtype).unsqueeze(-1)).view(out_f, -1)
 
 
 @functools.lru_cache(maxsize=None)
@@ -217,20 +225,27 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor, activation: Optional[str] = None) -> torch.Tensor:
         rows = x.numel() // max(1, self.in_features)
-        if x.device.type == "cpu" and rows < DEQUANTIZE_MIN_ROWS and _cpu_kernel(self.mode):
+        on_cpu = x.device.type == "cpu"
+        if on_cpu and rows < DEQUANTIZE_MIN_ROWS[self.mode] and _cpu_kernel(self.mode):
             flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
             weight, scales = self._cpu_operands()
             if self.mode == "int8":
                 out = torch.ops.aten._weight_int8pack_mm(flat, weight, scales)
             else:
                 out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, weight, self.group_size, scales)[:, : self.out_features]
-            out = out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
-            if self.bias is not None:
-                out = out.add_(self.bias.to(out.dtype))
-            return out if activation is None else get_activation(activation)(out)
-        dtype = torch.bfloat16 if x.device.type == "cpu" and x.dtype == torch.float32 else x.dtype
+            return self._finish(out.to(x.dtype).reshape(*x.shape[:-1], self.out_features), activation)
+        dtype = torch.bfloat16 if on_cpu and x.dtype == torch.float32 else x.dtype
+        if self.mode == "int8":  # one scale per output channel: it scales the product's columns
+            out = linear(x.to(dtype), self.weight.to(dtype)).mul_(self.weight_scale.to(dtype))
+            return self._finish(out, activation).to(x.dtype)
         bias = self.bias.to(dtype) if self.bias is not None else None
         return linear(x.to(dtype), self.dequantized(dtype), bias, activation).to(x.dtype)
+
+    def _finish(self, out: torch.Tensor, activation: Optional[str]) -> torch.Tensor:
+        """The bias and the activation, on a product computed without them."""
+        if self.bias is not None:
+            out = out.add_(self.bias.to(out.dtype))
+        return out if activation is None else get_activation(activation)(out)
 
     def _apply(self, fn, recurse=True):  # type: ignore[override]
         self._kernel = None  # rebuilt for the new device/dtype on the next call

@@ -2,7 +2,16 @@
 Llama-shaped) random model, greedy, batch 1.
 
 ``--quantize int8|int4`` runs gencli with weight-only quantized linear layers against the reference
-in the dtype given (fp32 by default): the ratio is then quantized gencli over fp32 transformers.
+in the dtype given (fp32 by default): the ratio is then quantized gencli over fp32 transformers. A
+list (``--quantize none,int8,int4``) runs one gencli side per mode in the same rounds.
+
+``--llama-cpp`` adds llama.cpp (the ``llama_cpp`` Python bindings, llama-cpp-python) on the same
+weights: the folder is converted to GGUF by llama.cpp's own ``convert_hf_to_gguf.py`` (from the
+source tree ``--llama-cpp-source`` or ``$LLAMA_CPP_SOURCE``, e.g. the ``vendor/llama.cpp`` folder of
+the llama-cpp-python source distribution) in F32 (BF16 with ``--dtype bfloat16``) and quantized by
+``llama_model_quantize`` to Q8_0 and Q4_0 with llama.cpp's defaults; each gencli mode is compared
+with its llama.cpp counterpart (none: F32, int8: Q8_0, int4: Q4_0), same prompt ids, greedy, the
+same thread count. Without the bindings or the converter these sides are skipped with one line.
 
 Both sides load the same safetensors folder (written once by ``setup``) and generate the same number
 of new tokens from the same prompt, ignoring end-of-sequence. Decode speed is measured the same way
@@ -13,15 +22,26 @@ prefill and per-call setup cancel out.
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 from bench_cases._util import device_and_dtype, peak_gpu_mb, sync
 
 DESCRIPTION = "generate: GPT-2 124M shape or --arch llama (random weights), greedy, batch 1, --quantize int8|int4 (gencli vs transformers.generate)"
-METRICS = {"decode_tokens_per_s": "higher", "decode_tokens_per_cpu_s": "higher", "prefill_tokens_per_s": "higher", "load_s": "lower"}
+METRICS = {
+    "decode_tokens_per_s": "higher",
+    "decode_tokens_per_cpu_s": "higher",
+    "prefill_tokens_per_s": "higher",
+    "first_token_s": "lower",
+    "first_token_cpu_s": "lower",
+    "load_s": "lower",
+}
 
 
 def _peak_rss_mb() -> float:
@@ -48,8 +68,65 @@ def add_arguments(p):
     p.add_argument("--intermediate", type=int, default=None, help="llama: MLP width (default 2.75 x hidden)")
     p.add_argument("--kv-heads", type=int, default=None, help="llama: key/value heads (default: all)")
     p.add_argument("--vocab", type=int, default=32000, help="llama: vocabulary size")
-    p.add_argument("--quantize", choices=("int8", "int4"), default=None, help="gencli side: quantize the linear layers")
+    p.add_argument("--quantize", type=_modes, default=None, help="gencli: int8, int4, or a list such as none,int8,int4 (a side each)")
     p.add_argument("--group-size", type=int, default=None, help="int4 group size (default 32)")
+    p.add_argument("--llama-cpp", action="store_true", help="add llama.cpp sides (llama-cpp-python) for the same modes: F32, Q8_0, Q4_0")
+    p.add_argument("--llama-cpp-source", default=os.environ.get("LLAMA_CPP_SOURCE"), help="llama.cpp source tree (convert_hf_to_gguf.py, gguf-py)")
+
+
+MODES = ("none", "int8", "int4")
+LLAMA_CPP_TYPES = {"none": "F32", "int8": "Q8_0", "int4": "Q4_0"}  # the llama.cpp counterpart of each gencli mode
+
+
+def _modes(text: str) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise ValueError(f"modes are {', '.join(MODES)}")
+    return list(dict.fromkeys(modes))
+
+
+def _gencli_modes(args) -> list[str]:
+    return args.quantize or ["none"]
+
+
+def _gencli_side(mode: str) -> str:
+    return "gencli" if mode == "none" else f"gencli-{mode}"
+
+
+def _llama_cpp_type(args, mode: str) -> str:
+    return ("BF16" if args.dtype == "bfloat16" else "F32") if mode == "none" else LLAMA_CPP_TYPES[mode]
+
+
+def _llama_cpp_missing(args) -> str | None:
+    """Why the llama.cpp sides cannot run (None: they can)."""
+    try:
+        import llama_cpp  # noqa: F401
+    except Exception as exc:  # ImportError, or OSError when its shared library does not load
+        return f"llama_cpp is not importable ({type(exc).__name__}: {exc}); build llama-cpp-python to add them"
+    if args.device != "cpu":
+        return "llama.cpp sides run on the CPU only"
+    if not args.llama_cpp_source or not (Path(args.llama_cpp_source) / "convert_hf_to_gguf.py").is_file():
+        return "no convert_hf_to_gguf.py: give --llama-cpp-source (or $LLAMA_CPP_SOURCE), a llama.cpp source tree"
+    return None
+
+
+def sides(args) -> list[str]:
+    out = ["reference", *(_gencli_side(m) for m in _gencli_modes(args))]
+    if args.llama_cpp:
+        missing = _llama_cpp_missing(args)
+        if missing is None:
+            out += [f"llama.cpp-{_llama_cpp_type(args, m)}" for m in _gencli_modes(args)]
+        elif not args.worker:
+            print(f"llama.cpp sides skipped: {missing}", file=sys.stderr)
+    return out
+
+
+def comparisons(args) -> list[tuple[str, str]]:
+    """Each gencli mode against transformers, and against its llama.cpp counterpart."""
+    pairs = [(_gencli_side(m), "reference") for m in _gencli_modes(args)]
+    pairs += [(_gencli_side(m), f"llama.cpp-{_llama_cpp_type(args, m)}") for m in _gencli_modes(args)]
+    return pairs
 
 
 def _byte_level_vocab(size: int, seed: int = 0) -> tuple[dict[str, int], list[str]]:
@@ -104,6 +181,90 @@ def setup(args, workdir):
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, cfg.vocab_size - 1, (args.prompt_tokens,), generator=g).tolist()
     (workdir / "prompt.json").write_text(json.dumps(ids))
+    if args.llama_cpp and _llama_cpp_missing(args) is None:
+        _write_gguf(args, workdir)
+
+
+# convert_hf_to_gguf.py names the BPE pre-tokenizer from the hash of a test string's tokens; the random
+# byte-level vocabulary above is not one it knows, so it is told GPT-2's (the vocabulary is GPT-2 style
+# and the benchmark feeds token ids, never text); a Llama folder without a SentencePiece model falls
+# back to the same GPT-2 style vocabulary.
+_CONVERT = """
+import runpy, sys
+source = sys.argv[1]
+sys.path[:0] = [source, source + "/gguf-py"]
+import conversion.base
+conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+sys.argv = [source + "/convert_hf_to_gguf.py", *sys.argv[2:]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def _gguf_path(workdir: Path, kind: str) -> Path:
+    return workdir / "gguf" / f"model-{kind}.gguf"
+
+
+def _write_gguf(args, workdir: Path) -> None:
+    """The benchmark folder as GGUF files, one per llama.cpp side (converted once, then quantized)."""
+    import llama_cpp
+
+    stage = workdir / "gguf" / "hf"
+    stage.mkdir(parents=True)
+    for f in (workdir / "gpt2").iterdir():
+        if f.name != "config.json":
+            (stage / f.name).symlink_to(f.resolve())
+    config = json.loads((workdir / "gpt2" / "config.json").read_text())
+    if config.get("model_type") == "gpt2":  # the converter reads GPT-2's context as n_ctx (older configs wrote it)
+        config.setdefault("n_ctx", config["n_positions"])
+    (stage / "config.json").write_text(json.dumps(config))
+    # the converter reads the vocabulary through AutoTokenizer: a Llama config alone would ask for a
+    # SentencePiece model, the files are GPT-2's byte-level BPE
+    (stage / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "GPT2Tokenizer"}))
+    base = "bf16" if args.dtype == "bfloat16" else "f32"
+    dense = _gguf_path(workdir, base.upper())
+    cmd = [sys.executable, "-c", _CONVERT, str(Path(args.llama_cpp_source).resolve()), str(stage), "--outtype", base, "--outfile", str(dense)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0 or not dense.is_file():
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
+        raise SystemExit("convert_hf_to_gguf.py failed")
+    ftypes = {"Q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, "Q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0}
+    for mode in _gencli_modes(args):
+        kind = _llama_cpp_type(args, mode)
+        if kind in ftypes:
+            params = llama_cpp.llama_model_quantize_default_params()
+            params.ftype = ftypes[kind]
+            params.nthread = args.threads or 0
+            if llama_cpp.llama_model_quantize(str(dense).encode(), str(_gguf_path(workdir, kind)).encode(), params) != 0:
+                raise SystemExit(f"llama_model_quantize to {kind} failed")
+
+
+def _llama_cpp_generator(args, workdir: Path, kind: str, prompt: list[int]):
+    """``(generate(k) -> ids, load seconds)`` for llama.cpp: greedy on the last position's logits, the
+    prompt evaluated in one batch, one ``eval`` per further token (as gencli's prefill + decode steps)."""
+    import llama_cpp
+    import numpy as np
+
+    threads = args.threads or os.cpu_count() or 1
+    t0 = time.perf_counter()
+    llm = llama_cpp.Llama(
+        str(_gguf_path(workdir, kind)), n_ctx=len(prompt) + args.new_tokens + 8, n_batch=max(512, len(prompt)),
+        n_ubatch=max(512, len(prompt)), n_threads=threads, n_threads_batch=threads, verbose=False,
+    )  # fmt: skip
+    load_s = time.perf_counter() - t0
+    n_vocab = llm.n_vocab()
+
+    def generate(k):
+        llm.reset()  # the next eval drops the cached positions
+        llm.eval(prompt)
+        ids = []
+        for i in range(k):
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,))
+            ids.append(int(logits.argmax()))
+            if i < k - 1:
+                llm.eval([ids[-1]])
+        return ids
+
+    return generate, load_s
 
 
 def run(side, args, workdir):
@@ -112,7 +273,9 @@ def run(side, args, workdir):
     folder = workdir / "gpt2"
     n = args.new_tokens
     t0 = time.perf_counter()
-    if side == "reference":
+    if side.startswith("llama.cpp-"):
+        generate, load_s = _llama_cpp_generator(args, workdir, side[len("llama.cpp-") :], prompt)
+    elif side == "reference":
         model = _reference_class(args).from_pretrained(folder, dtype=dtype).to(device).eval()
         sync(device)
         load_s = time.perf_counter() - t0
@@ -129,7 +292,8 @@ def run(side, args, workdir):
         from gencli.pipelines.text import generate as gencli_generate
 
         dtype_name = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
-        tm = load_text_model(folder, device=str(device), dtype=dtype_name, threads=args.threads, quantize=args.quantize, group_size=args.group_size)
+        mode = side[len("gencli-") :] if side.startswith("gencli-") else None
+        tm = load_text_model(folder, device=str(device), dtype=dtype_name, threads=args.threads, quantize=mode, group_size=args.group_size)
         sync(device)
         load_s = time.perf_counter() - t0
 
@@ -155,6 +319,9 @@ def run(side, args, workdir):
         "decode_tokens_per_s": round((n - 1) / max(wall[n] - wall[1], 1e-9), 2),
         "decode_tokens_per_cpu_s": round((n - 1) / max(cpu[n] - cpu[1], 1e-9), 2),
         "prefill_tokens_per_s": round(len(prompt) / wall[1], 1),
+        # time to the first token: the prompt's prefill and the first choice (process CPU time too)
+        "first_token_s": round(wall[1], 4),
+        "first_token_cpu_s": round(cpu[1], 4),
         "load_s": round(load_s, 3),
         "new_tokens": len(ids),
         "ids_checksum": sum((i + 1) * t for i, t in enumerate(ids)) % 1_000_003,
