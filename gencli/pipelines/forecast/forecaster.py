@@ -23,7 +23,7 @@ from gencli.pipelines.forecast.features import Batch, Binding, make_batch, unsca
 from gencli.pipelines.forecast.metrics import interpolate_quantiles
 
 DEFAULT_MODEL = "tft-forecast"
-ENSEMBLE_LABELS = ("network", "damped trend", "theta")
+ENSEMBLE_LABELS = ("network", "damped trend", "theta", "holt-winters", "arima")
 PAIRS = {("hour_sin", "hour_cos"): "hour of day", ("weekday_sin", "weekday_cos"): "day of week", ("year_sin", "year_cos"): "time of year"}
 BUILTIN_LABELS = {
     "target_observed": "observed flag",

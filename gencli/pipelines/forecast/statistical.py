@@ -1,6 +1,6 @@
 """Fast statistical forecasters for the default ensemble, vectorised over a batch of series (numpy).
 
-Both members work on the seasonally adjusted series, as the M4 competition's statistical benchmarks
+The damped-trend, Theta and AR members work on the seasonally adjusted series, as the M4 competition's statistical benchmarks
 do: when the autocorrelation at the season lag is significant (90%, Bartlett's bound; at least three
 seasons of history) the series is divided by classical multiplicative seasonal indices (or, when a value
 is not positive, has additive ones subtracted), the forecast is made on what is left and the indices
@@ -9,14 +9,22 @@ are put back.
 - :func:`damped_trend` — ETS(A,Ad,N), Holt's linear trend damped by ``phi`` in innovations form
   ``l_t = l_{t-1} + phi b_{t-1} + alpha e_t``, ``b_t = phi b_{t-1} + beta e_t``; ``(alpha, beta, phi)``
   chosen per series from a grid by the one-step in-sample squared error.
+- :func:`holt_winters` — ETS(A,Ad,A), damped Holt-Winters with seasonal states (the season adapts
+  over time, unlike the fixed indices above), on the log of a positive series so that trend and
+  season act multiplicatively; ``(alpha, beta, gamma, phi)`` from a grid by the one-step in-sample
+  squared error, on the raw history (not the adjusted one), grouped by season length.
+- :func:`autoregressive` — ARIMA(p, d, 0) with an intercept: ``d`` from the KPSS test as auto.arima
+  decides it, ``p <= 12`` by AICc among the non-explosive least-squares fits; it carries the cycles
+  (lynx, sunspots) the smoothing members cannot.
 - :func:`theta` — the Theta method (Assimakopoulos & Nikolopoulos 2000) in Hyndman & Billah's form:
   simple exponential smoothing (``alpha`` from a grid) plus half the least-squares slope as drift,
   ``l_n + b/2 (j + (1 - (1 - alpha)^n) / alpha)`` for lead ``j + 1``.
 
 Quantiles are Gaussian around the point forecast with the model's own horizon scaling of the in-sample
 one-step residual variance ``sigma^2 (1 + sum_{j<h} c_j^2)``: ``c_j = alpha + beta phi (1 - phi^j) /
-(1 - phi)`` for the damped trend, ``c_j = alpha`` for Theta (the SES form), then multiplied by the
-seasonal index. The members run on the last ``history`` values of each series (at least three seasons
+(1 - phi)`` for the damped trend, ``c_j = alpha`` for Theta (the SES form), the MA(infinity) weights for the AR member, then multiplied
+by the seasonal index (Holt-Winters: ``c_j`` gains ``gamma`` at whole seasons, on the log scale,
+exponentiated back). The members run on the last ``history`` values of each series (at least three seasons
 and two horizons where the series has them).
 """
 
@@ -32,7 +40,12 @@ ALPHAS = np.array([0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 0.95])
 TREND_ALPHAS = np.array([0.05, 0.15, 0.3, 0.5, 0.8])
 BETA_RATIOS = np.array([0.02, 0.1, 0.3])  # beta = ratio * alpha
 PHIS = np.array([0.85, 0.93, 0.98])
-MEMBERS = ("damped_trend", "theta")
+HW_ALPHAS = np.array([0.05, 0.15, 0.3, 0.5, 0.8])
+HW_BETA_RATIOS = np.array([0.02, 0.1, 0.3])
+HW_GAMMA_RATIOS = np.array([0.05, 0.2, 0.5])  # gamma = ratio * (1 - alpha)
+HW_PHIS = np.array([0.9, 0.98])
+AR_MAX_ORDER = 12
+MEMBERS = ("damped_trend", "theta", "holt_winters", "autoregressive")  # the order of the weights after the network's
 
 
 def _seasonal_indices(y: np.ndarray, m: int) -> tuple[np.ndarray, bool]:
@@ -73,16 +86,19 @@ def _seasonal_indices(y: np.ndarray, m: int) -> tuple[np.ndarray, bool]:
 
 
 def _adjust(histories: Sequence[np.ndarray], seasons: Sequence[int], horizon: int):
-    """Seasonally adjusted histories, left-padded with NaN into ``(N, L)``, and each series' future
-    seasonal factors ``(N, H)`` (multiplicative) and offsets ``(N, H)`` (additive)."""
+    """Seasonally adjusted histories, left-padded with NaN into ``(N, L)``, each series' future
+    seasonal factors ``(N, H)`` (multiplicative) and offsets ``(N, H)`` (additive), and whether its
+    seasonality was significant ``(N,)``."""
     n_series = len(histories)
     length = max(len(h) for h in histories)
     adj = np.full((n_series, length), np.nan)
     fac = np.ones((n_series, horizon))
     add = np.zeros((n_series, horizon))
+    seasonal = np.zeros(n_series, dtype=bool)
     for i, (y, m) in enumerate(zip(histories, seasons)):
         idx, mult = _seasonal_indices(y, int(m))
         k = len(idx)
+        seasonal[i] = not (mult and np.all(idx == 1.0))
         past = idx[np.arange(len(y)) % k]
         fut = idx[(len(y) + np.arange(horizon)) % k]
         if mult:
@@ -91,7 +107,7 @@ def _adjust(histories: Sequence[np.ndarray], seasons: Sequence[int], horizon: in
         else:
             adj[i, length - len(y) :] = y - past
             add[i] = fut
-    return adj, fac, add
+    return adj, fac, add, seasonal
 
 
 def _smooth(adj: np.ndarray, alpha: np.ndarray, beta: np.ndarray, phi: np.ndarray, trend: bool):
@@ -189,11 +205,192 @@ def theta(adj: np.ndarray, fac: np.ndarray, add: np.ndarray, horizon: int, level
     return _quantiles(point, s, c, fac, add, levels)
 
 
+def _hw_smooth(y: np.ndarray, m: int, alpha, beta, gamma, phi):
+    """Additive damped Holt-Winters recursion (seasonal states) on right-aligned ``y (N, L)`` (NaN
+    before each series' start) for every grid point: final level, slope ``(N, G)``, seasonal states
+    ``(N, G, m)`` indexed by time modulo ``m``, one-step mean squared error ``(N, G)``."""
+    n, length = y.shape
+    g = len(alpha)
+    start = np.argmax(np.isfinite(y), axis=1)
+    n_obs = length - start
+    rows = np.arange(n)
+    first = np.array([y[i, start[i] : start[i] + m].mean() for i in range(n)])
+    has2 = n_obs >= 2 * m + 1
+    second = np.array([y[i, start[i] + m : start[i] + 2 * m].mean() if has2[i] else np.nan for i in range(n)])
+    b0 = np.where(has2, (second - first) / m, 0.0) if m > 1 else np.zeros(n)
+    if m == 1:  # a non-seasonal start: the first value, the slope of the first few
+        k = np.clip(n_obs // 4, 1, 8)
+        first = y[rows, start]
+        a = np.array([y[i, start[i] : start[i] + k[i]].mean() for i in range(n)])
+        b = np.array([y[i, start[i] + k[i] : start[i] + 2 * k[i]].mean() for i in range(n)])
+        b0 = np.where(np.isfinite(b), (b - a) / k, 0.0)
+    season = np.zeros((n, g, m))
+    if m > 1:
+        for i in range(n):
+            t = start[i] + np.arange(m)
+            season[i, :, t % m] = (y[i, t] - first[i])[:, None]
+    # the state at the last initialisation step: the level at mid-season moved to its end
+    level = np.repeat((first + b0 * (m - 1) / 2.0)[:, None], g, axis=1)
+    slope = np.repeat(b0[:, None], g, axis=1)
+    sse = np.zeros((n, g))
+    count = np.zeros(n)
+    begin = start + m
+    burn = begin + max(m, 1)
+    for t in range(int(begin.min()), length):
+        s_old = season[:, :, t % m]
+        f = level + phi * slope + s_old
+        active = (t >= begin)[:, None]
+        e = np.where(active, y[:, t, None] - f, 0.0)
+        level = np.where(active, level + phi * slope + alpha * e, level)
+        slope = np.where(active, phi * slope + beta * e, slope)
+        season[:, :, t % m] = s_old + gamma * e
+        scored = t >= burn
+        sse += np.where(scored[:, None], e * e, 0.0)
+        count += scored
+    mse = sse / np.maximum(count, 1)[:, None]
+    mse[count == 0] = np.nan
+    return level, slope, season, mse
+
+
+def holt_winters(histories: Sequence[np.ndarray], seasons: Sequence[int], horizon: int, levels: Sequence[float]) -> np.ndarray:
+    """Damped Holt-Winters with seasonal states, ETS(A,Ad,A), fitted on the log of a positive series
+    (so trend and season act multiplicatively) and on the values otherwise -> quantiles ``(N, H, Q)``;
+    series are grouped by season length."""
+    a, r, gr, p = np.meshgrid(HW_ALPHAS, HW_BETA_RATIOS, HW_GAMMA_RATIOS, HW_PHIS, indexing="ij")
+    alpha, beta, gamma, phi = a.ravel(), (a * r).ravel(), (gr * (1.0 - a)).ravel(), p.ravel()
+    out = np.zeros((len(histories), horizon, len(levels)))
+    logs = np.array([bool(np.all(h > 0)) for h in histories])
+    seasons = np.array([m if len(h) >= 3 * m + 2 else 1 for h, m in zip(histories, seasons)])
+    z = z_scores(levels)
+    j = np.arange(1, horizon + 1)
+    for m in np.unique(seasons):
+        sel = np.flatnonzero(seasons == m)
+        length = max(len(histories[i]) for i in sel)
+        y = np.full((len(sel), length), np.nan)
+        for row, i in enumerate(sel):
+            h = np.log(histories[i]) if logs[i] else histories[i]
+            y[row, length - len(h) :] = h
+        gm = gamma if m > 1 else np.zeros_like(gamma)
+        level, slope, season, mse = _hw_smooth(y, int(m), alpha, beta, gm, phi)
+        best = np.argmin(np.where(np.isfinite(mse), mse, np.inf), axis=1)
+        rows = np.arange(len(sel))
+        ph, al, be, ga = phi[best][:, None], alpha[best][:, None], beta[best][:, None], gm[best][:, None]
+        damp = ph * (1.0 - ph ** j[None, :]) / (1.0 - ph)
+        fut = season[rows, best][:, (length - 1 + j) % m]  # (n, H)
+        point = level[rows, best][:, None] + damp * slope[rows, best][:, None] + fut
+        c = al + be * damp + ga * ((j % m) == 0)[None, :]
+        var = np.ones_like(point)
+        var[:, 1:] += np.cumsum(c[:, :-1] ** 2, axis=1)
+        s = np.sqrt(np.where(np.isfinite(mse[rows, best]), mse[rows, best], 0.0))
+        q = point[:, :, None] + (s[:, None] * np.sqrt(var))[:, :, None] * z[None, None, :]
+        lg = logs[sel][:, None, None]
+        out[sel] = np.where(lg, np.exp(np.minimum(np.where(lg, q, 0.0), 700.0)), q)
+    return out
+
+
+def _ar_forecast(adj: np.ndarray, horizon: int):
+    """AR(p) with an intercept on ``(N, L)`` (NaN before each series' start) by least squares, the
+    order ``0 <= p <= AR_MAX_ORDER`` (at most a fifth of the history) chosen per series by AICc among
+    the non-explosive fits: point forecasts ``(N, H)``, MA(infinity) weights ``psi_1..psi_H`` ``(N, H)``
+    and the residual variance ``(N,)``."""
+    n, length = adj.shape
+    obs = np.isfinite(adj)
+    n_obs = obs.sum(axis=1)
+    top = int(min(AR_MAX_ORDER, max(0, length - 2)))
+    orders = np.minimum(top, n_obs // 5)
+    x = np.where(obs, adj, 0.0)
+    # rows t >= start + top of every series: the lags 1..top are observed
+    start = length - n_obs
+    lags = np.stack([np.roll(x, k, axis=1) for k in range(1, top + 1)], axis=2) if top else np.zeros((n, length, 0))
+    design = np.concatenate([np.ones((n, length, 1)), lags], axis=2)  # (N, L, 1 + top)
+    used = (np.arange(length)[None, :] >= (start + top)[:, None]) & obs
+    design = design * used[:, :, None]
+    target = x * used
+    count = used.sum(axis=1)
+    xtx = np.einsum("nti,ntj->nij", design, design)
+    xty = np.einsum("nti,nt->ni", design, target)
+    yty = np.einsum("nt,nt->n", target, target)
+    best_aic = np.full(n, np.inf)
+    coef = np.zeros((n, 1 + top))
+    coef[:, 0] = np.where(count > 0, xty[:, 0] / np.maximum(count, 1), 0.0)
+    sigma2 = np.maximum(yty / np.maximum(count, 1) - coef[:, 0] ** 2, 0.0)
+    for p in range(top + 1):
+        k = p + 1
+        a = xtx[:, :k, :k] + 1e-9 * np.eye(k) * np.maximum(np.trace(xtx[:, :k, :k], axis1=1, axis2=2), 1.0)[:, None, None]
+        b = np.linalg.solve(a, xty[:, :k, None])[:, :, 0]
+        sse = np.maximum(yty - 2 * np.einsum("ni,ni->n", b, xty[:, :k]) + np.einsum("ni,nij,nj->n", b, xtx[:, :k, :k], b), 1e-300)
+        m = np.maximum(count, 1)
+        aic = m * np.log(sse / m) + 2 * k + 2 * k * (k + 1) / np.maximum(m - k - 1, 1e-9)
+        ok = (p <= orders) & (count - k - 1 > 0)
+        if p:
+            comp = np.zeros((n, p, p))
+            comp[:, 0, :] = b[:, 1:]
+            comp[:, np.arange(1, p), np.arange(p - 1)] = 1.0
+            ok &= np.abs(np.linalg.eigvals(comp)).max(axis=1) < 1.0
+        better = ok & (aic < best_aic)
+        best_aic = np.where(better, aic, best_aic)
+        coef[better] = 0.0
+        coef[better, :k] = b[better]
+        sigma2 = np.where(better, sse / np.maximum(count - k, 1), sigma2)
+    phi = coef[:, 1:]  # (N, top)
+    recent = x[:, length - top :][:, ::-1] if top else np.zeros((n, 0))  # lag 1 first
+    point = np.zeros((n, horizon))
+    psi = np.zeros((n, horizon))
+    psi_hist = np.zeros((n, top))  # psi_j, psi_{j-1}, ... (psi_0 = 1)
+    if top:
+        psi_hist[:, 0] = 1.0
+    for j in range(horizon):
+        f = coef[:, 0] + np.einsum("nk,nk->n", phi, recent)
+        point[:, j] = f
+        if top:
+            recent = np.concatenate([f[:, None], recent[:, :-1]], axis=1)
+            psi[:, j] = np.einsum("nk,nk->n", phi, psi_hist)
+            psi_hist = np.concatenate([psi[:, j : j + 1], psi_hist[:, :-1]], axis=1)
+    return point, psi, sigma2
+
+
+def kpss_nonstationary(adj: np.ndarray, critical: float = 0.463) -> np.ndarray:
+    """``(N,)`` whether the KPSS level-stationarity statistic (Bartlett long-run variance with
+    ``floor(4 (n / 100)^(1/4))`` lags) of each series exceeds its 5% critical value."""
+    obs = np.isfinite(adj)
+    n_obs = np.maximum(obs.sum(axis=1), 1)
+    mean = np.where(obs, adj, 0.0).sum(axis=1) / n_obs
+    e = np.where(obs, adj - mean[:, None], 0.0)
+    partial = np.cumsum(e, axis=1)
+    lrv = (e * e).sum(axis=1) / n_obs
+    lags = np.floor(4.0 * (n_obs / 100.0) ** 0.25).astype(int)
+    for k in range(1, int(lags.max()) + 1):
+        gamma = (e[:, k:] * e[:, :-k]).sum(axis=1) / n_obs
+        lrv += np.where(k <= lags, 2.0 * (1.0 - k / (lags + 1.0)) * gamma, 0.0)
+    stat = (partial**2).sum(axis=1) / (n_obs**2 * np.maximum(lrv, 1e-300))
+    return stat > critical
+
+
+def autoregressive(adj: np.ndarray, fac: np.ndarray, add: np.ndarray, horizon: int, levels: Sequence[float]) -> np.ndarray:
+    """ARIMA(p, d, 0) on the adjusted series ``(N, L)`` -> quantiles ``(N, H, Q)``: ``d = 1`` (first
+    differences, the intercept a drift) where the KPSS test rejects level stationarity (as
+    auto.arima decides), ``p`` by AICc (see :func:`_ar_forecast`)."""
+    diff = kpss_nonstationary(adj)
+    z = adj.copy()
+    z[diff, 1:] = adj[diff, 1:] - adj[diff, :-1]
+    z[diff, 0] = np.nan
+    point, psi, sigma2 = _ar_forecast(z, horizon)
+    last = adj[:, -1]
+    point = np.where(diff[:, None], last[:, None] + np.cumsum(point, axis=1), point)
+    # integrated weights: psi*_j = 1 + psi_1 + ... + psi_j
+    psi = np.where(diff[:, None], 1.0 + np.cumsum(psi, axis=1), psi)
+    return _quantiles(point, np.sqrt(sigma2), psi, fac, add, levels)
+
+
 def statistical_forecasts(histories: Sequence[np.ndarray], seasons: Sequence[int], horizon: int, levels: Sequence[float]) -> dict[str, np.ndarray]:
-    """Both members' quantile forecasts ``(N, H, Q)`` for a batch of histories (1-D arrays of any
+    """Every member's quantile forecasts ``(N, H, Q)`` for a batch of histories (1-D arrays of any
     lengths, no NaNs) with their season lengths."""
-    adj, fac, add = _adjust([np.asarray(h, dtype=np.float64) for h in histories], seasons, horizon)
-    return {"damped_trend": damped_trend(adj, fac, add, horizon, levels), "theta": theta(adj, fac, add, horizon, levels)}
+    histories = [np.asarray(h, dtype=np.float64) for h in histories]
+    adj, fac, add, seasonal = _adjust(histories, seasons, horizon)
+    out = {"damped_trend": damped_trend(adj, fac, add, horizon, levels), "theta": theta(adj, fac, add, horizon, levels)}
+    out["holt_winters"] = holt_winters(histories, [int(m) if s else 1 for m, s in zip(seasons, seasonal)], horizon, levels)
+    out["autoregressive"] = autoregressive(adj, fac, add, horizon, levels)
+    return out
 
 
-__all__ = ["MEMBERS", "damped_trend", "statistical_forecasts", "theta"]
+__all__ = ["MEMBERS", "autoregressive", "damped_trend", "holt_winters", "statistical_forecasts", "theta"]
