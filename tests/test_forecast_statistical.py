@@ -111,3 +111,27 @@ def test_holt_winters_member_follows_multiplicative_growth_and_season():
     z = 0.5 * t - 30 + 20 * np.sin(2 * np.pi * t / 12)
     qz = statistical_forecasts([z[:-h]], [12], h, LEVELS)["holt_winters"][0]
     assert np.all(np.isfinite(qz)) and np.abs(qz[:, 2] - z[-h:]).max() < 3.0, qz[:, 2] - z[-h:]
+
+
+def test_seasonal_arima_member_follows_seasonal_differences_with_an_ar_term():
+    rng = np.random.default_rng(3)
+    m, n, h = 12, 240, 12
+    pattern = 50 + 20 * np.sin(2 * np.pi * np.arange(m) / m)
+    w = np.zeros(n)
+    for t in range(1, n):
+        w[t] = 0.7 * w[t - 1] + rng.normal(0, 1.0)
+    y = np.zeros(n)
+    y[:m] = pattern
+    for t in range(m, n):
+        y[t] = y[t - m] + w[t]
+    cond = y[-m:] + 0.7 ** np.arange(1, h + 1) * w[-1]  # E[y_{n+j} | history]
+    out = statistical_forecasts([y], [m], h, LEVELS)
+    q = out["seasonal_arima"][0]
+    assert np.abs(q[:, 2] - cond).max() < 1.5, q[:, 2] - cond
+    # better than the AR member on the seasonally adjusted series, which cannot see the seasonal random walk
+    assert np.abs(q[:, 2] - cond).mean() < np.abs(out["autoregressive"][0, :, 2] - cond).mean()
+    assert np.all(np.diff(q, axis=-1) >= 0) and np.all(np.diff(q[:, 4] - q[:, 0]) >= 0)
+    # a series without seasonality: the AR member's forecast
+    noise = rng.normal(0, 1, 120)
+    both = statistical_forecasts([noise], [12], 6, LEVELS)
+    assert np.array_equal(both["seasonal_arima"], both["autoregressive"])

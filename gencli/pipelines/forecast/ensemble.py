@@ -1,8 +1,9 @@
 """The default forecast: the network combined per series with fast statistical forecasters.
 
-For each series the network and the four statistical members of
+For each series the network and the five statistical members of
 :mod:`~gencli.pipelines.forecast.statistical` (damped-trend ETS, Theta, damped Holt-Winters with
-seasonal states on the log scale, ARIMA(p, d, 0)) first forecast the last
+seasonal states on the log scale, ARIMA(p, d, 0) on the adjusted series, seasonal ARIMA(p, d, 0)(P, 1, 0)
+on the raw one) first forecast the last
 ``horizon`` steps of the history from what came before them (the held-out last window, as
 statsforecast's and AutoGluon's ensembles validate). Each member's mean quantile loss there gives its
 weight, ``w_k ~ (loss_min / loss_k)^POWER`` normalised, so the member that did best on this series

@@ -16,6 +16,10 @@ are put back.
 - :func:`autoregressive` — ARIMA(p, d, 0) with an intercept: ``d`` from the KPSS test as auto.arima
   decides it, ``p <= 12`` by AICc among the non-explosive least-squares fits; it carries the cycles
   (lynx, sunspots) the smoothing members cannot.
+- :func:`seasonal_arima` — ARIMA(p, d, 0)(P, 1, 0)_m on the raw (unadjusted) seasonal series, as
+  AutoARIMA models them: seasonal differences, then KPSS for ``d``, then ``p, P <= 1`` by AICc (the
+  airline-like series, AirPassengers, the adjusted AR member misses); the AR member's forecast for
+  the non-seasonal series.
 - :func:`theta` — the Theta method (Assimakopoulos & Nikolopoulos 2000) in Hyndman & Billah's form:
   simple exponential smoothing (``alpha`` from a grid) plus half the least-squares slope as drift,
   ``l_n + b/2 (j + (1 - (1 - alpha)^n) / alpha)`` for lead ``j + 1``.
@@ -45,7 +49,8 @@ HW_BETA_RATIOS = np.array([0.02, 0.1, 0.3])
 HW_GAMMA_RATIOS = np.array([0.05, 0.2, 0.5])  # gamma = ratio * (1 - alpha)
 HW_PHIS = np.array([0.9, 0.98])
 AR_MAX_ORDER = 12
-MEMBERS = ("damped_trend", "theta", "holt_winters", "autoregressive")  # the order of the weights after the network's
+SARIMA_P, SARIMA_SEASONAL_P = 1, 1
+MEMBERS = ("damped_trend", "theta", "holt_winters", "autoregressive", "seasonal_arima")  # the order of the weights after the network's
 
 
 def _seasonal_indices(y: np.ndarray, m: int) -> tuple[np.ndarray, bool]:
@@ -288,52 +293,91 @@ def holt_winters(histories: Sequence[np.ndarray], seasons: Sequence[int], horizo
     return out
 
 
-def _ar_forecast(adj: np.ndarray, horizon: int):
-    """AR(p) with an intercept on ``(N, L)`` (NaN before each series' start) by least squares, the
-    order ``0 <= p <= AR_MAX_ORDER`` (at most a fifth of the history) chosen per series by AICc among
-    the non-explosive fits: point forecasts ``(N, H)``, MA(infinity) weights ``psi_1..psi_H`` ``(N, H)``
-    and the residual variance ``(N,)``."""
-    n, length = adj.shape
-    obs = np.isfinite(adj)
+def _ar_fit(z: np.ndarray, candidates: Sequence[tuple[int, ...]], const: np.ndarray):
+    """Least-squares AR fits with the lag sets ``candidates`` (plus an intercept where ``const``
+    ``(N,)``) on ``z (N, L)`` (NaN before each series' start), the candidate chosen per series by
+    AICc among the non-explosive fits with at most a fifth of the history as coefficients, all scored
+    on the same rows (those whose every lag up to the largest is observed): coefficients ``(N, 1 +
+    top)`` (intercept, then lags ``1..top``) and the residual variance ``(N,)``."""
+    n, length = z.shape
+    obs = np.isfinite(z)
     n_obs = obs.sum(axis=1)
-    top = int(min(AR_MAX_ORDER, max(0, length - 2)))
-    orders = np.minimum(top, n_obs // 5)
-    x = np.where(obs, adj, 0.0)
-    # rows t >= start + top of every series: the lags 1..top are observed
+    top = int(min(max((max(c) for c in candidates if c), default=0), max(0, length - 2)))
+    candidates = [c for c in candidates if not c or max(c) <= top]
+    x = np.where(obs, z, 0.0)
     start = length - n_obs
     lags = np.stack([np.roll(x, k, axis=1) for k in range(1, top + 1)], axis=2) if top else np.zeros((n, length, 0))
-    design = np.concatenate([np.ones((n, length, 1)), lags], axis=2)  # (N, L, 1 + top)
+    design = np.concatenate([np.where(const, 1.0, 0.0)[:, None, None] * np.ones((n, length, 1)), lags], axis=2)  # (N, L, 1 + top)
     used = (np.arange(length)[None, :] >= (start + top)[:, None]) & obs
     design = design * used[:, :, None]
     target = x * used
     count = used.sum(axis=1)
+    m = np.maximum(count, 1)
     xtx = np.einsum("nti,ntj->nij", design, design)
     xty = np.einsum("nti,nt->ni", design, target)
     yty = np.einsum("nt,nt->n", target, target)
     best_aic = np.full(n, np.inf)
     coef = np.zeros((n, 1 + top))
-    coef[:, 0] = np.where(count > 0, xty[:, 0] / np.maximum(count, 1), 0.0)
-    sigma2 = np.maximum(yty / np.maximum(count, 1) - coef[:, 0] ** 2, 0.0)
-    for p in range(top + 1):
-        k = p + 1
-        a = xtx[:, :k, :k] + 1e-9 * np.eye(k) * np.maximum(np.trace(xtx[:, :k, :k], axis1=1, axis2=2), 1.0)[:, None, None]
-        b = np.linalg.solve(a, xty[:, :k, None])[:, :, 0]
-        sse = np.maximum(yty - 2 * np.einsum("ni,ni->n", b, xty[:, :k]) + np.einsum("ni,nij,nj->n", b, xtx[:, :k, :k], b), 1e-300)
-        m = np.maximum(count, 1)
-        aic = m * np.log(sse / m) + 2 * k + 2 * k * (k + 1) / np.maximum(m - k - 1, 1e-9)
-        ok = (p <= orders) & (count - k - 1 > 0)
-        if p:
+    coef[:, 0] = np.where(const, xty[:, 0] / m, 0.0)
+    sigma2 = np.maximum(yty / m - coef[:, 0] ** 2, 0.0)
+    for lagset in candidates:
+        cols = np.r_[0, np.asarray(lagset, dtype=int)]
+        k = len(cols)
+        sub = xtx[:, cols[:, None], cols[None, :]]
+        a = sub + 1e-9 * np.eye(k) * np.maximum(np.trace(sub, axis1=1, axis2=2), 1.0)[:, None, None]
+        b = np.linalg.solve(a, xty[:, cols, None])[:, :, 0]
+        sse = np.maximum(yty - 2 * np.einsum("ni,ni->n", b, xty[:, cols]) + np.einsum("ni,nij,nj->n", b, sub, b), 1e-300)
+        params = len(lagset) + const
+        aic = m * np.log(sse / m) + 2 * params + 2 * params * (params + 1) / np.maximum(m - params - 1, 1e-9)
+        ok = (len(lagset) <= n_obs // 5) & (count - params - 1 > 0)
+        if lagset:
+            p = max(lagset)
             comp = np.zeros((n, p, p))
-            comp[:, 0, :] = b[:, 1:]
+            comp[:, 0, np.asarray(lagset) - 1] = b[:, 1:]
             comp[:, np.arange(1, p), np.arange(p - 1)] = 1.0
             ok &= np.abs(np.linalg.eigvals(comp)).max(axis=1) < 1.0
         better = ok & (aic < best_aic)
         best_aic = np.where(better, aic, best_aic)
         coef[better] = 0.0
-        coef[better, :k] = b[better]
-        sigma2 = np.where(better, sse / np.maximum(count - k, 1), sigma2)
-    phi = coef[:, 1:]  # (N, top)
-    recent = x[:, length - top :][:, ::-1] if top else np.zeros((n, 0))  # lag 1 first
+        coef[np.ix_(better, cols)] = b[better]
+        sigma2 = np.where(better, sse / np.maximum(count - params, 1), sigma2)
+    return coef, sigma2
+
+
+def _integrate(coef: np.ndarray, d: np.ndarray, seasonal_d: np.ndarray, m: int) -> np.ndarray:
+    """The AR coefficients ``(N, 1 + p)`` of the differenced series as coefficients ``(N, 1 + p + 1 + m)``
+    of the series itself: ``phi(B) (1 - B)^d (1 - B^m)^D``, ``d`` and ``D`` in {0, 1} per series."""
+    n, width = coef.shape
+    poly = np.concatenate([np.ones((n, 1)), -coef[:, 1:]], axis=1)  # phi(B) = 1 - sum phi_k B^k
+    out = np.zeros((n, width + 1 + m))
+    for dd in (0, 1):
+        for sd in (0, 1):
+            sel = (d == dd) & (seasonal_d == sd)
+            if not sel.any():
+                continue
+            diff = np.array([1.0])
+            if dd:
+                diff = np.convolve(diff, [1.0, -1.0])
+            if sd:
+                diff = np.convolve(diff, np.r_[1.0, np.zeros(m - 1), -1.0])
+            for k, c in enumerate(diff):
+                if c:
+                    out[sel, k : k + width] += c * poly[sel]
+    full = np.concatenate([coef[:, :1], -out[:, 1:]], axis=1)
+    return full
+
+
+def _ar_predict(y: np.ndarray, coef: np.ndarray, horizon: int):
+    """Point forecasts ``(N, H)`` and MA(infinity) weights ``psi_1..psi_H`` ``(N, H)`` of the AR
+    model ``y_t = c + sum_k a_k y_{t-k}`` (``coef (N, 1 + p)``: ``c`` then ``a_1..a_p``) after the
+    right-aligned history ``y (N, L)``."""
+    n = y.shape[0]
+    top = coef.shape[1] - 1
+    phi = coef[:, 1:]
+    x = np.where(np.isfinite(y), y, 0.0)
+    recent = np.zeros((n, top))
+    have = min(top, x.shape[1])
+    recent[:, :have] = x[:, ::-1][:, :have]  # lag 1 first
     point = np.zeros((n, horizon))
     psi = np.zeros((n, horizon))
     psi_hist = np.zeros((n, top))  # psi_j, psi_{j-1}, ... (psi_0 = 1)
@@ -346,7 +390,7 @@ def _ar_forecast(adj: np.ndarray, horizon: int):
             recent = np.concatenate([f[:, None], recent[:, :-1]], axis=1)
             psi[:, j] = np.einsum("nk,nk->n", phi, psi_hist)
             psi_hist = np.concatenate([psi[:, j : j + 1], psi_hist[:, :-1]], axis=1)
-    return point, psi, sigma2
+    return point, psi
 
 
 def kpss_nonstationary(adj: np.ndarray, critical: float = 0.463) -> np.ndarray:
@@ -366,20 +410,49 @@ def kpss_nonstationary(adj: np.ndarray, critical: float = 0.463) -> np.ndarray:
     return stat > critical
 
 
+def _difference(y: np.ndarray, lag: int, where: np.ndarray) -> np.ndarray:
+    out = y.copy()
+    out[where, lag:] = y[where, lag:] - y[where, :-lag]
+    out[where, :lag] = np.nan
+    return out
+
+
 def autoregressive(adj: np.ndarray, fac: np.ndarray, add: np.ndarray, horizon: int, levels: Sequence[float]) -> np.ndarray:
     """ARIMA(p, d, 0) on the adjusted series ``(N, L)`` -> quantiles ``(N, H, Q)``: ``d = 1`` (first
     differences, the intercept a drift) where the KPSS test rejects level stationarity (as
-    auto.arima decides), ``p`` by AICc (see :func:`_ar_forecast`)."""
+    auto.arima decides), ``p <= AR_MAX_ORDER`` by AICc (see :func:`_ar_fit`)."""
     diff = kpss_nonstationary(adj)
-    z = adj.copy()
-    z[diff, 1:] = adj[diff, 1:] - adj[diff, :-1]
-    z[diff, 0] = np.nan
-    point, psi, sigma2 = _ar_forecast(z, horizon)
-    last = adj[:, -1]
-    point = np.where(diff[:, None], last[:, None] + np.cumsum(point, axis=1), point)
-    # integrated weights: psi*_j = 1 + psi_1 + ... + psi_j
-    psi = np.where(diff[:, None], 1.0 + np.cumsum(psi, axis=1), psi)
+    z = _difference(adj, 1, diff)
+    coef, sigma2 = _ar_fit(z, [tuple(range(1, p + 1)) for p in range(AR_MAX_ORDER + 1)], np.ones(len(adj), dtype=bool))
+    full = _integrate(coef, diff.astype(int), np.zeros(len(adj), dtype=int), 1)
+    point, psi = _ar_predict(adj, full, horizon)
     return _quantiles(point, np.sqrt(sigma2), psi, fac, add, levels)
+
+
+def seasonal_arima(histories: Sequence[np.ndarray], seasons: Sequence[int], horizon: int, levels: Sequence[float], otherwise: np.ndarray) -> np.ndarray:
+    """Seasonal ARIMA(p, d, 0)(P, 1, 0)_m on the raw series whose ``seasons[i] > 1`` (and at least
+    three seasons and two values of history) -> quantiles ``(N, H, Q)``, ``otherwise`` (the same
+    shape) for the rest: seasonal differences, ``d = 1`` where the KPSS test then rejects level
+    stationarity, ``p <= SARIMA_P`` and ``P <= SARIMA_SEASONAL_P`` (lags ``m..Pm``) by AICc, an
+    intercept only when ``d + D <= 1`` (as auto.arima allows a drift)."""
+    out = otherwise.copy()
+    seasons = np.array([m if len(h) >= 3 * m + 2 else 1 for h, m in zip(histories, seasons)])
+    for m in np.unique(seasons[seasons > 1]):
+        m = int(m)
+        sel = np.flatnonzero(seasons == m)
+        length = max(len(histories[i]) for i in sel)
+        y = np.full((len(sel), length), np.nan)
+        for row, i in enumerate(sel):
+            y[row, length - len(histories[i]) :] = histories[i]
+        seasonal_d = np.ones(len(sel), dtype=int)
+        d = kpss_nonstationary(_difference(y, m, seasonal_d == 1))
+        z = _difference(_difference(y, m, seasonal_d == 1), 1, d)
+        lags = [tuple(range(1, p + 1)) + tuple(m * k for k in range(1, sp + 1)) for p in range(SARIMA_P + 1) for sp in range(SARIMA_SEASONAL_P + 1)]
+        coef, sigma2 = _ar_fit(z, lags, d.astype(int) + seasonal_d <= 1)
+        point, psi = _ar_predict(y, _integrate(coef, d.astype(int), seasonal_d, m), horizon)
+        one = np.ones_like(point)
+        out[sel] = _quantiles(point, np.sqrt(sigma2), psi, one, 0.0 * one, levels)
+    return out
 
 
 def statistical_forecasts(histories: Sequence[np.ndarray], seasons: Sequence[int], horizon: int, levels: Sequence[float]) -> dict[str, np.ndarray]:
@@ -388,9 +461,11 @@ def statistical_forecasts(histories: Sequence[np.ndarray], seasons: Sequence[int
     histories = [np.asarray(h, dtype=np.float64) for h in histories]
     adj, fac, add, seasonal = _adjust(histories, seasons, horizon)
     out = {"damped_trend": damped_trend(adj, fac, add, horizon, levels), "theta": theta(adj, fac, add, horizon, levels)}
-    out["holt_winters"] = holt_winters(histories, [int(m) if s else 1 for m, s in zip(seasons, seasonal)], horizon, levels)
+    seasonal_m = [int(m) if s else 1 for m, s in zip(seasons, seasonal)]
+    out["holt_winters"] = holt_winters(histories, seasonal_m, horizon, levels)
     out["autoregressive"] = autoregressive(adj, fac, add, horizon, levels)
+    out["seasonal_arima"] = seasonal_arima(histories, seasonal_m, horizon, levels, out["autoregressive"])
     return out
 
 
-__all__ = ["MEMBERS", "autoregressive", "damped_trend", "holt_winters", "statistical_forecasts", "theta"]
+__all__ = ["MEMBERS", "autoregressive", "damped_trend", "holt_winters", "seasonal_arima", "statistical_forecasts", "theta"]
