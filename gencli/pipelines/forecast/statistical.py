@@ -51,6 +51,7 @@ HW_PHIS = np.array([0.9, 0.98])
 AR_MAX_ORDER = 12
 SARIMA_P, SARIMA_SEASONAL_P = 1, 1
 MEMBERS = ("damped_trend", "theta", "holt_winters", "autoregressive", "seasonal_arima")  # the order of the weights after the network's
+LABELS = {"damped_trend": "damped trend", "theta": "theta", "holt_winters": "holt-winters", "autoregressive": "arima", "seasonal_arima": "seasonal arima"}
 
 
 def _seasonal_indices(y: np.ndarray, m: int) -> tuple[np.ndarray, bool]:
@@ -451,7 +452,9 @@ def seasonal_arima(histories: Sequence[np.ndarray], seasons: Sequence[int], hori
         coef, sigma2 = _ar_fit(z, lags, d.astype(int) + seasonal_d <= 1)
         point, psi = _ar_predict(y, _integrate(coef, d.astype(int), seasonal_d, m), horizon)
         one = np.ones_like(point)
-        out[sel] = _quantiles(point, np.sqrt(sigma2), psi, one, 0.0 * one, levels)
+        # a floor on the spread: an exactly periodic series is fitted without residuals
+        sigma = np.maximum(np.sqrt(sigma2), 1e-3 * np.nanstd(y, axis=1))
+        out[sel] = _quantiles(point, sigma, psi, one, 0.0 * one, levels)
     return out
 
 
