@@ -230,11 +230,12 @@ def _hw_smooth(y: np.ndarray, m: int, alpha, beta, gamma, phi):
         a = np.array([y[i, start[i] : start[i] + k[i]].mean() for i in range(n)])
         b = np.array([y[i, start[i] + k[i] : start[i] + 2 * k[i]].mean() for i in range(n)])
         b0 = np.where(np.isfinite(b), (b - a) / k, 0.0)
-    season = np.zeros((n, g, m))
+    # seasonal states time-major (m, N, G), so that the state of each step is one contiguous block
+    season = np.zeros((m, n, g))
     if m > 1:
         for i in range(n):
             t = start[i] + np.arange(m)
-            season[i, :, t % m] = (y[i, t] - first[i])[:, None]
+            season[t % m, i, :] = (y[i, t] - first[i])[:, None]
     # the state at the last initialisation step: the level at mid-season moved to its end
     level = np.repeat((first + b0 * (m - 1) / 2.0)[:, None], g, axis=1)
     slope = np.repeat(b0[:, None], g, axis=1)
@@ -242,17 +243,35 @@ def _hw_smooth(y: np.ndarray, m: int, alpha, beta, gamma, phi):
     count = np.zeros(n)
     begin = start + m
     burn = begin + max(m, 1)
+    all_active, all_scored = int(begin.max()), int(burn.max())
+    ps, e, tmp = np.empty((n, g)), np.empty((n, g)), np.empty((n, g))
     for t in range(int(begin.min()), length):
-        s_old = season[:, :, t % m]
-        f = level + phi * slope + s_old
-        active = (t >= begin)[:, None]
-        e = np.where(active, y[:, t, None] - f, 0.0)
-        level = np.where(active, level + phi * slope + alpha * e, level)
-        slope = np.where(active, phi * slope + beta * e, slope)
-        season[:, :, t % m] = s_old + gamma * e
-        scored = t >= burn
-        sse += np.where(scored[:, None], e * e, 0.0)
-        count += scored
+        s_old = season[t % m]
+        np.multiply(phi, slope, out=ps)  # phi b
+        if t >= all_active:  # every series has begun: the recursion in place, no masking
+            np.add(level, ps, out=level)  # l + phi b
+            np.subtract(y[:, t, None], level, out=e)
+            e -= s_old
+            np.multiply(alpha, e, out=tmp)
+            level += tmp
+            np.multiply(beta, e, out=tmp)
+            np.add(ps, tmp, out=slope)
+        else:
+            active = (t >= begin)[:, None]
+            np.copyto(e, np.where(active, y[:, t, None] - (level + ps + s_old), 0.0))
+            level = np.where(active, level + ps + alpha * e, level)
+            slope = np.where(active, ps + beta * e, slope)
+        np.multiply(gamma, e, out=tmp)
+        s_old += tmp
+        np.multiply(e, e, out=tmp)
+        if t >= all_scored:
+            sse += tmp
+            count += 1
+        else:
+            scored = t >= burn
+            sse += np.where(scored[:, None], tmp, 0.0)
+            count += scored
+    season = season.transpose(1, 2, 0)
     mse = sse / np.maximum(count, 1)[:, None]
     mse[count == 0] = np.nan
     return level, slope, season, mse
