@@ -333,14 +333,19 @@ def _ar_fit(z: np.ndarray, candidates: Sequence[tuple[int, ...]], const: np.ndar
     target = x * used
     count = used.sum(axis=1)
     m = np.maximum(count, 1)
-    xtx = np.einsum("nti,ntj->nij", design, design)
-    xty = np.einsum("nti,nt->ni", design, target)
+    xtx = design.transpose(0, 2, 1) @ design
+    xty = (design.transpose(0, 2, 1) @ target[:, :, None])[:, :, 0]
     yty = np.einsum("nt,nt->n", target, target)
-    best_aic = np.full(n, np.inf)
     coef = np.zeros((n, 1 + top))
     coef[:, 0] = np.where(const, xty[:, 0] / m, 0.0)
     sigma2 = np.maximum(yty / m - coef[:, 0] ** 2, 0.0)
-    for lagset in candidates:
+    # every candidate's fit and AICc first; then per series the lowest AICc among the admissible
+    # ones (the earliest candidate on a tie) whose fit is not explosive, checked only for the winner
+    # and, where it is explosive, for the next best
+    fits = np.zeros((len(candidates), n, 1 + top))
+    aics = np.full((len(candidates), n), np.inf)
+    sig = np.zeros((len(candidates), n))
+    for c, lagset in enumerate(candidates):
         cols = np.r_[0, np.asarray(lagset, dtype=int)]
         k = len(cols)
         sub = xtx[:, cols[:, None], cols[None, :]]
@@ -349,18 +354,31 @@ def _ar_fit(z: np.ndarray, candidates: Sequence[tuple[int, ...]], const: np.ndar
         sse = np.maximum(yty - 2 * np.einsum("ni,ni->n", b, xty[:, cols]) + np.einsum("ni,nij,nj->n", b, sub, b), 1e-300)
         params = len(lagset) + const
         aic = m * np.log(sse / m) + 2 * params + 2 * params * (params + 1) / np.maximum(m - params - 1, 1e-9)
-        ok = (len(lagset) <= n_obs // 5) & (count - params - 1 > 0)
-        if lagset:
-            p = max(lagset)
-            comp = np.zeros((n, p, p))
-            comp[:, 0, np.asarray(lagset) - 1] = b[:, 1:]
-            comp[:, np.arange(1, p), np.arange(p - 1)] = 1.0
-            ok &= np.abs(np.linalg.eigvals(comp)).max(axis=1) < 1.0
-        better = ok & (aic < best_aic)
-        best_aic = np.where(better, aic, best_aic)
-        coef[better] = 0.0
-        coef[np.ix_(better, cols)] = b[better]
-        sigma2 = np.where(better, sse / np.maximum(count - params, 1), sigma2)
+        ok = (len(lagset) <= n_obs // 5) & (count - params - 1 > 0) & np.isfinite(aic)
+        aics[c] = np.where(ok, aic, np.inf)
+        fits[c][:, cols] = b
+        sig[c] = sse / np.maximum(count - params, 1)
+    pending = np.ones(n, dtype=bool)
+    while pending.any():
+        rows = np.flatnonzero(pending)
+        choice = np.argmin(aics[:, rows], axis=0)
+        found = np.isfinite(aics[choice, rows])
+        rows, choice = rows[found], choice[found]
+        pending[:] = False
+        for c in np.unique(choice):
+            lagset = candidates[c]
+            r = rows[choice == c]
+            if lagset:
+                p = max(lagset)
+                comp = np.zeros((len(r), p, p))
+                comp[:, 0, :] = fits[c][r, 1 : p + 1]
+                comp[:, np.arange(1, p), np.arange(p - 1)] = 1.0
+                stable = np.abs(np.linalg.eigvals(comp)).max(axis=1) < 1.0
+                aics[c, r[~stable]] = np.inf
+                pending[r[~stable]] = True
+                r = r[stable]
+            coef[r] = fits[c][r]
+            sigma2[r] = sig[c][r]
     return coef, sigma2
 
 
