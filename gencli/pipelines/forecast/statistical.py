@@ -138,23 +138,29 @@ def _smooth(adj: np.ndarray, alpha: np.ndarray, beta: np.ndarray, phi: np.ndarra
     count = np.zeros(n)
     burn = start + 1 + (k if trend else 0)
     all_active, all_scored = int(start.max()), int(burn.max())
+    ps, e, tmp = np.empty((n, g)), np.empty((n, g)), np.empty((n, g))
     for t in range(int(start.min()), length):
-        f = level + phi * slope
-        if t >= all_active:  # every series has begun: no masking
-            e = adj[:, t, None] - f
-            level = f + alpha * e
-            slope = phi * slope + beta * e
+        np.multiply(phi, slope, out=ps)  # phi b
+        if t >= all_active:  # every series has begun: the recursion in place, no masking
+            np.add(level, ps, out=level)  # the one-step forecast
+            np.subtract(adj[:, t, None], level, out=e)
+            np.multiply(alpha, e, out=tmp)
+            level += tmp
+            np.multiply(beta, e, out=tmp)
+            np.add(ps, tmp, out=slope)
         else:
             active = (t >= start)[:, None]
-            e = np.where(active, adj[:, t, None] - f, 0.0)
+            f = level + ps
+            np.copyto(e, np.where(active, adj[:, t, None] - f, 0.0))
             level = np.where(active, f + alpha * e, level)
-            slope = np.where(active, phi * slope + beta * e, slope)
+            slope = np.where(active, ps + beta * e, slope)
+        np.multiply(e, e, out=tmp)
         if t >= all_scored:
-            sse += e * e
+            sse += tmp
             count += 1
         else:
             scored = t >= burn
-            sse += np.where(scored[:, None], e * e, 0.0)
+            sse += np.where(scored[:, None], tmp, 0.0)
             count += scored
     mse = sse / np.maximum(count, 1)[:, None]
     return level, slope, mse
