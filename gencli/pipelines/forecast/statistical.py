@@ -319,6 +319,22 @@ def holt_winters(histories: Sequence[np.ndarray], seasons: Sequence[int], horizo
     return out
 
 
+def _stationary(a: np.ndarray) -> np.ndarray:
+    """``(R,)`` whether the AR models ``y_t = sum_k a_k y_{t-k}`` (``a (R, p)``) are stationary (every
+    root of ``z^p - a_1 z^(p-1) - ... - a_p`` inside the unit circle), by the Schur-Cohn step-down
+    recursion: the reflection coefficients ``k_j = a_j`` of the order-``j`` model, each order reduced by
+    ``a_i <- (a_i + k_j a_(j-i)) / (1 - k_j^2)``, all ``|k_j| < 1`` (the same verdict as the companion
+    matrix's eigenvalues in O(p^2))."""
+    ok = np.ones(len(a), dtype=bool)
+    for j in range(a.shape[1], 0, -1):
+        k = a[:, j - 1]
+        ok &= np.abs(k) < 1.0
+        if j > 1:
+            k = np.where(ok, k, 0.0)[:, None]
+            a = (a[:, : j - 1] + k * a[:, j - 2 :: -1]) / (1.0 - k * k)
+    return ok
+
+
 def _ar_fit(z: np.ndarray, candidates: Sequence[tuple[int, ...]], const: np.ndarray):
     """Least-squares AR fits with the lag sets ``candidates`` (plus an intercept where ``const``
     ``(N,)``) on ``z (N, L)`` (NaN before each series' start), the candidate chosen per series by
@@ -375,11 +391,7 @@ def _ar_fit(z: np.ndarray, candidates: Sequence[tuple[int, ...]], const: np.ndar
             lagset = candidates[c]
             r = rows[choice == c]
             if lagset:
-                p = max(lagset)
-                comp = np.zeros((len(r), p, p))
-                comp[:, 0, :] = fits[c][r, 1 : p + 1]
-                comp[:, np.arange(1, p), np.arange(p - 1)] = 1.0
-                stable = np.abs(np.linalg.eigvals(comp)).max(axis=1) < 1.0
+                stable = _stationary(fits[c][r, 1 : max(lagset) + 1])
                 aics[c, r[~stable]] = np.inf
                 pending[r[~stable]] = True
                 r = r[stable]
