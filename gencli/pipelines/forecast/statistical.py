@@ -66,7 +66,7 @@ def _seasonal_indices(y: np.ndarray, m: int) -> tuple[np.ndarray, bool]:
     denom = float(d @ d)
     if denom <= 0:
         return none
-    acf = np.array([d[k:] @ d[: n - k] for k in range(1, m + 1)]) / denom
+    acf = np.correlate(d, d, mode="full")[n : n + m] / denom  # lags 1..m
     limit = 1.645 * np.sqrt((1.0 + 2.0 * np.sum(acf[: m - 1] ** 2)) / n)
     if abs(acf[m - 1]) <= limit:
         return none
