@@ -116,6 +116,40 @@ def _adjust(histories: Sequence[np.ndarray], seasons: Sequence[int], horizon: in
     return adj, fac, add, seasonal
 
 
+def _damped_step(level, slope, x, season, alpha, beta, phi, active, buf):
+    """One step of the damped-trend recursion ``(N, G)`` for every grid point, the observation ``x
+    (N, 1)`` minus the seasonal state ``season (N, G)`` (or none): the new level and slope and the
+    one-step error (zero where ``active (N, 1)`` is false: those keep their state; ``active`` None:
+    every series has begun, and the update runs in place in ``level``/``slope`` and ``buf (3, N, G)``)."""
+    ps, e, tmp = buf
+    np.multiply(phi, slope, out=ps)  # phi b
+    if active is None:
+        np.add(level, ps, out=level)  # the one-step forecast without the season
+        np.subtract(x, level, out=e)
+        if season is not None:
+            e -= season
+        np.multiply(alpha, e, out=tmp)
+        level += tmp
+        np.multiply(beta, e, out=tmp)
+        np.add(ps, tmp, out=slope)
+        return level, slope, e
+    f = level + ps
+    np.copyto(e, np.where(active, x - f - (0.0 if season is None else season), 0.0))
+    return np.where(active, f + alpha * e, level), np.where(active, ps + beta * e, slope), e
+
+
+def _accumulate(sse, count, e, scored, tmp):
+    """Add the squared errors ``e (N, G)`` to ``sse`` and one to ``count (N,)`` where ``scored (N,)``
+    (None: every series)."""
+    np.multiply(e, e, out=tmp)
+    if scored is None:
+        sse += tmp
+        count += 1
+    else:
+        sse += np.where(scored[:, None], tmp, 0.0)
+        count += scored
+
+
 def _smooth(adj: np.ndarray, alpha: np.ndarray, beta: np.ndarray, phi: np.ndarray, trend: bool):
     """Run the damped-trend recursion for every series and grid point: the final ``(level, trend)``
     ``(N, G)`` each, the one-step mean squared error ``(N, G)``."""
@@ -138,30 +172,10 @@ def _smooth(adj: np.ndarray, alpha: np.ndarray, beta: np.ndarray, phi: np.ndarra
     count = np.zeros(n)
     burn = start + 1 + (k if trend else 0)
     all_active, all_scored = int(start.max()), int(burn.max())
-    ps, e, tmp = np.empty((n, g)), np.empty((n, g)), np.empty((n, g))
+    buf = np.empty((3, n, g))
     for t in range(int(start.min()), length):
-        np.multiply(phi, slope, out=ps)  # phi b
-        if t >= all_active:  # every series has begun: the recursion in place, no masking
-            np.add(level, ps, out=level)  # the one-step forecast
-            np.subtract(adj[:, t, None], level, out=e)
-            np.multiply(alpha, e, out=tmp)
-            level += tmp
-            np.multiply(beta, e, out=tmp)
-            np.add(ps, tmp, out=slope)
-        else:
-            active = (t >= start)[:, None]
-            f = level + ps
-            np.copyto(e, np.where(active, adj[:, t, None] - f, 0.0))
-            level = np.where(active, f + alpha * e, level)
-            slope = np.where(active, ps + beta * e, slope)
-        np.multiply(e, e, out=tmp)
-        if t >= all_scored:
-            sse += tmp
-            count += 1
-        else:
-            scored = t >= burn
-            sse += np.where(scored[:, None], tmp, 0.0)
-            count += scored
+        level, slope, e = _damped_step(level, slope, adj[:, t, None], None, alpha, beta, phi, None if t >= all_active else (t >= start)[:, None], buf)
+        _accumulate(sse, count, e, None if t >= all_scored else t >= burn, buf[2])
     mse = sse / np.maximum(count, 1)[:, None]
     return level, slope, mse
 
@@ -250,33 +264,13 @@ def _hw_smooth(y: np.ndarray, m: int, alpha, beta, gamma, phi):
     begin = start + m
     burn = begin + max(m, 1)
     all_active, all_scored = int(begin.max()), int(burn.max())
-    ps, e, tmp = np.empty((n, g)), np.empty((n, g)), np.empty((n, g))
+    buf = np.empty((3, n, g))
     for t in range(int(begin.min()), length):
         s_old = season[t % m]
-        np.multiply(phi, slope, out=ps)  # phi b
-        if t >= all_active:  # every series has begun: the recursion in place, no masking
-            np.add(level, ps, out=level)  # l + phi b
-            np.subtract(y[:, t, None], level, out=e)
-            e -= s_old
-            np.multiply(alpha, e, out=tmp)
-            level += tmp
-            np.multiply(beta, e, out=tmp)
-            np.add(ps, tmp, out=slope)
-        else:
-            active = (t >= begin)[:, None]
-            np.copyto(e, np.where(active, y[:, t, None] - (level + ps + s_old), 0.0))
-            level = np.where(active, level + ps + alpha * e, level)
-            slope = np.where(active, ps + beta * e, slope)
-        np.multiply(gamma, e, out=tmp)
-        s_old += tmp
-        np.multiply(e, e, out=tmp)
-        if t >= all_scored:
-            sse += tmp
-            count += 1
-        else:
-            scored = t >= burn
-            sse += np.where(scored[:, None], tmp, 0.0)
-            count += scored
+        level, slope, e = _damped_step(level, slope, y[:, t, None], s_old, alpha, beta, phi, None if t >= all_active else (t >= begin)[:, None], buf)
+        np.multiply(gamma, e, out=buf[2])
+        s_old += buf[2]
+        _accumulate(sse, count, e, None if t >= all_scored else t >= burn, buf[2])
     season = season.transpose(1, 2, 0)
     mse = sse / np.maximum(count, 1)[:, None]
     mse[count == 0] = np.nan
