@@ -342,15 +342,17 @@ def _ar_fit(z: np.ndarray, candidates: Sequence[tuple[int, ...]], const: np.ndar
     candidates = [c for c in candidates if not c or max(c) <= top]
     x = np.where(obs, z, 0.0)
     start = length - n_obs
-    lags = np.stack([np.roll(x, k, axis=1) for k in range(1, top + 1)], axis=2) if top else np.zeros((n, length, 0))
-    design = np.concatenate([np.where(const, 1.0, 0.0)[:, None, None] * np.ones((n, length, 1)), lags], axis=2)  # (N, L, 1 + top)
     used = (np.arange(length)[None, :] >= (start + top)[:, None]) & obs
-    design = design * used[:, :, None]
+    design = np.zeros((n, 1 + top, length))  # (N, 1 + top, L): the intercept, then lags 1..top
+    design[:, 0] = np.where(const, 1.0, 0.0)[:, None]
+    for k in range(1, top + 1):
+        design[:, k, k:] = x[:, :-k]  # the rows before ``top`` are not used
+    design *= used[:, None, :]
     target = x * used
     count = used.sum(axis=1)
     m = np.maximum(count, 1)
-    xtx = design.transpose(0, 2, 1) @ design
-    xty = (design.transpose(0, 2, 1) @ target[:, :, None])[:, :, 0]
+    xtx = design @ design.transpose(0, 2, 1)
+    xty = (design @ target[:, :, None])[:, :, 0]
     yty = np.einsum("nt,nt->n", target, target)
     coef = np.zeros((n, 1 + top))
     coef[:, 0] = np.where(const, xty[:, 0] / m, 0.0)
