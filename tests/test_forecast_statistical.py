@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from gencli.pipelines.forecast.ensemble import member_weights
-from gencli.pipelines.forecast.statistical import _seasonal_indices, kpss_nonstationary, statistical_forecasts
+from gencli.pipelines.forecast.statistical import _seasonal_indices, _stationary, kpss_nonstationary, statistical_forecasts
 
 LEVELS = [0.05, 0.1, 0.5, 0.9, 0.95]
 
@@ -135,3 +135,15 @@ def test_seasonal_arima_member_follows_seasonal_differences_with_an_ar_term():
     noise = rng.normal(0, 1, 120)
     both = statistical_forecasts([noise], [12], 6, LEVELS)
     assert np.array_equal(both["seasonal_arima"], both["autoregressive"])
+
+
+def test_stationarity_recursion_agrees_with_companion_eigenvalues():
+    rng = np.random.default_rng(3)
+    for p in (1, 2, 5, 13):
+        a = rng.normal(size=(2000, p)) / np.sqrt(p)
+        comp = np.zeros((len(a), p, p))
+        comp[:, 0] = a
+        comp[:, np.arange(1, p), np.arange(p - 1)] = 1.0
+        expected = np.abs(np.linalg.eigvals(comp)).max(axis=1) < 1.0
+        assert 0.05 < expected.mean() < 0.999  # both verdicts occur
+        np.testing.assert_array_equal(_stationary(a), expected)
