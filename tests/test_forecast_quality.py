@@ -15,12 +15,12 @@ from gencli.weights import weights_dir
 MODEL = weights_dir() / "tft-forecast"
 
 # Floors set from the measurement on this sample: the default (the network combined per series with
-# damped-trend ETS and Theta) scores 0.442 (wQL) and 0.525 (MASE) here, the network alone
+# damped-trend ETS, Theta, Holt-Winters, ARIMA and seasonal ARIMA) scores 0.431 (wQL) and 0.518 (MASE) here, the network alone
 # (--model-only) 0.689 and 0.853, seasonal naive with a Gaussian band 0.787 and 1.0 (see
 # weights/tft-forecast/README.md for the full evaluation); the margin only absorbs numerical
 # differences between machines.
-MAX_RELATIVE_WQL = 0.46
-MAX_RELATIVE_MASE = 0.55
+MAX_RELATIVE_WQL = 0.445
+MAX_RELATIVE_MASE = 0.535
 MODEL_ONLY_MAX_RELATIVE_WQL = 0.72
 MODEL_ONLY_MAX_RELATIVE_MASE = 0.88
 

@@ -21,9 +21,10 @@ from gencli.errors import CheckpointError
 from gencli.models.tft import ARCHITECTURE, TemporalFusionTransformer, TFTConfig
 from gencli.pipelines.forecast.features import Batch, Binding, make_batch, unscale
 from gencli.pipelines.forecast.metrics import interpolate_quantiles
+from gencli.pipelines.forecast.statistical import LABELS, MEMBERS
 
 DEFAULT_MODEL = "tft-forecast"
-ENSEMBLE_LABELS = ("network", "damped trend", "theta")
+ENSEMBLE_LABELS = ("network",) + tuple(LABELS[m] for m in MEMBERS)  # as the ensemble's weights
 PAIRS = {("hour_sin", "hour_cos"): "hour of day", ("weekday_sin", "weekday_cos"): "day of week", ("year_sin", "year_cos"): "time of year"}
 BUILTIN_LABELS = {
     "target_observed": "observed flag",
