@@ -9,6 +9,7 @@ checkpoint holds tensors, numbers, strings, lists and dicts, nothing that unpick
 
 from __future__ import annotations
 
+import argparse
 import math
 import shlex
 import sys
@@ -79,3 +80,27 @@ def resume(path: str | Path, **stateful: Any) -> tuple[int, str, Optional[dict[s
 
 
 __all__ = ["warmup_cosine_lr", "set_lr", "save_checkpoint", "load_checkpoint", "command_history", "resume"]
+
+
+def training_parser(description: str, *, out: str, steps: int, batch: int, lr: float) -> argparse.ArgumentParser:
+    """The arguments a small training script starts with (``--out``, ``--steps``, ``--batch``, ``--lr``,
+    with its defaults); it adds its own, then :func:`parse_training_args` adds the run's and parses."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--out", type=Path, default=Path(out))
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--batch", type=int, default=batch)
+    p.add_argument("--lr", type=float, default=lr)
+    return p
+
+
+def parse_training_args(p: argparse.ArgumentParser, argv: Optional[list[str]] = None) -> argparse.Namespace:
+    """Add ``--threads`` (default 1), ``--ckpt-every`` (default 50) and ``--export`` (a folder: export
+    the model there, training first only if the checkpoint has not reached ``--steps``), parse, and pin
+    torch's threads and seed (0) for a reproducible run."""
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--ckpt-every", type=int, default=50)
+    p.add_argument("--export", type=Path, default=None)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    return args

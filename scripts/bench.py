@@ -12,6 +12,7 @@ Each case lives in ``scripts/bench_cases/<name>.py`` and defines:
     def add_arguments(parser): ...          # optional, case-specific options
     def setup(args, workdir): ...           # optional, once, in this process: shared inputs/checkpoints
     def run(side, args, workdir) -> dict     # side is "reference" or "gencli"; returns metric values
+    def summarize(results) -> dict           # optional: figures drawn from both sides' results
 
 Each side runs in its own fresh subprocess (so peak memory and load time are its own) on the inputs
 ``setup`` wrote into ``workdir``. The table shows both values and the ratio gencli / reference with
@@ -159,6 +160,9 @@ def main(argv: list[str] | None = None) -> None:
                 report["ratios"][key] = round(statistics.median(ratios), 3)
         if len(rounds) > 1:
             report["round_ratios"] = per_round
+    if hasattr(mod, "summarize"):
+        report["summary"] = mod.summarize(results)
+    report["load_average"] = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
     if args.json:
         print(json.dumps(report))
         return
@@ -181,6 +185,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"medians of {len(rounds)} rounds; per-round gencli/reference:")
         for key, ratios in per_round.items():
             print(f"  {key:<{width}}" + " ".join(f"{x:.2f}" for x in ratios))
+    for key, value in report.get("summary", {}).items():
+        print(f"{key:<{width}}{_fmt(value):>14}")
+    if report["load_average"]:
+        print("load average at the end (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in report["load_average"]))
 
 
 def _median_result(runs: list[dict]) -> dict:

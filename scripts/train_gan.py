@@ -2,15 +2,16 @@
 """Train the embedded default DCGAN (``weights/gan-shapes``) on the shapes world.
 
     nohup nice -n 10 python scripts/train_gan.py --out runs/gan --threads 1 > runs/gan.log 2>&1 &
-    python scripts/train_gan.py --out runs/gan --export weights/gan-shapes    # export the last checkpoint
+    python scripts/train_gan.py --out runs/gan --export weights/gan-shapes    # export the best checkpoint
 
 Recipe: a fresh batch of train-split scenes every step (64x64, in [-1, 1]); the hinge loss
 (Lim & Ye 2017) with spectral normalisation on every discriminator layer (Miyato et al. 2018), Adam
 with betas (0, 0.9) and the two-timescale rule (the discriminator's learning rate twice the
 generator's), held for the first half of the run and then decayed along a cosine (``--decay-start``);
-differentiable augmentation (DiffAugment, Zhao et al. 2020: random translation and cutout applied to
-every image the discriminator sees, real and generated alike, ``--diffaug``), which keeps the
-discriminator from keying on a few modes; an optional lazy R1 penalty on real images (``--r1``); an
+differentiable augmentation (DiffAugment, Zhao et al. 2020: a random translation, and optionally a
+cutout, applied to every image the discriminator sees, real and generated alike, ``--diffaug``); a
+lazy R1 penalty on real images (``--r1``, Mescheder et al. 2018), without which the same run fell
+back to three or four shapes within 500 steps; an
 exponential moving average of the generator's weights (``--ema``) is what gets exported (the usual GAN
 practice: the average generator is smoother than the last iterate).
 
@@ -24,7 +25,6 @@ else at inference. Atomic checkpoints in ``OUT/ckpt.pt`` that a rerun with the s
 
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 import time
@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from gencli.data import shapes  # noqa: E402
 from gencli.models.gan import DCGAN, DCGANConfig  # noqa: E402
 from gencli.pipelines.generative import save_generative  # noqa: E402
-from gencli.training import load_checkpoint, resume, save_checkpoint, set_lr, warmup_cosine_lr  # noqa: E402
+from gencli.training import load_checkpoint, parse_training_args, resume, save_checkpoint, set_lr, training_parser, warmup_cosine_lr  # noqa: E402
 from scripts.train_vae import SIZE, batch  # noqa: E402  (the same stream of training scenes)
 
 
@@ -108,26 +108,17 @@ class Judge:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=Path("runs/gan"))
-    p.add_argument("--steps", type=int, default=4000)
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--lr", type=float, default=2e-4)
+    p = training_parser(__doc__.split("\n\n")[0], out="runs/gan", steps=2400, batch=32, lr=2e-4)
     p.add_argument("--g-widths", default="256,128,64,32")
     p.add_argument("--d-widths", default="32,64,128,256")
     p.add_argument("--latent-dim", type=int, default=64)
     p.add_argument("--ema", type=float, default=0.999)
     p.add_argument("--decay-start", type=float, default=0.5, help="fraction of --steps after which the learning rates decay (cosine to 0)")
-    p.add_argument("--diffaug", default="translation,cutout", help="DiffAugment policies ('' for none)")
-    p.add_argument("--r1", type=float, default=0.0, help="R1 penalty weight on real images (0: off), applied every 16 steps")
+    p.add_argument("--diffaug", default="translation", help="DiffAugment policies ('' for none)")
+    p.add_argument("--r1", type=float, default=0.1, help="R1 penalty weight on real images (0: off), applied every 16 steps")
     p.add_argument("--eval-every", type=int, default=250, help="judge the averaged generator every N steps and keep the best (0: off)")
     p.add_argument("--eval-n", type=int, default=500)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--ckpt-every", type=int, default=50)
-    p.add_argument("--export", type=Path, default=None)
-    args = p.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
+    args = parse_training_args(p)
     config = DCGANConfig(
         image_size=SIZE, latent_dim=args.latent_dim,
         generator_channels=tuple(int(w) for w in args.g_widths.split(",")),

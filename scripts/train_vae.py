@@ -13,7 +13,6 @@ checkpoints in ``OUT/ckpt.pt`` that a rerun with the same ``--out`` resumes.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ from gencli.data import shapes  # noqa: E402
 from gencli.models.vae import ConvVAE, ConvVAEConfig  # noqa: E402
 from gencli.pipelines.autoencoder import images_to_tensor  # noqa: E402
 from gencli.pipelines.generative import save_generative  # noqa: E402
-from gencli.training import resume, save_checkpoint, set_lr, warmup_cosine_lr  # noqa: E402
+from gencli.training import parse_training_args, resume, save_checkpoint, set_lr, training_parser, warmup_cosine_lr  # noqa: E402
 
 SIZE = 64
 
@@ -38,21 +37,12 @@ def batch(step: int, size: int) -> torch.Tensor:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=Path("runs/vae"))
-    p.add_argument("--steps", type=int, default=450)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p = training_parser(__doc__.split("\n\n")[0], out="runs/vae", steps=450, batch=32, lr=1e-3)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--widths", default="32,64,128,128")
     p.add_argument("--latent-dim", type=int, default=64)
     p.add_argument("--sigma", type=float, default=0.1, help="the decoder's fixed Gaussian standard deviation (images in [-1, 1])")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--ckpt-every", type=int, default=50)
-    p.add_argument("--export", type=Path, default=None)
-    args = p.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
+    args = parse_training_args(p)
     config = ConvVAEConfig(image_size=SIZE, latent_dim=args.latent_dim, block_out_channels=tuple(int(w) for w in args.widths.split(",")))
     model = ConvVAE(config)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)

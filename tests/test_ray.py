@@ -230,3 +230,78 @@ def test_bad_ray_options_of_the_other_commands(tmp_path, args, needles):
     named = {"IMG": tmp_path / "imgs" / "img0.png", "PROMPTS": tmp_path / "prompts.txt"}
     named.update({n: tmp_path / n for n in ("NEW", "EXISTING", "x.jsonl")})
     one_error_line(run_cli(*[str(named.get(a, a)) for a in args], env=ONE_THREAD), *needles)
+
+
+# -- warnings raised in the workers reach the driver's stderr once each ------------------------------------------------
+def test_replica_warnings_are_kept_once_and_forwarded_once(capsys):
+    import json
+    import warnings
+
+    from gencli.console import Reporter
+    from gencli.pipelines.distributed.replica_warnings import ForwardedWarnings, ReplicaReporter
+
+    replicas = [ReplicaReporter(), ReplicaReporter()]
+    for rep in replicas:
+        rep.warn("no preprocessor_config.json")
+        rep.warn("no preprocessor_config.json")
+        with rep.collecting():
+            warnings.warn("a Python warning", UserWarning, stacklevel=1)
+        rep.say("nothing printed in a worker")
+    assert json.loads(replicas[0].take()) == ["no preprocessor_config.json", "UserWarning: a Python warning"]
+    assert replicas[0].take() == "[]"  # taken once
+    assert capsys.readouterr().err == ""
+    forward = ForwardedWarnings(Reporter())
+    forward(replicas[1].take())
+    forward(json.dumps(["no preprocessor_config.json", "another one"]))
+    forward(None)
+    err = capsys.readouterr().err
+    assert err.count("warning: no preprocessor_config.json") == 1 and err.count("warning: UserWarning: a Python warning") == 1
+    assert err.count("warning: another one") == 1
+    ForwardedWarnings(Reporter(quiet=True))(json.dumps(["hidden"]))
+    assert capsys.readouterr().err == ""
+
+
+def test_forecast_reader_task_sends_its_warning_back_with_the_first_row(tmp_path, monkeypatch):
+    """The reader's warning (rows of one id not contiguous in a large CSV), raised in a Ray task,
+    travels on the file's first row for the driver to show (read_series run here, without Ray)."""
+    import json
+
+    from gencli.pipelines.distributed.forecast import read_series
+    from gencli.pipelines.forecast import table as tables
+    from gencli.pipelines.forecast.layout import infer_layout
+    from gencli.pipelines.forecast.records import RecordOptions
+
+    data = _series_csv(tmp_path / "s.csv")
+    table = pd.read_csv(data)
+    tail = table.index[table["id"] == table["id"].iloc[0]][-5:]
+    pd.concat([table.drop(tail), table.loc[tail]]).to_csv(data, index=False)  # the rows of one id not contiguous
+    monkeypatch.setattr(tables, "STREAM_BYTES", 1)  # "large": streamed when the ids are contiguous
+    layout = infer_layout(tables.open_table(str(data)).sample())
+    rows = read_series({"file": str(data), "file_index": 0}, layout=layout, rec_opts=RecordOptions(horizon=3), merge=False)
+    assert len(rows) == 10
+    first = json.loads(rows[0]["warnings"])
+    assert len(first) == 1 and "not contiguous" in first[0]
+    assert all(r["warnings"] == "[]" for r in rows[1:])
+
+
+@pytest.mark.slow
+def test_generate_with_ray_shards_in_the_single_process_format_and_forwards_warnings(tmp_path):
+    """Without --json the shards hold the texts (``.txt``), read in name order they are the
+    single-process stdout; the warning each replica raises while loading (--top-k with --temperature 0)
+    is shown once, as in the single process."""
+    pytest.importorskip("ray")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("import os\ndef add(a, b):\nclass Point:\nx = [\n", encoding="utf-8")
+    args = ["generate", "--prompts-file", str(prompts), "-n", "4", "--temperature", "0", "--top-k", "5", "--batch-size", "1", "--echo"]
+    single = run_cli(*args, env=ONE_THREAD)
+    assert single.returncode == 0, single.stderr
+    notice = "warning: --top-k/--top-p/--min-p have no effect with --temperature 0"
+    assert single.stderr.count(notice) == 1
+    out = tmp_path / "shards"
+    distributed = run_cli(*args, "--ray", "--replicas", "2", "--out-dir", str(out), env=ONE_THREAD)
+    assert distributed.returncode == 0, distributed.stderr
+    assert distributed.stdout == ""
+    shards = sorted(out.glob("part-*"))
+    assert len(shards) == 4 and {s.suffix for s in shards} == {".txt"}
+    assert "".join(s.read_text(encoding="utf-8") for s in shards) == single.stdout
+    assert distributed.stderr.count(notice) == 1, distributed.stderr

@@ -8,7 +8,7 @@ import pickle
 import pytest
 import torch
 
-from gencli.training import command_history, load_checkpoint, save_checkpoint, warmup_cosine_lr
+from gencli.training import command_history, load_checkpoint, parse_training_args, save_checkpoint, training_parser, warmup_cosine_lr
 
 
 def test_warmup_cosine_schedule_values():
@@ -75,3 +75,19 @@ def test_resume_restores_every_named_object_and_the_history(tmp_path):
     assert step == 7 and state["step"] == 7
     assert torch.equal(fresh.weight, model.weight) and fresh_opt.state_dict()["state"][0]["step"] == 1
     assert command.startswith("python train.py --steps 7  # then, resumed at step 7: ")
+
+
+def test_training_arguments_defaults_and_run_settings():
+    from pathlib import Path
+
+    before = torch.get_num_threads()
+    try:
+        p = training_parser("demo", out="runs/demo", steps=7, batch=3, lr=0.5)
+        p.add_argument("--widths", default="8,16")
+        args = parse_training_args(p, ["--lr", "0.25", "--threads", "1", "--export", "exported"])
+        assert (args.out, args.steps, args.batch, args.lr, args.widths) == (Path("runs/demo"), 7, 3, 0.25, "8,16")
+        assert (args.threads, args.ckpt_every, args.export) == (1, 50, Path("exported"))
+        assert torch.get_num_threads() == 1
+        assert torch.initial_seed() == 0
+    finally:
+        torch.set_num_threads(before)

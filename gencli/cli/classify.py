@@ -2,30 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-import typer
+from typing import TYPE_CHECKING, Annotated, Optional
 
 from gencli.cli import app
-from gencli.cli.common import DETERMINISTIC_SEED_HELP, GpusPerReplica, OutDir, RayAddress, Replicas, RunOptions, at_least, command, option, ray_options
+from gencli.cli.common import DETERMINISTIC_SEED_HELP, RunOptions, command, option
+from gencli.cli.images import BatchSizeOpt, ImagesArg, RecursiveOpt, TopKOpt
+
+if TYPE_CHECKING:
+    from gencli.pipelines.distributed.runtime import RayOptions
 
 
-@command(app, "classify", seed_help=DETERMINISTIC_SEED_HELP)
+@command(app, "classify", ray=True, seed_help=DETERMINISTIC_SEED_HELP)
 def classify(
-    images: Annotated[
-        list[str],
-        typer.Argument(metavar="IMAGE...", help="Image files, directories of images, or - to read one path per line from stdin.", show_default=False),
-    ],
-    top_k: Annotated[int, option("--top-k", callback=at_least(1), help="Predictions shown per image.")] = 5,
-    batch_size: Annotated[int, option("--batch-size", callback=at_least(1), help="Images per forward pass.")] = 16,
-    recursive: Annotated[bool, option("--recursive", help="Descend into sub-directories of directory inputs.")] = False,
+    images: ImagesArg,
+    top_k: TopKOpt = 5,
+    batch_size: BatchSizeOpt = 16,
+    recursive: RecursiveOpt = False,
     csv: Annotated[bool, option("--csv", help="CSV rows image,rank,label,id,score instead of a table.")] = False,
-    ray: RayAddress = None,
-    replicas: Replicas = None,
-    gpus_per_replica: GpusPerReplica = None,
-    out_dir: OutDir = None,
     *,
     opts: RunOptions,
+    distributed: Optional[RayOptions],
 ) -> None:
     """Classify images with a ViT or DeiT checkpoint (default: the embedded shapes classifier).
 
@@ -45,7 +41,6 @@ def classify(
     report = opts.report
     fmt = output_format(report, csv)
     paths = image_paths(images, recursive=recursive)  # bad inputs fail before the model loads
-    distributed = ray_options(ray, replicas, gpus_per_replica, out_dir, opts.force)
     if distributed is not None:
         from gencli.cli.images import ray_image_results
         from gencli.pipelines.distributed.images import classifier

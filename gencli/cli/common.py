@@ -73,7 +73,8 @@ GpusPerReplica = Annotated[
 OutDir = Annotated[
     Optional[str],
     typer.Option(
-        "--out-dir", help="With --ray: the replicas write sharded results into this new directory (part-*.csv, or .jsonl with --json).", rich_help_panel=_RAY
+        "--out-dir", help="With --ray: the replicas write sharded results into this new directory (part-*.csv or .txt, .jsonl with --json).",
+        rich_help_panel=_RAY
     ),
 ]
 RAY_DEFAULT_ADDRESS = "local"
@@ -90,12 +91,39 @@ def bare_ray_flag(args: list[str]) -> list[str]:
     return out
 
 
-def ray_options(ray: Optional[str], replicas: Optional[int], gpus_per_replica: Optional[float], out_dir: Optional[str], force: bool):
-    """The distributed pipeline's options (None without --ray: the --ray options are then refused)."""
+def option_group(cls: type) -> type:
+    """Make ``cls`` a dataclass of command options that several commands share.
+
+    Each field is declared once, as a typer option (an ``Annotated`` type) with its default. A command
+    parameter annotated with the class is expanded by :func:`command` into those options, in field
+    order and at the parameter's place (so ``--help`` lists them where the parameter stands), and
+    the body receives one instance of the class."""
+    cls = dataclass(cls)
+    cls.__option_group__ = True  # type: ignore[attr-defined]
+    return cls
+
+
+def _is_option_group(annotation: Any) -> bool:
+    return isinstance(annotation, type) and getattr(annotation, "__option_group__", False)
+
+
+@option_group
+class RayFlags:
+    """``--ray/--replicas/--gpus-per-replica/--out-dir`` as typed; :func:`command` with ``ray=True``
+    adds them and turns them into the distributed pipeline's options (:func:`ray_options`)."""
+
+    ray: RayAddress = None
+    replicas: Replicas = None
+    gpus_per_replica: GpusPerReplica = None
+    out_dir: OutDir = None
+
+
+def ray_options(flags: RayFlags, force: bool):
+    """The distributed pipeline's ``RayOptions`` (None without --ray: the --ray options are then refused)."""
     from gencli.pipelines.distributed.runtime import RayOptions, refuse_without_ray
 
-    opts = RayOptions(ray or RAY_DEFAULT_ADDRESS, replicas, gpus_per_replica, out_dir, force)
-    if ray is None:
+    opts = RayOptions(flags.ray or RAY_DEFAULT_ADDRESS, flags.replicas, flags.gpus_per_replica, flags.out_dir, force)
+    if flags.ray is None:
         refuse_without_ray(opts)
         return None
     return opts
@@ -395,21 +423,64 @@ def _with_metavar(p: inspect.Parameter) -> inspect.Parameter:
     return p
 
 
+def _evaluated(annotation: Any, fn: Callable) -> Any:
+    """A parameter's annotation, evaluated when ``from __future__ import annotations`` left it a string."""
+    return eval(annotation, fn.__globals__) if isinstance(annotation, str) else annotation  # noqa: S307 - the module's own annotation
+
+
+def _group_parameters(group: type) -> list[inspect.Parameter]:
+    """The options of an :func:`option_group` class as keyword-only typer parameters, in field order."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(group, include_extras=True)
+    return [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=hints[f.name], default=f.default) for f in dataclasses.fields(group)]
+
+
+# parameters of a command body that :func:`command` supplies itself (typer never sees them)
+_SUPPLIED = ("opts", "distributed")
+
+
 def command(
-    app: typer.Typer, name: str, *, model_options: bool = True, seed_help: str = "Seed: the same seed gives the same result on any device.", **typer_kwargs: Any
+    app: typer.Typer,
+    name: str,
+    *,
+    model_options: bool = True,
+    ray: bool = False,
+    seed_help: str = "Seed: the same seed gives the same result on any device.",
+    **typer_kwargs: Any,
 ) -> Callable:
     """Register ``fn`` as a gencli command with the contract's common options added.
 
-    ``fn`` declares its own parameters plus ``opts: RunOptions``; this decorator appends
-    ``--model/--device/--dtype/--seed/--threads/--allow-pickle`` (when ``model_options``; ``seed_help``
-    says what the seed does in this command) and ``--json/--out/--force/--quiet/--verbose/--debug`` to
-    its signature, checks ``--out`` can be written before the body runs, and wraps the body in
-    ``run_guarded``.
+    ``fn`` declares its own parameters plus ``opts: RunOptions``; a parameter annotated with an
+    :func:`option_group` class stands for that group's options and receives one instance. This
+    decorator appends ``--ray/--replicas/--gpus-per-replica/--out-dir`` (when ``ray``: ``fn`` then
+    declares ``distributed`` and receives the distributed pipeline's ``RayOptions``, or None without
+    ``--ray``), ``--model/--device/--dtype/--seed/--threads/--allow-pickle`` (when ``model_options``;
+    ``seed_help`` says what the seed does in this command) and
+    ``--json/--out/--force/--quiet/--verbose/--debug`` to its signature, checks ``--out`` can be
+    written before the body runs, and wraps the body in ``run_guarded``.
     """
 
     def decorate(fn: Callable) -> Callable:
-        sig = inspect.signature(fn, eval_str=True)
-        own = [_with_metavar(p) for p in sig.parameters.values() if p.name != "opts"]
+        sig = inspect.signature(fn)
+        if ray != ("distributed" in sig.parameters):
+            raise TypeError(f"{fn.__name__}: a command declares `distributed` exactly when it is registered with ray=True")
+        groups: dict[str, type] = {"distributed": RayFlags} if ray else {}
+        own: list[inspect.Parameter] = []
+        for p in sig.parameters.values():
+            if p.name in _SUPPLIED:
+                continue
+            annotation = _evaluated(p.annotation, fn)
+            if _is_option_group(annotation):
+                groups[p.name] = annotation
+                own.extend(_group_parameters(annotation))
+            else:
+                own.append(p.replace(annotation=annotation, kind=inspect.Parameter.KEYWORD_ONLY))
+        if ray:
+            own.extend(_group_parameters(RayFlags))
+        own = [_with_metavar(p) for p in own]
+        declared = {p.name for p in own}
         extra = dict(_COMMON_PARAMS) if model_options else {}
         if model_options:
             ann, default = extra["seed"]
@@ -417,11 +488,13 @@ def command(
             extra["seed"] = (seed_ann, default)
         # a command that names its own outputs (file-name patterns, a grid or a directory) declares
         # ``out``/``force`` itself and writes them; the common ones are then not added
-        extra.update({k: v for k, v in _OUTPUT_PARAMS.items() if k not in sig.parameters})
+        extra.update({k: v for k, v in _OUTPUT_PARAMS.items() if k not in declared})
+        if declared & set(extra):
+            raise TypeError(f"{fn.__name__}: {sorted(declared & set(extra))} are common options")
         injected = [
             _with_metavar(inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, annotation=ann, default=default)) for k, (ann, default) in extra.items()
         ]
-        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if p.kind != inspect.Parameter.KEYWORD_ONLY else p for p in own]
+        group_fields = {group_name: [p.name for p in _group_parameters(group)] for group_name, group in groups.items()}
 
         def wrapper(**kwargs: Any) -> Any:
             common = {k: kwargs.pop(k) for k in list(kwargs) if k in extra}
@@ -429,6 +502,9 @@ def command(
                 common["dtype"] = common["dtype"].value if isinstance(common["dtype"], enum.Enum) else common["dtype"]
             report = Reporter(**{k: common.pop(k) for k in ("json", "quiet", "verbose")})
             opts = RunOptions(**common, report=report)
+            force = kwargs.get("force", opts.force)  # the command's own --force where it declares one
+            for group_name, names in group_fields.items():
+                kwargs[group_name] = groups[group_name](**{k: kwargs.pop(k) for k in names})
 
             def body() -> Any:
                 if report.quiet and report.verbose:
@@ -439,6 +515,8 @@ def command(
                     from gencli.io import ensure_writable
 
                     ensure_writable(opts.out, opts.force)  # before any long work
+                if ray:
+                    kwargs["distributed"] = ray_options(kwargs["distributed"], force)
                 return fn(opts=opts, **kwargs)
 
             return run_guarded(opts, body)

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from gencli.cli import app
-from gencli.cli.common import GpusPerReplica, OutDir, RayAddress, Replicas, RunOptions, at_least, command, option, ray_options
+from gencli.cli.common import RunOptions, at_least, command, option
+
+if TYPE_CHECKING:
+    from gencli.pipelines.distributed.runtime import RayOptions
 
 _DATA = "Data"
 _OUT = "Output"
 _EVAL = "Backtest and fine-tuning"
 
 
-@command(app, "forecast", seed_help="Seed for --fit-steps (batches, dropout; default 0, reported): the same seed gives the same fine-tuned model.")
+@command(app, "forecast", ray=True, seed_help="Seed for --fit-steps (batches, dropout; default 0, reported): the same seed gives the same fine-tuned model.")
 def forecast(
     data: Annotated[str, typer.Argument(metavar="DATA", help="A CSV file (long or wide), a Parquet file, or - for CSV on stdin.", show_default=False)],
     horizon: Annotated[
@@ -117,12 +120,9 @@ def forecast(
     save_model: Annotated[
         Optional[str], typer.Option("--save-model", help="Save the fine-tuned model to this folder (config.json + model.safetensors).", rich_help_panel=_EVAL)
     ] = None,
-    ray: RayAddress = None,
-    replicas: Replicas = None,
-    gpus_per_replica: GpusPerReplica = None,
-    out_dir: OutDir = None,
     *,
     opts: RunOptions,
+    distributed: Optional[RayOptions],
 ) -> None:
     """Quantile forecasts for the series in a table, with a Temporal Fusion Transformer combined per
     series with damped-trend ETS and Theta (--model-only: the network alone).
@@ -171,7 +171,6 @@ def forecast(
         seed=opts.seed,
         **opts.load_options(),
     )
-    distributed = ray_options(ray, replicas, gpus_per_replica, out_dir, opts.force)
     if distributed is None:
         run(req, opts.report)
         return

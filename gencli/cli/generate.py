@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from gencli.cli import app
-from gencli.cli.common import GpusPerReplica, OutDir, Quantize, RayAddress, Replicas, RunOptions, at_least, command, option, ray_options
-from gencli.console import Reporter, emit_json
+from gencli.cli.common import Quantize, RunOptions, at_least, command, option
+
+if TYPE_CHECKING:
+    from gencli.pipelines.distributed.runtime import RayOptions
+from gencli.console import Reporter
 
 DEFAULT_MODEL = "llama-pystdlib"
 
 
-@command(app, "generate", seed_help="Seed for sampling: the same seed gives the same text on any device (the seed used is reported with -v).")
+@command(app, "generate", ray=True, seed_help="Seed for sampling: the same seed gives the same text on any device (the seed used is reported with -v).")
 def generate(
     prompt: Annotated[Optional[str], typer.Argument(metavar="PROMPT", help="The prompt; - reads it from stdin.", show_default=False)] = None,
     max_new_tokens: Annotated[
@@ -54,12 +57,9 @@ def generate(
     group_size: Annotated[
         Optional[int], typer.Option("--group-size", help="int4: input columns per scale (default 32).", show_default=False)
     ] = None,
-    ray: RayAddress = None,
-    replicas: Replicas = None,
-    gpus_per_replica: GpusPerReplica = None,
-    out_dir: OutDir = None,
     *,
     opts: RunOptions,
+    distributed: Optional[RayOptions],
 ) -> None:
     """Generate text with a GPT-2 or Llama-family model; tokens stream to stdout as they are produced.
 
@@ -84,7 +84,6 @@ def generate(
     check_flags(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, stop=stop)
     if system is not None and not chat:
         raise UserError("--system needs --chat")
-    distributed = ray_options(ray, replicas, gpus_per_replica, out_dir, opts.force)
     if distributed is not None and prompts_file is None:
         raise UserError("--ray needs --prompts-file (one prompt runs in this process)")
     prompts = _read_prompts(prompt, prompts_file, opts.report)
@@ -138,7 +137,7 @@ def _generate_on_ray(prompts, distributed, opts: RunOptions, *, echo: bool, batc
 
     from gencli.backend.random import new_seed
     from gencli.pipelines.distributed.text import generate_prompts
-    from gencli.pipelines.text import load_text_model
+    from gencli.pipelines.text import load_text_model, write_completions
     from gencli.weights import resolve_model
 
     report = opts.report
@@ -147,7 +146,8 @@ def _generate_on_ray(prompts, distributed, opts: RunOptions, *, echo: bool, batc
         load_text_model, resolve_model(opts.model, DEFAULT_MODEL), **opts.load_options(), quantize=quantize.value if quantize else None, group_size=group_size
     )
     runs = generate_prompts(
-        prompts, load, {**settings, "seed": seed}, distributed, report, batch_size=batch_size, chat=chat, system=system, device=opts.device, out=opts.out
+        prompts, load, {**settings, "seed": seed}, distributed, report, batch_size=batch_size, chat=chat, system=system, device=opts.device, out=opts.out,
+        echo=echo,
     )
     if distributed.out_dir:
         n = sum(len(completions) for completions, *_ in runs)
@@ -162,7 +162,7 @@ def _run_batches(tm, encoded, settings, seed: Optional[int], report: Reporter, o
     """Generate for the encoded prompts ``batch_size`` at a time (batch k sampling from
     :func:`~gencli.pipelines.text.batch_generator`) and write the completions to ``out``: streamed
     piece by piece for a single prompt, else each whole (one JSON line each with --json)."""
-    from gencli.pipelines.text import batch_generator
+    from gencli.pipelines.text import batch_generator, write_completions
     from gencli.pipelines.text import generate as run
 
     def on_text(row: int, piece: str) -> None:
@@ -179,32 +179,6 @@ def _run_batches(tm, encoded, settings, seed: Optional[int], report: Reporter, o
             yield completions, str(tm.path), tm.context_length, seed
 
     write_completions(batches(), report, out, stream=stream, echo=echo, many=len(encoded) > 1)
-
-
-def write_completions(batches, report: Reporter, out, *, stream: bool = False, echo: bool = False, many: bool = True) -> None:
-    """Write each batch's completions (``batches``: ``(completions, model path, context length,
-    seed)`` in prompt order) as they come: JSON lines with --json, else the texts (a blank line between
-    them when ``many``; only the line end when ``stream``ed already)."""
-    context_warned = False
-    for completions, model_path, context_length, seed in batches:
-        for c in completions:
-            if c.hit_context and not context_warned:
-                report.warn(f"stopped at the model's context length ({context_length} tokens)")
-                context_warned = True
-            if report.json:
-                emit_json(c.as_json(model_path, seed), out)
-            elif stream:
-                out.write("\n")
-            else:
-                out.write((c.prompt if echo else "") + c.text + "\n")
-                if many:
-                    out.write("\n")
-            out.flush()
-        t = completions[0].timing
-        report.debug(
-            f"prefill {t['prefill_s']:.3f}s ({t['prefill_tokens_per_s'] or 0:.1f} tokens/s), "
-            f"decode {t['decode_s']:.3f}s ({t['decode_tokens_per_s'] or 0:.1f} tokens/s), batch of {len(completions)}"
-        )
 
 
 def _read_prompts(prompt: Optional[str], prompts_file: Optional[str], report: Reporter) -> list[str]:

@@ -4,9 +4,19 @@ results come, tables and CSV, and the per-file error lines. No torch at import t
 from __future__ import annotations
 
 import sys
-from typing import IO, Any, Iterable, Optional, Sequence
+from typing import IO, Annotated, Any, Iterable, Optional, Sequence
 
+import typer
+
+from gencli.cli.common import at_least, option
 from gencli.console import Reporter, csv_line, emit_json, is_terminal, json_line, print_table
+
+# the options the image commands share (each command gives its own default)
+IMAGES_HELP = "Image files, directories of images, or - to read one path per line from stdin."
+ImagesArg = Annotated[list[str], typer.Argument(metavar="IMAGE...", help=IMAGES_HELP, show_default=False)]
+TopKOpt = Annotated[int, option("--top-k", callback=at_least(1), help="Predictions shown per image.")]
+BatchSizeOpt = Annotated[int, option("--batch-size", callback=at_least(1), help="Images per forward pass.")]
+RecursiveOpt = Annotated[bool, option("--recursive", help="Descend into sub-directories of directory inputs.")]
 
 
 def output_format(report: Reporter, csv: bool) -> str:

@@ -4,12 +4,15 @@ single-file checkpoints (the embedded default: txt2img-shapes)."""
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from gencli.cli import app
-from gencli.cli.common import GpusPerReplica, OutDir, RayAddress, Replicas, RunOptions, command, option, ray_options
+from gencli.cli.common import RunOptions, command, option, option_group
+
+if TYPE_CHECKING:
+    from gencli.pipelines.distributed.runtime import RayOptions
 
 DEFAULT_MODEL = "txt2img-shapes"
 _GEN = "Generation"
@@ -55,31 +58,40 @@ MaskOpt = _opt(Optional[str], "--mask", help="Inpaint: an image, white where IMA
 PromptArg = Annotated[Optional[str], typer.Argument(metavar="PROMPT", help="The prompt ('' = unconditional); - reads it from stdin.", show_default=False)]
 
 
-@command(app, "txt2img")
+@option_group
+class DiffusionOptions:
+    """The options txt2img and img2img share: what to sample, how, how many, and where it goes."""
+
+    negative_prompt: NegativeOpt = None
+    steps: StepsOpt = None
+    guidance: GuidanceOpt = None
+    guidance_rescale: RescaleOpt = None
+    sampler: SamplerOpt = None
+    width: WidthOpt = None
+    height: HeightOpt = None
+    n: CountOpt = None
+    seeds: SeedsOpt = None
+    clip_skip: ClipSkipOpt = None
+    batch_size: BatchOpt = 1
+    out: OutOpt = None
+    force: ForceOpt = False
+    prompts_file: PromptsFileOpt = None
+    vae: VaeOpt = None
+    variant: VariantOpt = None
+
+    def flags(self, **more: Any) -> dict[str, Any]:
+        """The sampling settings a prompt's JSON line may override (``diffusion_jobs.check_job_flags``), plus ``more``."""
+        return dict(steps=self.steps, guidance=self.guidance, guidance_rescale=self.guidance_rescale, sampler=self.sampler, width=self.width,
+                    height=self.height, clip_skip=self.clip_skip, **more)  # fmt: skip
+
+
+@command(app, "txt2img", ray=True)
 def txt2img(
     prompt: PromptArg = None,
-    negative_prompt: NegativeOpt = None,
-    steps: StepsOpt = None,
-    guidance: GuidanceOpt = None,
-    guidance_rescale: RescaleOpt = None,
-    sampler: SamplerOpt = None,
-    width: WidthOpt = None,
-    height: HeightOpt = None,
-    n: CountOpt = None,
-    seeds: SeedsOpt = None,
-    clip_skip: ClipSkipOpt = None,
-    batch_size: BatchOpt = 1,
-    out: OutOpt = None,
-    force: ForceOpt = False,
-    prompts_file: PromptsFileOpt = None,
-    vae: VaeOpt = None,
-    variant: VariantOpt = None,
-    ray: RayAddress = None,
-    replicas: Replicas = None,
-    gpus_per_replica: GpusPerReplica = None,
-    out_dir: OutDir = None,
     *,
+    settings: DiffusionOptions,
     opts: RunOptions,
+    distributed: Optional[RayOptions],
 ) -> None:
     """Generate images from a text prompt with Stable Diffusion (SD 1.x, 2.x, SDXL).
 
@@ -95,9 +107,7 @@ def txt2img(
 
     gencli txt2img --prompts-file prompts.txt --seed 1 --ray --replicas 4 --out-dir renders/
     """
-    flags = dict(steps=steps, guidance=guidance, guidance_rescale=guidance_rescale, sampler=sampler, width=width, height=height, clip_skip=clip_skip)
-    distributed = ray_options(ray, replicas, gpus_per_replica, out_dir, force)
-    _run(opts, prompt, prompts_file, negative_prompt, flags, n, seeds, batch_size, out, force, vae, variant, "txt2img", distributed=distributed)
+    _run(opts, prompt, settings, settings.flags(), "txt2img", distributed=distributed)
 
 
 @command(app, "img2img")
@@ -106,23 +116,8 @@ def img2img(
     prompt: PromptArg = None,
     strength: StrengthOpt = 0.8,
     mask: MaskOpt = None,
-    negative_prompt: NegativeOpt = None,
-    steps: StepsOpt = None,
-    guidance: GuidanceOpt = None,
-    guidance_rescale: RescaleOpt = None,
-    sampler: SamplerOpt = None,
-    width: WidthOpt = None,
-    height: HeightOpt = None,
-    n: CountOpt = None,
-    seeds: SeedsOpt = None,
-    clip_skip: ClipSkipOpt = None,
-    batch_size: BatchOpt = 1,
-    out: OutOpt = None,
-    force: ForceOpt = False,
-    prompts_file: PromptsFileOpt = None,
-    vae: VaeOpt = None,
-    variant: VariantOpt = None,
     *,
+    settings: DiffusionOptions,
     opts: RunOptions,
 ) -> None:
     """Change an image following a prompt: encode it, noise it to --strength, denoise.
@@ -136,9 +131,7 @@ def img2img(
 
     gencli img2img photo.png "a wooden bench" --mask bench-mask.png --strength 1 -o bench.png
     """
-    flags = dict(steps=steps, guidance=guidance, guidance_rescale=guidance_rescale, sampler=sampler, width=width, height=height, clip_skip=clip_skip,
-                 strength=strength)  # fmt: skip
-    _run(opts, prompt, prompts_file, negative_prompt, flags, n, seeds, batch_size, out, force, vae, variant, "img2img", image=image, mask=mask)
+    _run(opts, prompt, settings, settings.flags(strength=strength), "img2img", image=image, mask=mask)
 
 
 @command(app, "replay")
@@ -176,35 +169,26 @@ def replay(
         raise UserError(f"'{image}' was inpainted: pass its source image with --init-image and its mask with --mask")
     if mask is not None and init_image is None:
         raise UserError("--mask needs --init-image (the image the mask applies to)")
-    flags = dict(steps=params.steps, guidance=params.cfg_scale, guidance_rescale=params.guidance_rescale or None, sampler=params.sampler,
-                 width=params.width or None, height=params.height or None, clip_skip=params.clip_skip or None,
-                 strength=params.denoising_strength)  # fmt: skip
-    default_out = str(Path(image).with_name(Path(image).stem + "-replay.png"))
-    _run(
-        opts, params.prompt, None, params.negative_prompt or None, flags, None, str(params.seed), 1, out or default_out, force, vae, None,
-        "replay", image=init_image, mask=mask, expect_hash=params.model_hash,
+    settings = DiffusionOptions(
+        negative_prompt=params.negative_prompt or None, steps=params.steps, guidance=params.cfg_scale, guidance_rescale=params.guidance_rescale or None,
+        sampler=params.sampler, width=params.width or None, height=params.height or None, seeds=str(params.seed), clip_skip=params.clip_skip or None,
+        out=out or str(Path(image).with_name(Path(image).stem + "-replay.png")), force=force, vae=vae,
     )  # fmt: skip
+    flags = settings.flags(strength=params.denoising_strength)
+    _run(opts, params.prompt, settings, flags, "replay", image=init_image, mask=mask, expect_hash=params.model_hash)
 
 
 def _run(
     opts: RunOptions,
     prompt: Optional[str],
-    prompts_file: Optional[str],
-    negative_prompt: Optional[str],
+    settings: DiffusionOptions,
     flags: dict[str, Any],
-    n: Optional[int],
-    seeds: Optional[str],
-    batch_size: int,
-    out: Optional[str],
-    force: bool,
-    vae: Optional[str],
-    variant: Optional[str],
     kind: str,
     *,
     image: Optional[str] = None,
     mask: Optional[str] = None,
     expect_hash: str = "",
-    distributed: Any = None,
+    distributed: Optional[RayOptions] = None,
 ) -> None:
     import sys
 
@@ -214,6 +198,7 @@ def _run(
     from gencli.weights import resolve_model
 
     report = opts.report
+    out, force, batch_size, prompts_file = settings.out, settings.force, settings.batch_size, settings.prompts_file
     if batch_size < 1:
         raise UserError(f"--batch-size must be at least 1 (got {batch_size})")
     if prompt is not None and prompts_file is not None:
@@ -233,10 +218,11 @@ def _run(
         raise UserError("--seed must be >= 0")
     init = _read_init_image(image, flags) if image is not None else None
     mask_pixels = _read_mask(mask, flags) if mask is not None else None
+    one_image = len(specs) == 1 and not settings.n and not settings.seeds
+    default_out = f"{'txt2img' if kind == 'replay' else kind}-{{seed}}.png" if one_image else f"{kind}-{{i:03d}}-{{seed}}.png"
     jobs = plan_jobs(
-        specs, negative_prompt=negative_prompt, flags=flags, seed=opts.seed, seeds=seeds, n=n, out=out,
-        default_out=f"{'txt2img' if kind == 'replay' else kind}-{{seed}}.png" if len(specs) == 1 and not n and not seeds else f"{kind}-{{i:03d}}-{{seed}}.png",
-        force=force, new_seed=new_seed,
+        specs, negative_prompt=settings.negative_prompt, flags=flags, seed=opts.seed, seeds=settings.seeds, n=settings.n, out=out,
+        default_out=default_out, force=force, new_seed=new_seed,
     )  # fmt: skip
 
     from gencli.pipelines.diffusion import load_pipeline
@@ -247,12 +233,12 @@ def _run(
 
         from gencli.pipelines.distributed.diffusion import make_images
 
-        load = functools.partial(load_pipeline, path, vae=vae, variant=variant, **opts.load_options())
+        load = functools.partial(load_pipeline, path, vae=settings.vae, variant=settings.variant, **opts.load_options())
         for record in make_images(jobs, load, distributed, report, batch_size=batch_size, force=force, device=opts.device):
             _report_image(opts, record)
         return
     with report.progress("loading model"):
-        pipe = load_pipeline(path, vae=vae, variant=variant, **opts.load_options())
+        pipe = load_pipeline(path, vae=settings.vae, variant=settings.variant, **opts.load_options())
     report.debug(pipe.describe())
     report.debug(f"loaded in {pipe.load_seconds:.2f}s")
     if expect_hash and expect_hash != pipe.model_hash:

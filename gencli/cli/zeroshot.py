@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from gencli.cli import app
-from gencli.cli.common import DETERMINISTIC_SEED_HELP, GpusPerReplica, OutDir, RayAddress, Replicas, RunOptions, at_least, command, option, ray_options
+from gencli.cli.common import DETERMINISTIC_SEED_HELP, RunOptions, command, option
+from gencli.cli.images import IMAGES_HELP, BatchSizeOpt, ImagesArg, RecursiveOpt, TopKOpt
 
-_IMAGES_HELP = "Image files, directories of images, or - to read one path per line from stdin."
+if TYPE_CHECKING:
+    from gencli.pipelines.distributed.runtime import RayOptions
 
 
-@command(app, "zeroshot", seed_help=DETERMINISTIC_SEED_HELP)
+@command(app, "zeroshot", ray=True, seed_help=DETERMINISTIC_SEED_HELP)
 def zeroshot(
-    images: Annotated[list[str], typer.Argument(metavar="IMAGE...", help=_IMAGES_HELP, show_default=False)],
+    images: ImagesArg,
     labels: Annotated[Optional[str], option("--labels", help='Comma-separated candidate labels, e.g. "cat,dog,bird".')] = None,
     labels_file: Annotated[Optional[str], typer.Option("--labels-file", help="A file with one label per line (- = stdin).")] = None,
     template: Annotated[
@@ -25,16 +27,13 @@ def zeroshot(
             'Default: the model\'s zeroshot_templates.json if it has one, else "a photo of a {}."',
         ),
     ] = None,
-    top_k: Annotated[int, option("--top-k", callback=at_least(1), help="Predictions shown per image.")] = 5,
-    batch_size: Annotated[int, option("--batch-size", callback=at_least(1), help="Images per forward pass.")] = 32,
-    recursive: Annotated[bool, option("--recursive", help="Descend into sub-directories of directory inputs.")] = False,
+    top_k: TopKOpt = 5,
+    batch_size: BatchSizeOpt = 32,
+    recursive: RecursiveOpt = False,
     csv: Annotated[bool, option("--csv", help="CSV rows image,rank,label,score instead of a table.")] = False,
-    ray: RayAddress = None,
-    replicas: Replicas = None,
-    gpus_per_replica: GpusPerReplica = None,
-    out_dir: OutDir = None,
     *,
     opts: RunOptions,
+    distributed: Optional[RayOptions],
 ) -> None:
     """Zero-shot image classification with CLIP against labels you choose (default: the embedded shapes CLIP).
 
@@ -61,7 +60,6 @@ def zeroshot(
         report.warn(f"one label ('{label_list[0]}'): every image scores 1.0, since the scores are shared out over the labels; give two or more")
     templates = zs.check_templates(template) if template else None
     paths = image_paths(images, recursive=recursive)  # bad inputs fail before the model loads
-    distributed = ray_options(ray, replicas, gpus_per_replica, out_dir, opts.force)
     if distributed is not None:
         from gencli.cli.images import ray_image_results
         from gencli.pipelines.distributed.images import zero_shot
@@ -101,23 +99,20 @@ def _load(opts: RunOptions, command: str):
     return bundle
 
 
-@command(app, "similarity", seed_help=DETERMINISTIC_SEED_HELP)
+@command(app, "similarity", ray=True, seed_help=DETERMINISTIC_SEED_HELP)
 def similarity(
-    images: Annotated[Optional[list[str]], typer.Argument(metavar="[IMAGE]...", help=_IMAGES_HELP + " (also --images)", show_default=False)] = None,
+    images: Annotated[Optional[list[str]], typer.Argument(metavar="[IMAGE]...", help=IMAGES_HELP + " (also --images)", show_default=False)] = None,
     image_opt: Annotated[Optional[list[str]], option("--images", help="An image, a directory or - (repeatable).", show_default=False)] = None,
     texts: Annotated[
         Optional[list[str]], option("--texts", "--text", help="A text to compare with every image (repeatable).", show_default=False)
     ] = None,
     texts_file: Annotated[Optional[str], typer.Option("--texts-file", help="A file with one text per line (- = stdin).")] = None,
     csv_out: Annotated[bool, option("--csv", help="Write CSV (image, then one column per text) instead of a table.")] = False,
-    batch_size: Annotated[int, option("--batch-size", callback=at_least(1), help="Images per forward pass.")] = 32,
-    recursive: Annotated[bool, option("--recursive", help="Descend into sub-directories of directory inputs.")] = False,
-    ray: RayAddress = None,
-    replicas: Replicas = None,
-    gpus_per_replica: GpusPerReplica = None,
-    out_dir: OutDir = None,
+    batch_size: BatchSizeOpt = 32,
+    recursive: RecursiveOpt = False,
     *,
     opts: RunOptions,
+    distributed: Optional[RayOptions],
 ) -> None:
     """The image-text cosine similarity matrix of a CLIP model, for retrieval and ranking.
 
@@ -141,7 +136,6 @@ def similarity(
         raise UserError("stdin cannot hold both the image paths and the texts: give --texts-file a file")
     text_list = sim.parse_texts(texts, texts_file)
     paths = image_paths(inputs, recursive=recursive)
-    distributed = ray_options(ray, replicas, gpus_per_replica, out_dir, opts.force)
     if distributed is not None:
         from gencli.cli.images import ray_image_results
         from gencli.pipelines.distributed.images import similarity as scorer

@@ -19,6 +19,7 @@ import torch
 from gencli.backend.device import DTYPE_NAMES, Placement, choose_placement
 from gencli.backend.random import make_generator
 from gencli.backend.screened_argmax import ScreenedArgmax
+from gencli.console import Reporter, emit_json
 from gencli.errors import UserError
 from gencli.models.causal_lm import CausalLM
 from gencli.pipelines.sampling import SamplingParams, next_tokens
@@ -581,6 +582,32 @@ def _timing(tm: TextModel, prompt_tokens: int, batch_size: int, t_prefill: float
         "decode_tokens_per_s": round(decode_steps * batch_size / t_decode, 2) if t_decode > 0 and decode_steps else None,
         "batch_size": batch_size,
     }
+
+
+def write_completions(batches, report: Reporter, out, *, stream: bool = False, echo: bool = False, many: bool = True) -> None:
+    """Write each batch's completions (``batches``: ``(completions, model path, context length,
+    seed)`` in prompt order) as they come: JSON lines with --json, else the texts (a blank line between
+    them when ``many``; only the line end when ``stream``ed already)."""
+    context_warned = False
+    for completions, model_path, context_length, seed in batches:
+        for c in completions:
+            if c.hit_context and not context_warned:
+                report.warn(f"stopped at the model's context length ({context_length} tokens)")
+                context_warned = True
+            if report.json:
+                emit_json(c.as_json(model_path, seed), out)
+            elif stream:
+                out.write("\n")
+            else:
+                out.write((c.prompt if echo else "") + c.text + "\n")
+                if many:
+                    out.write("\n")
+            out.flush()
+        t = completions[0].timing
+        report.debug(
+            f"prefill {t['prefill_s']:.3f}s ({t['prefill_tokens_per_s'] or 0:.1f} tokens/s), "
+            f"decode {t['decode_s']:.3f}s ({t['decode_tokens_per_s'] or 0:.1f} tokens/s), batch of {len(completions)}"
+        )
 
 
 def describe(tm: TextModel) -> str:

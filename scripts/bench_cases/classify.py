@@ -52,7 +52,7 @@ def run(side, args, workdir):
         from gencli.backend.device import DTYPE_NAMES
         from gencli.pipelines.classify import ImageClassifier
 
-        clf = ImageClassifier.load(workdir / "model", device=str(device), dtype=DTYPE_NAMES[dtype])
+        clf = ImageClassifier.load(workdir / "model", device=str(device), dtype=DTYPE_NAMES[dtype], threads=args.threads)
         model = clf.model
     else:
         from transformers import ViTForImageClassification

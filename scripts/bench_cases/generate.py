@@ -129,7 +129,7 @@ def run(side, args, workdir):
         from gencli.pipelines.text import generate as gencli_generate
 
         dtype_name = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
-        tm = load_text_model(folder, device=str(device), dtype=dtype_name, quantize=args.quantize, group_size=args.group_size)
+        tm = load_text_model(folder, device=str(device), dtype=dtype_name, threads=args.threads, quantize=args.quantize, group_size=args.group_size)
         sync(device)
         load_s = time.perf_counter() - t0
 

@@ -94,7 +94,7 @@ def run(side, args, workdir):
     if side == "gencli":
         from gencli.pipelines.diffusion import generate, load_pipeline, resolve_settings
 
-        pipe = load_pipeline(workdir / "pipe", device=str(device), dtype=str(dtype).replace("torch.", ""))
+        pipe = load_pipeline(workdir / "pipe", device=str(device), dtype=str(dtype).replace("torch.", ""), threads=args.threads)
         sync(device)
         load_s = time.perf_counter() - start
         settings = resolve_settings(pipe, steps=args.steps, guidance=7.5, sampler=args.sampler, width=size, height=size)

@@ -135,7 +135,7 @@ def run(side, args, workdir):
         from gencli.pipelines import zeroshot as zs
         from gencli.pipelines.images import load_image
 
-        bundle = zs.load(folder, device=str(device), dtype=DTYPE_NAMES[dtype])
+        bundle = zs.load(folder, device=str(device), dtype=DTYPE_NAMES[dtype], threads=args.threads)
         load_s = time.perf_counter() - t0
 
         def encode_labels():

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from gencli.console import Reporter
+from gencli.pipelines.distributed.replica_warnings import ForwardedWarnings, ReplicaReporter
 from gencli.pipelines.distributed.runtime import RayOptions, check_options, ray_runtime, ray_task_errors
 
 
@@ -19,7 +20,9 @@ class DiffusionReplica:
     """One replica: load the pipeline once, then make and write each batch of images."""
 
     def __init__(self, load: Callable[[], Any], force: bool):
-        self.pipe = load()
+        self.report = ReplicaReporter()  # the Python warnings raised here go back with the batches
+        with self.report.collecting():
+            self.pipe = load()
         self.force = force
 
     def __call__(self, frame):
@@ -30,10 +33,12 @@ class DiffusionReplica:
         rows = []
         for index, group_bytes, cwd in zip(frame["batch"].tolist(), frame["jobs"].tolist(), frame["cwd"].tolist()):
             group = pickle.loads(group_bytes)
-            records = [
-                write_image(job, image, self.pipe, force=self.force, to=Path(cwd) / job.out) for job, image in run_jobs(self.pipe, group, batch_size=len(group))
-            ]
-            rows.append({"batch": index, "records": pickle.dumps(records)})
+            with self.report.collecting():
+                records = [
+                    write_image(job, image, self.pipe, force=self.force, to=Path(cwd) / job.out)
+                    for job, image in run_jobs(self.pipe, group, batch_size=len(group))
+                ]
+            rows.append({"batch": index, "records": pickle.dumps(records), "warnings": self.report.take()})
         return pd.DataFrame(rows)
 
 
@@ -54,7 +59,9 @@ def make_images(
         ds = ray.data.from_items(rows, override_num_blocks=max(1, len(rows))).map_batches(
             DiffusionReplica, batch_size=1, batch_format="pandas", fn_constructor_kwargs={"load": load, "force": force}, **cluster.actor_pool()
         )
+        forward = ForwardedWarnings(report)
         for row in ds.iter_rows():  # in job order (the runtime preserves it)
+            forward(row["warnings"])
             yield from pickle.loads(row["records"])
 
 

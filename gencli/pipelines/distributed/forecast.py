@@ -20,12 +20,14 @@ from __future__ import annotations
 import contextlib
 import glob
 import io
+import json
 import pickle
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from gencli.console import Reporter, open_output
 from gencli.errors import UserError
+from gencli.pipelines.distributed.replica_warnings import ForwardedWarnings, ReplicaReporter
 from gencli.pipelines.distributed.runtime import Cluster, RayOptions, check_options, prepare_out_dir, ray_runtime, ray_task_errors, refuse, shard_name
 from gencli.pipelines.forecast.layout import Layout
 from gencli.pipelines.forecast.outputs import imputed_note
@@ -65,7 +67,7 @@ def _unsupported(req: ForecastRequest, ray_opts: RayOptions) -> None:
 
 # -- the stages (run by Ray workers) ---------------------------------------------------------------------
 def _series_row(file_index: int, position: int, sid: str, **payload: Any) -> dict[str, Any]:
-    row = {"file_index": file_index, "position": position, "id": sid, "record": b"", "frame": b"", "error": ""}
+    row = {"file_index": file_index, "position": position, "id": sid, "record": b"", "frame": b"", "error": "", "warnings": "[]"}
     row.update(payload)
     return row
 
@@ -79,12 +81,17 @@ def _built(file_index: int, position: int, sid: str, frame, layout: Layout, rec_
 
 def read_series(row: dict[str, Any], *, layout: Layout, rec_opts: RecordOptions, merge: bool) -> list[dict[str, Any]]:
     """One input file as rows, one per series in first-appearance order: its record (or why it was
-    skipped), or with ``merge`` its frame, for :func:`merge_series` to join with the other files' rows."""
+    skipped), or with ``merge`` its frame, for :func:`merge_series` to join with the other files' rows.
+    The reader's warnings travel on the file's first row."""
     table = open_table(row["file"])
     fi = int(row["file_index"])
     out = []
-    for i, (sid, frame) in enumerate(iter_groups(table, layout, None)):
-        out.append(_series_row(fi, i, sid, frame=pickle.dumps(frame)) if merge else _built(fi, i, sid, frame, layout, rec_opts))
+    reader = ReplicaReporter()
+    with reader.collecting():
+        for i, (sid, frame) in enumerate(iter_groups(table, layout, reader.warn)):
+            out.append(_series_row(fi, i, sid, frame=pickle.dumps(frame)) if merge else _built(fi, i, sid, frame, layout, rec_opts))
+    if out:
+        out[0]["warnings"] = reader.take()
     return out
 
 
@@ -95,25 +102,34 @@ def merge_series(group, *, layout: Layout, rec_opts: RecordOptions):
     group = group.sort_values(["file_index", "position"])
     frame = pd.concat([pickle.loads(b) for b in group["frame"]], ignore_index=True)
     first = group.iloc[0]
-    return pd.DataFrame([_built(int(first["file_index"]), int(first["position"]), str(first["id"]), frame, layout, rec_opts)])
+    row = _built(int(first["file_index"]), int(first["position"]), str(first["id"]), frame, layout, rec_opts)
+    row["warnings"] = json.dumps([m for w in group["warnings"] for m in json.loads(w)])
+    return pd.DataFrame([row])
 
 
 class ForecastReplica:
-    """One model replica of the actor pool: loads the model once, then forecasts batch after batch."""
+    """One model replica of the actor pool: loads the model once, then forecasts batch after batch.
+    Its warnings travel on the first row of the batch they were raised in (the ``warnings`` column)."""
 
     def __init__(self, req: ForecastRequest, model: str, binding, horizon: int, context: int, out_dir: Optional[str] = None, time_zone=None):
-        fc = load_forecaster(req, Path(model))
-        self.run = RunState(req, Reporter(quiet=True, json=req.json), fc, binding, horizon, context, None, None, {}, time_zone)
+        self.report = ReplicaReporter(json=req.json)
+        with self.report.collecting():
+            fc = load_forecaster(req, Path(model))
+        self.run = RunState(req, self.report, fc, binding, horizon, context, None, None, {}, time_zone)
         self.out_dir = out_dir
 
     def __call__(self, frame) -> dict:
-        batch = {k: frame[k].tolist() for k in ("file_index", "position", "id", "error")}
-        results = [r for part in forecast_batches(self.run, [pickle.loads(b) for b in frame["record"]]) for r in part]
-        batch["imputed"] = [r.record.imputed for r in results]
-        if self.out_dir is None:
-            batch["result"] = [pickle.dumps(r) for r in results]
-        else:
-            self._write_shard(batch, results)
+        batch = {k: frame[k].tolist() for k in ("file_index", "position", "id", "error", "warnings")}
+        with self.report.collecting():
+            results = [r for part in forecast_batches(self.run, [pickle.loads(b) for b in frame["record"]]) for r in part]
+            batch["imputed"] = [r.record.imputed for r in results]
+            if self.out_dir is None:
+                batch["result"] = [pickle.dumps(r) for r in results]
+            else:
+                self._write_shard(batch, results)
+        raised = json.loads(self.report.take())
+        if raised:
+            batch["warnings"][0] = json.dumps(json.loads(batch["warnings"][0]) + raised)
         return batch
 
     def _write_shard(self, batch: dict, results: list) -> None:
@@ -145,6 +161,9 @@ def run(req: ForecastRequest, ray_opts: RayOptions, report: Reporter) -> None:
     with ray_runtime(ray_opts, report, device=req.device) as cluster, ray_task_errors():
         rows = _forecast_rows(req, ray_opts, setup, files, cluster)
     rows.sort(key=lambda r: (int(r["file_index"]), int(r["position"])))
+    forward = ForwardedWarnings(report)
+    for r in rows:
+        forward(r["warnings"])
     if ray_opts.out_dir:
         _report_sharded(req, ray_opts, report, setup, rows)
         return
@@ -170,7 +189,7 @@ def _forecast_rows(req: ForecastRequest, ray_opts: RayOptions, setup: Setup, fil
         # one row per series, back in input order (where each first appears): the single-process order
         ds = ds.groupby("id").map_groups(merge_series, batch_format="pandas", fn_kwargs=kw).sort(["file_index", "position"])
     ds = ds.materialize()  # read once: the skipped series go to the driver, the others to the replicas
-    skipped = ds.filter(expr=col("error") != "").select_columns(["file_index", "position", "id", "error"]).take_all()
+    skipped = ds.filter(expr=col("error") != "").select_columns(["file_index", "position", "id", "error", "warnings"]).take_all()
     # the model batches are the single-process ones (--batch-size series in input order): the
     # numerics of a batch depend on its composition, so the same batches give the same bytes
     ds = ds.filter(expr=col("error") == "").repartition(target_num_rows_per_block=req.batch_size)

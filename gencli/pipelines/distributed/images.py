@@ -17,43 +17,52 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from gencli.console import Reporter, emit_json, open_output
+from gencli.pipelines.distributed.replica_warnings import ForwardedWarnings, ReplicaReporter
 from gencli.pipelines.distributed.runtime import RayOptions, check_options, prepare_out_dir, ray_runtime, ray_task_errors, shard_name
 from gencli.pipelines.images import ImageResult, predict_image_files, result_record
 
 Predict = Callable[[list], Sequence[Any]]
 Record = Callable[[ImageResult], dict]
+Warn = Callable[[str], None]
 
 
-def classifier(model: str, top_k: int, **load_options: Any) -> Predict:
+def _no_warning(message: str) -> None:
+    pass
+
+
+def classifier(model: str, top_k: int, warn: Warn = _no_warning, **load_options: Any) -> Predict:
     """Load an image classifier (in a replica) and return its batch ``predict``."""
     from gencli.pipelines.classify import ImageClassifier
 
-    clf = ImageClassifier.load(model, **load_options)
+    clf = ImageClassifier.load(model, warn=warn, **load_options)
     return lambda images: clf.predict(images, top_k)
 
 
-def zero_shot(model: str, labels: Sequence[str], templates: Optional[Sequence[str]], top_k: int, **load_options: Any) -> Predict:
+def zero_shot(model: str, labels: Sequence[str], templates: Optional[Sequence[str]], top_k: int, warn: Warn = _no_warning, **load_options: Any) -> Predict:
     """Load a CLIP model (in a replica), embed the labels once and return the zero-shot ``predict``."""
     from gencli.pipelines import zeroshot as zs
 
-    bundle = zs.load(model, **load_options)
-    clf = zs.ZeroShotClassifier(bundle, labels, templates or zs.default_templates(bundle.path))
+    bundle = zs.load(model, warn=warn, **load_options)
+    clf = zs.ZeroShotClassifier(bundle, labels, templates or zs.default_templates(bundle.path), warn=warn)
     return lambda images: clf.predict(images, top_k)
 
 
-def similarity(model: str, texts: Sequence[str], **load_options: Any) -> Predict:
+def similarity(model: str, texts: Sequence[str], warn: Warn = _no_warning, **load_options: Any) -> Predict:
     """Load a CLIP model (in a replica), embed the texts once and return the cosine scorer."""
     from gencli.pipelines import zeroshot as zs
     from gencli.pipelines.similarity import SimilarityScorer
 
-    return SimilarityScorer(zs.load(model, **load_options), texts)
+    return SimilarityScorer(zs.load(model, warn=warn, **load_options), texts)
 
 
 class ImageReplica:
-    """One model replica: ``load()`` once, then the single-process loop on each batch of paths."""
+    """One model replica: ``load(warn=...)`` once, then the single-process loop on each batch of
+    paths. Its warnings go back with the batches (a ``warnings`` column) for the driver to show."""
 
-    def __init__(self, load: Callable[[], Predict], record: Record, out_dir: Optional[str] = None):
-        self.predict = load()
+    def __init__(self, load: Callable[..., Predict], record: Record, out_dir: Optional[str] = None):
+        self.report = ReplicaReporter()
+        with self.report.collecting():
+            self.predict = load(warn=self.report.warn)
         self.record = record
         self.out_dir = out_dir
 
@@ -63,19 +72,20 @@ class ImageReplica:
         rows = []
         for index, paths_json in zip(frame["batch"].tolist(), frame["paths"].tolist()):
             paths = json.loads(paths_json)
-            results = list(predict_image_files(paths, self.predict, batch_size=len(paths)))
+            with self.report.collecting():
+                results = list(predict_image_files(paths, self.predict, batch_size=len(paths)))
             if self.out_dir is not None:
                 with open_output(str(Path(self.out_dir) / shard_name((index,), ".jsonl")), True) as fh:
                     for r in results:
                         emit_json(self.record(r), fh)
                 results = [ImageResult(r.path, error=r.error) for r in results]  # the driver reports the errors
-            rows.append({"batch": index, "results": pickle.dumps(results)})
+            rows.append({"batch": index, "results": pickle.dumps(results), "warnings": self.report.take()})
         return pd.DataFrame(rows)
 
 
 def predict_images(
     paths: Sequence[str],
-    load: Callable[[], Predict],
+    load: Callable[..., Predict],
     ray_opts: RayOptions,
     report: Reporter,
     *,
@@ -97,7 +107,9 @@ def predict_images(
         ds = ray.data.from_items(batches, override_num_blocks=max(1, len(batches))).map_batches(
             ImageReplica, batch_size=1, batch_format="pandas", fn_constructor_kwargs=replica, **cluster.actor_pool()
         )
+        forward = ForwardedWarnings(report)
         for row in ds.iter_rows():  # in input order (the runtime preserves it)
+            forward(row["warnings"])
             yield from pickle.loads(row["results"])
 
 

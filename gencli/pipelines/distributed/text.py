@@ -5,7 +5,10 @@ Batch ``k`` holds the same ``--batch-size`` consecutive prompts as in the single
 numerics depend on the composition of its batch) and samples from the same generator,
 :func:`~gencli.pipelines.text.batch_generator` of ``(seed, k)``, so the completions are those of the
 single-process run. The driver yields them in prompt order (Ray Data keeps the order); with
-``--out-dir`` each replica writes its batch's JSON lines as one shard instead.
+``--out-dir`` each replica writes its batch as one shard instead, in the single-process format
+(:func:`~gencli.pipelines.text.write_completions`: JSON lines with ``--json``, in ``.jsonl`` shards,
+else the texts, in ``.txt`` shards), so the shards read in name order are the single-process output.
+The replicas' warnings come back with their batches and are shown once each.
 """
 
 from __future__ import annotations
@@ -15,36 +18,53 @@ import pickle
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from gencli.console import Reporter, emit_json, open_output
+from gencli.console import Reporter, open_output
+from gencli.pipelines.distributed.replica_warnings import ForwardedWarnings, ReplicaReporter
 from gencli.pipelines.distributed.runtime import RayOptions, check_options, prepare_out_dir, ray_runtime, ray_task_errors, shard_name
 
 
 class TextReplica:
     """One replica: load the model once, then generate each batch of prompts as the single process does."""
 
-    def __init__(self, load: Callable[[], Any], settings: dict[str, Any], chat: bool, system: Optional[str], seed: Optional[int], out_dir: Optional[str]):
+    def __init__(
+        self,
+        load: Callable[[], Any],
+        settings: dict[str, Any],
+        chat: bool,
+        system: Optional[str],
+        seed: Optional[int],
+        out_dir: Optional[str],
+        json_lines: bool = False,
+        echo: bool = False,
+        many: bool = True,
+    ):
         from gencli.pipelines.text import resolve_settings
 
-        self.tm = load()
-        self.settings = resolve_settings(self.tm.generation_config, **settings)
+        self.report = ReplicaReporter(json=json_lines)
+        with self.report.collecting():
+            self.tm = load()
+            self.settings = resolve_settings(self.tm.generation_config, **settings, warn=self.report.warn)
         self.seed = seed if not self.settings.sampling.greedy else None
         self.chat, self.system, self.out_dir = chat, system, out_dir
+        self.echo, self.many = echo, many
 
     def __call__(self, frame):
         import pandas as pd
 
-        from gencli.pipelines.text import batch_generator, encode_prompt, generate
+        from gencli.pipelines.text import batch_generator, encode_prompt, generate, write_completions
 
         rows = []
         for index, prompts_json in zip(frame["batch"].tolist(), frame["prompts"].tolist()):
-            encoded = [(p, encode_prompt(self.tm, p, chat=self.chat, system=self.system)) for p in json.loads(prompts_json)]
-            completions = generate(self.tm, encoded, self.settings, generator=batch_generator(self.seed, index))
-            if self.out_dir is not None:
-                with open_output(str(Path(self.out_dir) / shard_name((index,), ".jsonl")), True) as fh:
-                    for c in completions:
-                        emit_json(c.as_json(str(self.tm.path), self.seed), fh)
+            with self.report.collecting():
+                encoded = [(p, encode_prompt(self.tm, p, chat=self.chat, system=self.system)) for p in json.loads(prompts_json)]
+                completions = generate(self.tm, encoded, self.settings, generator=batch_generator(self.seed, index))
+                if self.out_dir is not None:
+                    suffix = ".jsonl" if self.report.json else ".txt"
+                    with open_output(str(Path(self.out_dir) / shard_name((index,), suffix)), True) as fh:
+                        batch = (completions, str(self.tm.path), self.tm.context_length, self.seed)
+                        write_completions([batch], self.report, fh, echo=self.echo, many=self.many)
             model = {"model": str(self.tm.path), "context": self.tm.context_length, "seed": -1 if self.seed is None else self.seed}
-            rows.append({"batch": index, "completions": pickle.dumps(completions), **model})
+            rows.append({"batch": index, "completions": pickle.dumps(completions), "warnings": self.report.take(), **model})
         return pd.DataFrame(rows)
 
 
@@ -60,10 +80,12 @@ def generate_prompts(
     system: Optional[str] = None,
     device: str = "auto",
     out: Optional[str] = None,
+    echo: bool = False,
 ) -> Iterator[tuple[list, str, int, Optional[int]]]:
     """Per batch of prompts, in prompt order: ``(completions, model path, context length, seed)``
     (the seed None when decoding greedily). ``settings`` are :func:`~gencli.pipelines.text.resolve_settings`'s
-    keyword arguments, with the run's seed (one seed for every replica)."""
+    keyword arguments, with the run's seed (one seed for every replica). With ``--out-dir`` the
+    shards are written as ``report.json`` says (``echo``: the prompt before each text)."""
     check_options(ray_opts, out=out)
     batches = [{"batch": k, "prompts": json.dumps(list(prompts[i : i + batch_size]))} for k, i in enumerate(range(0, len(prompts), batch_size))]
     with ray_runtime(ray_opts, report, device=device) as cluster, ray_task_errors():
@@ -71,10 +93,13 @@ def generate_prompts(
 
         out_dir = str(prepare_out_dir(ray_opts.out_dir).resolve()) if ray_opts.out_dir else None
         replica = {"load": load, "settings": settings, "chat": chat, "system": system, "seed": settings.get("seed"), "out_dir": out_dir}
+        replica.update(json_lines=report.json, echo=echo, many=len(prompts) > 1)
         ds = ray.data.from_items(batches, override_num_blocks=max(1, len(batches))).map_batches(
             TextReplica, batch_size=1, batch_format="pandas", fn_constructor_kwargs=replica, **cluster.actor_pool()
         )
+        forward = ForwardedWarnings(report)
         for row in ds.iter_rows():  # in prompt order (the runtime preserves it)
+            forward(row["warnings"])
             seed = int(row["seed"])
             yield pickle.loads(row["completions"]), row["model"], int(row["context"]), None if seed < 0 else seed
 
