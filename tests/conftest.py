@@ -19,6 +19,18 @@ def run_cli(*args: str, input: str | None = None, env: dict | None = None, cwd: 
     return subprocess.run([sys.executable, "-m", "gencli", *args], capture_output=True, text=True, input=input, env=full_env, cwd=cwd, timeout=600)
 
 
+def one_error_line(result, *needles: str) -> str:
+    """The contract for bad input: exit code 2 and exactly one ``error: ...`` line on stderr that
+    names each of ``needles``. ``result`` is a subprocess result or a typer ``CliRunner`` result."""
+    code = getattr(result, "returncode", getattr(result, "exit_code", None))
+    assert code == 2, (code, result.stdout, result.stderr)
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]
+
+
 @pytest.fixture(autouse=True, scope="session")
 def private_cache(tmp_path_factory):
     """Model hashes are remembered in the user's cache directory: the tests (and the commands they

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import one_error_line
 from typer.testing import CliRunner
 
 from gencli.cli import app
@@ -53,15 +54,6 @@ def model_dir(tmp_path_factory) -> str:
 
 def run(*args, input=None):
     return CliRunner().invoke(app, ["forecast", *map(str, args)], input=input)
-
-
-def one_error_line(result, *needles):
-    assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr)
-    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
-    return lines[0]
 
 
 def store_table(n_hist=60, horizon=3, stores=("north", "south", "east"), seed=0) -> pd.DataFrame:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import ROOT, run_cli, write_scene_folder
+from conftest import ROOT, one_error_line, run_cli, write_scene_folder
 
 ONE_THREAD = {"GENCLI_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
@@ -32,14 +32,6 @@ def _series_csv(path: Path, n: int = 9) -> Path:
             frames.append(pd.DataFrame({"id": "short", "time": pd.date_range("2024-01-01", periods=3, freq="D"), "value": [1.0, 2.0, 3.0]}))
     pd.concat(frames).to_csv(path, index=False)
     return path
-
-
-def one_error_line(result, *needles):
-    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
-    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
 
 
 def test_without_ray_nothing_imports_ray(tmp_path):
