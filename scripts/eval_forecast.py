@@ -85,9 +85,16 @@ def main(argv=None) -> None:
     p.add_argument("--cache", default="runs/eval_forecast_baselines.json", help="baseline forecasts kept between runs ('' for none)")
     p.add_argument("--cached-only", action="store_true", help="only the series whose baselines are all in --cache (a quick re-run)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--shard", default=None, metavar="K/N", help="only every N-th series from the K-th (0-based), to spread the baselines over processes; give each its own --cache")
     p.add_argument("--json", help="write the full result here")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
+    shard = None
+    if args.shard:
+        k, _, n = args.shard.partition("/")
+        if not (k.isdigit() and n.isdigit() and 0 <= int(k) < int(n)):
+            p.error(f"--shard must be K/N with 0 <= K < N, got {args.shard!r}")
+        shard = (int(k), int(n))
 
     import torch
 
@@ -122,6 +129,8 @@ def main(argv=None) -> None:
         if args.cached_only:
             done = {k.split("@")[0] for k, v in cache.items() if "stats_mean" in v or args.no_auto}
             series = [x for x in series if f"{x[0]}/{x[1]}" in done]
+        if shard:
+            series = series[shard[0] :: shard[1]]
         result = evaluate(fc, series, windows=args.windows, with_ets=not args.no_ets, with_auto=not args.no_auto, cache=cache, log=log)
         result["seconds"] = round(time.time() - t0, 1)
         out["groups"][group] = result
