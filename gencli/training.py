@@ -13,8 +13,9 @@ import argparse
 import math
 import shlex
 import sys
+import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -79,7 +80,7 @@ def resume(path: str | Path, **stateful: Any) -> tuple[int, str, Optional[dict[s
     return step, command_history(state.get("command"), step), state
 
 
-__all__ = ["warmup_cosine_lr", "set_lr", "save_checkpoint", "load_checkpoint", "command_history", "resume"]
+__all__ = ["warmup_cosine_lr", "set_lr", "save_checkpoint", "load_checkpoint", "command_history", "resume", "prefetched", "StepBudget"]
 
 
 def training_parser(description: str, *, out: str, steps: int, batch: int, lr: float) -> argparse.ArgumentParser:
@@ -94,13 +95,67 @@ def training_parser(description: str, *, out: str, steps: int, batch: int, lr: f
 
 
 def parse_training_args(p: argparse.ArgumentParser, argv: Optional[list[str]] = None) -> argparse.Namespace:
-    """Add ``--threads`` (default 1), ``--ckpt-every`` (default 50) and ``--export`` (a folder: export
-    the model there, training first only if the checkpoint has not reached ``--steps``), parse, and pin
-    torch's threads and seed (0) for a reproducible run."""
+    """Add ``--threads`` (default 1), ``--ckpt-every`` (default 50), ``--export`` (a folder: export
+    the model there, training first only if the checkpoint has not reached ``--steps``), ``--device``
+    (default cpu), ``--data-workers`` (processes that render the next batches ahead, 0: in the loop)
+    and ``--time-budget`` (seconds: fix ``--steps`` from the speed of the first steps so that the run,
+    schedule included, ends within it), parse, and pin torch's threads and seed (0) for a reproducible
+    run."""
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--ckpt-every", type=int, default=50)
     p.add_argument("--export", type=Path, default=None)
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
+    p.add_argument("--data-workers", type=int, default=0, help="processes that prepare batches ahead (0: in the training loop)")
+    p.add_argument("--time-budget", type=float, default=None, help="seconds: set --steps from the measured speed so the run ends within it")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     return args
+
+
+class _StepDataset(torch.utils.data.Dataset):
+    def __init__(self, make: Callable[[int], Any], start: int, stop: int):
+        self.make, self.start, self.stop = make, start, stop
+
+    def __len__(self) -> int:
+        return max(0, self.stop - self.start)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.make(self.start + i)
+
+
+def prefetched(make: Callable[[int], Any], start: int, stop: int, workers: int) -> Iterator[Any]:
+    """``make(step)`` for ``step`` in ``[start, stop)``, in order: computed in the loop when ``workers``
+    is 0, else by that many worker processes ahead of the loop (a training loop whose data is rendered
+    on the CPU keeps a GPU busy this way). The stream is the same either way: each item depends on its
+    step alone."""
+    if workers <= 0:
+        return (make(s) for s in range(start, stop))
+    loader = torch.utils.data.DataLoader(_StepDataset(make, start, stop), batch_size=None, num_workers=workers, prefetch_factor=4, persistent_workers=False)
+    return iter(loader)
+
+
+class StepBudget:
+    """``--time-budget``: every ``every`` steps, the total number of steps that ends the run within
+    ``seconds`` of :meth:`begin` at the recent speed (the first interval's speed includes the warm-up;
+    later ones the interval since the last plan). A schedule that depends on the total (a cosine
+    decay) is re-planned with it, so it still ends at its floor when the time is up."""
+
+    def __init__(self, seconds: Optional[float], *, every: int = 200):
+        self.seconds, self.every = seconds, every
+        self.t_start = self.t_mark = time.time()
+        self.first = self.mark = 0
+        self.seconds_per_step: Optional[float] = None
+
+    def begin(self, step: int) -> None:
+        self.t_start = self.t_mark = time.time()
+        self.first = self.mark = step
+
+    def steps(self, step: int) -> Optional[int]:
+        """The new total number of steps when it is time to re-plan, else None."""
+        if not self.seconds or step <= self.first or (step - self.first) % self.every:
+            return None
+        now = time.time()
+        self.seconds_per_step = (now - self.t_mark) / (step - self.mark)
+        self.t_mark, self.mark = now, step
+        return step + max(1, int((self.seconds - (now - self.t_start)) / self.seconds_per_step))

@@ -85,7 +85,7 @@ def main(argv=None) -> None:
     p.add_argument("--cache", default="runs/eval_forecast_baselines.json", help="baseline forecasts kept between runs ('' for none)")
     p.add_argument("--cached-only", action="store_true", help="only the series whose baselines are all in --cache (a quick re-run)")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--shard", default=None, metavar="K/N", help="only every N-th series from the K-th (0-based), to spread the baselines over processes; give each its own --cache")
+    p.add_argument("--shard", default=None, metavar="K/N", help="every N-th series from the K-th (0-based), one --cache per process")
     p.add_argument("--json", help="write the full result here")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
@@ -99,6 +99,7 @@ def main(argv=None) -> None:
     import torch
 
     from gencli.data.real_series import HEADLINE, iter_series
+    from gencli.io import atomic_write_bytes
     from gencli.pipelines.forecast.evaluate import evaluate
     from gencli.pipelines.forecast.forecaster import DEFAULT_MODEL, Forecaster
     from gencli.weights import resolve_model
@@ -116,7 +117,7 @@ def main(argv=None) -> None:
     def save_cache() -> None:
         if cache_path:
             cache_path.parent.mkdir(parents=True, exist_ok=True)
-            cache_path.write_text(json.dumps(cache))
+            atomic_write_bytes(cache_path, json.dumps(cache).encode(), force=True)  # a run stopped mid-write keeps the last one
 
     def log(line: str) -> None:  # after each series: report it, keep its baselines
         if not args.quiet:

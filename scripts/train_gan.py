@@ -26,6 +26,7 @@ else at inference. Atomic checkpoints in ``OUT/ckpt.pt`` that a rerun with the s
 from __future__ import annotations
 
 import copy
+import functools
 import sys
 import time
 from pathlib import Path
@@ -43,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 from gencli.data import shapes  # noqa: E402
 from gencli.models.gan import DCGAN, DCGANConfig  # noqa: E402
 from gencli.pipelines.generative import save_generative  # noqa: E402
-from gencli.training import load_checkpoint, parse_training_args, resume, save_checkpoint, set_lr, training_parser, warmup_cosine_lr  # noqa: E402
+from gencli.training import StepBudget, load_checkpoint, parse_training_args, prefetched, resume, save_checkpoint, set_lr, training_parser, warmup_cosine_lr  # noqa: E402
 from scripts.train_vae import SIZE, batch  # noqa: E402  (the same stream of training scenes)
 
 
@@ -64,18 +65,19 @@ def diff_augment(x: torch.Tensor, policy: tuple[str, ...], gen: torch.Generator)
     shifts each image by up to 1/8 of its side (the uncovered border is 0, mid-grey), ``cutout``
     blanks one square of half the side at a random place."""
     b, _, s, _ = x.shape
+    dev = x.device  # the draws come from the CPU generator (the same stream on every device)
     if "translation" in policy:
         pad = s // 8
-        shift = torch.randint(-pad, pad + 1, (2, b), generator=gen)
+        shift = torch.randint(-pad, pad + 1, (2, b), generator=gen).to(dev)
         padded = F.pad(x, (pad, pad, pad, pad))
-        rows = (torch.arange(s)[None, :] + pad - shift[0][:, None]).clamp(0, s + 2 * pad - 1)  # (B, S)
-        cols = (torch.arange(s)[None, :] + pad - shift[1][:, None]).clamp(0, s + 2 * pad - 1)
-        idx = torch.arange(b)[:, None, None]
+        rows = (torch.arange(s, device=dev)[None, :] + pad - shift[0][:, None]).clamp(0, s + 2 * pad - 1)  # (B, S)
+        cols = (torch.arange(s, device=dev)[None, :] + pad - shift[1][:, None]).clamp(0, s + 2 * pad - 1)
+        idx = torch.arange(b, device=dev)[:, None, None]
         x = padded.permute(0, 2, 3, 1)[idx, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
     if "cutout" in policy:
         half = s // 2
-        corner = torch.randint(0, s - half + 1, (2, b), generator=gen)
-        r = torch.arange(s)[None, :]
+        corner = torch.randint(0, s - half + 1, (2, b), generator=gen).to(dev)
+        r = torch.arange(s, device=dev)[None, :]
         inside_r = (r >= corner[0][:, None]) & (r < corner[0][:, None] + half)
         inside_c = (r >= corner[1][:, None]) & (r < corner[1][:, None] + half)
         keep = ~(inside_r[:, :, None] & inside_c[:, None, :])
@@ -87,16 +89,16 @@ class Judge:
     """The selection metric: vit-shapes' Frechet distance (and recognised share, class coverage)
     of the averaged generator's samples against validation-split scenes."""
 
-    def __init__(self, n: int, latent_dim: int):
+    def __init__(self, n: int, latent_dim: int, device: str = "cpu"):
         from gencli.pipelines.classify import ImageClassifier
         from gencli.pipelines.sample_quality import judge_images
         from gencli.weights import resolve_model
 
-        self.clf = ImageClassifier.load(resolve_model(None, "vit-shapes"), device="cpu", dtype="float32")
+        self.clf = ImageClassifier.load(resolve_model(None, "vit-shapes"), device=device, dtype="float32")
         self.classes = [self.clf.labels[i] for i in sorted(self.clf.labels)]
         real, _ = shapes.render_batch(shapes.split_seeds("validation", n), SIZE)
         self.reference = judge_images(self.clf, real)
-        self.latents = torch.randn(n, latent_dim, generator=torch.Generator().manual_seed(987_654))
+        self.latents = torch.randn(n, latent_dim, generator=torch.Generator().manual_seed(987_654)).to(device)
 
     @torch.inference_mode()
     def __call__(self, generator: nn.Module) -> dict:
@@ -124,7 +126,8 @@ def main() -> None:
         generator_channels=tuple(int(w) for w in args.g_widths.split(",")),
         discriminator_channels=tuple(int(w) for w in args.d_widths.split(",")),
     )  # fmt: skip
-    model = DCGAN(config)
+    device = torch.device(args.device)
+    model = DCGAN(config).to(device)
     add_spectral_norm(model.discriminator)
     ema = copy.deepcopy(model.generator).requires_grad_(False)
     opt_g = torch.optim.Adam(model.generator.parameters(), lr=args.lr, betas=(0.0, 0.9))
@@ -134,23 +137,28 @@ def main() -> None:
     best_path = args.out / "best.pt"
     step, command, state = resume(ckpt_path, model=model, ema=ema, opt_g=opt_g, opt_d=opt_d)
     best = (state or {}).get("best", {"frechet_distance": float("inf")})
+    if state and "steps" in state and args.time_budget:  # a resumed --time-budget run goes on from the length it planned
+        args.steps = state["steps"]
     gen = torch.Generator().manual_seed(1234 + step)
     policy = tuple(p for p in args.diffaug.split(",") if p)
-    judge = Judge(args.eval_n, config.latent_dim) if args.eval_every and args.export is None else None
+    judge = Judge(args.eval_n, config.latent_dim, args.device) if args.eval_every and args.export is None else None
     G, D = model.generator, model.discriminator
 
     def aug(x: torch.Tensor) -> torch.Tensor:
         return diff_augment(x, policy, gen) if policy else x
 
     t0 = time.time()
+    budget = StepBudget(args.time_budget)
+    budget.begin(step)
+    data = prefetched(functools.partial(batch, size=args.batch), step, 10**9, args.data_workers if args.export is None else 0)
     while step < args.steps and args.export is None:
         lr = warmup_cosine_lr(step, args.steps, args.lr, decay_start=int(args.decay_start * args.steps))
         set_lr(opt_g, lr)
         set_lr(opt_d, 2 * lr)
-        real = batch(step, args.batch)
-        z = torch.randn(args.batch, config.latent_dim, generator=gen)
+        real = next(data).to(device, non_blocking=True)
+        z = torch.randn(args.batch, config.latent_dim, generator=gen).to(device)
         r1 = args.r1 > 0 and step % 16 == 0
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
             fake = G(z)
             real_in = aug(real).requires_grad_(r1)
             real_logits = D(real_in)
@@ -161,7 +169,7 @@ def main() -> None:
         opt_d.zero_grad(set_to_none=True)
         d_loss.backward()
         opt_d.step()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
             g_loss = -D(aug(fake)).float().mean()
         opt_g.zero_grad(set_to_none=True)
         g_loss.backward()
@@ -173,6 +181,10 @@ def main() -> None:
             for be, bg in zip(ema.buffers(), G.buffers()):
                 be.copy_(bg)
         step += 1
+        planned = budget.steps(step)
+        if planned is not None:
+            args.steps = planned
+            print(f"{budget.seconds_per_step * 1000:.1f} ms/step: the run ends at step {planned}", flush=True)
         if step % 50 == 0:
             print(f"step {step} lr {lr:.2e} d {d_loss.item():.3f} g {g_loss.item():.3f} ({time.time() - t0:.0f}s)", flush=True)
         judged = judge is not None and (step % args.eval_every == 0 or step == args.steps)
@@ -187,13 +199,15 @@ def main() -> None:
                 save_checkpoint(best_path, {"model": model.state_dict(), "ema": ema.state_dict(), "step": step, "best": best})
         if judged or step % args.ckpt_every == 0 or step == args.steps:
             save_checkpoint(ckpt_path, {"model": model.state_dict(), "ema": ema.state_dict(), "opt_g": opt_g.state_dict(),
-                                        "opt_d": opt_d.state_dict(), "step": step, "command": command, "best": best})  # fmt: skip
+                                        "opt_d": opt_d.state_dict(), "step": step, "steps": args.steps, "command": command, "best": best})  # fmt: skip
     chosen = load_checkpoint(best_path)
     if chosen is not None:  # the selected checkpoint (the last one when selection is off)
         model.load_state_dict(chosen["model"])
         ema.load_state_dict(chosen["ema"])
         print(f"exporting the best checkpoint: step {chosen['step']}, {chosen['best']}", flush=True)
         step = chosen["step"]
+    model.cpu()
+    ema.cpu()
     fold_spectral_norm(model.discriminator)
     model.generator.load_state_dict(ema.state_dict())
     folder = args.export or args.out / "model"

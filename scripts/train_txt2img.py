@@ -60,7 +60,7 @@ from gencli.models.unet import UNet2DConditionModel  # noqa: E402
 from gencli.pipelines.autoencoder import images_to_tensor, load_autoencoder  # noqa: E402
 from gencli.pipelines.prompt_encoding import load_prompt_encoder  # noqa: E402
 from gencli.schedulers import get_scheduler  # noqa: E402
-from gencli.training import command_history, load_checkpoint, save_checkpoint, set_lr, warmup_cosine_lr  # noqa: E402
+from gencli.training import StepBudget, command_history, load_checkpoint, save_checkpoint, set_lr, warmup_cosine_lr  # noqa: E402
 from gencli.weights import weights_dir  # noqa: E402
 
 SCHEDULER_CONFIG = {
@@ -314,16 +314,15 @@ def main() -> None:
     unet.train()
     rng = np.random.default_rng([args.seed, step])
     gen = torch.Generator(device).manual_seed(args.seed * 100003 + step)
-    t_last = t_start = t_mark = time.time()
-    first_step = mark_step = step
+    t_last = time.time()
+    first_step = step
+    budget = StepBudget(args.time_budget)
+    budget.begin(step)
     while step < args.steps:
-        if args.time_budget and step > first_step and (step - first_step) % 200 == 0:
-            # the recent rate: the first steps fill the caption cache and run slower
-            now = time.time()
-            rate = (now - t_mark) / (step - mark_step) if step - first_step > 200 else (now - t_start) / 200
-            args.steps = step + max(1, int((args.time_budget - (now - t_start)) / rate))
-            t_mark, mark_step = now, step
-            print(f"{rate * 1000:.1f} ms/step: the run ends at step {args.steps}", flush=True)
+        planned = budget.steps(step)  # the recent rate: the first steps fill the caption cache and run slower
+        if planned is not None:
+            args.steps = planned
+            print(f"{budget.seconds_per_step * 1000:.1f} ms/step: the run ends at step {args.steps}", flush=True)
         if args.profile and step == first_step + 20:
             profiler = torch.profiler.profile()
             profiler.start()

@@ -18,11 +18,12 @@ from gencli.weights import weights_dir
 N = 200  # samples and held-out scenes per check (the READMEs' figures use 2,000)
 
 # Floors a little under the figures measured with these same seeds and scenes (N = 200): VAE recognised
-# 94.5%, Frechet distance 136.0, 8 classes, PSNR 21.01 dB and SSIM 0.814 (64 scenes); GAN 89.0%, 89.0, 8 classes.
+# 94.5%, Frechet distance 136.0, 8 classes, PSNR 21.01 dB and SSIM 0.814 (64 scenes); GAN 88.5%, 43.4, 8 classes,
+# the smallest class 7.9% of the recognised samples.
 # The Frechet distance is a ceiling (between two real sets of 200: 8.8).
 FLOORS = {
     "vae": {"recognised": 0.90, "frechet": 150.0, "classes": 6, "psnr": 20.5, "ssim": 0.80},
-    "gan": {"recognised": 0.85, "frechet": 100.0, "classes": 7},
+    "gan": {"recognised": 0.85, "frechet": 55.0, "classes": 8, "min_share": 0.05},
 }
 
 
@@ -66,6 +67,7 @@ def test_sample_quality_floors(family, judge):
     assert report["recognised"] >= floor["recognised"], report
     assert report["frechet_distance"] <= floor["frechet"], report
     assert report["classes"]["classes_present"] >= floor["classes"], report
+    assert report["classes"]["min_share"] >= floor.get("min_share", 0.0), report
 
 
 def test_vae_reconstruction_floors(judge):
@@ -77,11 +79,20 @@ def test_vae_reconstruction_floors(judge):
     assert float(ssim(recon, real[:64]).mean()) >= FLOORS["vae"]["ssim"]
 
 
-def test_gan_truncation_narrows_the_samples():
-    """Truncation changes the samples and narrows them: the pixel variance over 64 samples shrinks
-    at every step of PSI from 1 to 0.3 (measured 38.81, 38.14, 37.16, 34.82 x 1e6 over 256 samples)."""
+def test_gan_truncation_trades_diversity_for_realism(judge):
+    """Truncation changes the samples, narrows them and makes them more recognisable. Diversity is the
+    spread of the default classifier's features (the trace of their covariance: measured 197.9, 173.4,
+    70.7 over these 64 samples at PSI 1, 0.5, 0.3); realism its recognised share (0.906 at PSI 1,
+    0.969 at 0.3). The pixel variance is no measure of it: the background colours, which truncation
+    leaves as varied, dominate it."""
+    from gencli.pipelines.sample_quality import judge_images
+
+    clf = judge[0]
     loaded, z = _loaded("gan"), gen.seed_latents(range(64), 64)
-    samples = [gen.generate(loaded, z, truncation=psi) for psi in (1.0, 0.7, 0.5, 0.3)]
+    samples = [gen.generate(loaded, z, truncation=psi) for psi in (1.0, 0.5, 0.3)]
     assert not np.array_equal(samples[0], samples[1])
-    spread = [x.astype(np.float64).var(axis=0).sum() for x in samples]
+    judged = [judge_images(clf, x) for x in samples]
+    spread = [float(np.trace(np.cov(j.features.astype(np.float64).T))) for j in judged]
     assert all(a > b for a, b in zip(spread, spread[1:])), spread
+    recognised = [float((j.scores > 0.5).mean()) for j in judged]
+    assert recognised[-1] > recognised[0], recognised

@@ -91,3 +91,30 @@ def test_training_arguments_defaults_and_run_settings():
         assert torch.initial_seed() == 0
     finally:
         torch.set_num_threads(before)
+
+
+def _square(step: int) -> torch.Tensor:
+    return torch.full((2,), float(step * step))
+
+
+def test_prefetched_stream_is_the_same_with_worker_processes():
+    from gencli.training import prefetched
+
+    inline = [x.tolist() for x in prefetched(_square, 3, 9, workers=0)]
+    ahead = [x.tolist() for x in prefetched(_square, 3, 9, workers=2)]
+    assert inline == ahead == [[float(s * s)] * 2 for s in range(3, 9)]
+
+
+def test_step_budget_replans_from_the_recent_speed(monkeypatch):
+    import gencli.training as training
+
+    now = [1000.0]
+    monkeypatch.setattr(training.time, "time", lambda: now[0])
+    budget = training.StepBudget(100.0, every=10)
+    budget.begin(50)
+    assert budget.steps(55) is None  # not at a planning step
+    now[0] += 20.0  # 10 steps in 20 s: 2 s/step, 80 s left -> 40 more steps
+    assert budget.steps(60) == 100
+    now[0] += 10.0  # the next 10 steps took 1 s each: 70 s left -> 70 more
+    assert budget.steps(70) == 140
+    assert training.StepBudget(None).steps(200) is None

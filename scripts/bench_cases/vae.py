@@ -94,7 +94,9 @@ def run(side, args, workdir):
         from gencli.models.autoencoder_kl import Tiling
         from gencli.pipelines.autoencoder import load_autoencoder
 
-        model = load_autoencoder(workdir / "vae", Placement(device, dtype)).model
+        # the same dtype as the reference side: diffusers' model class does not apply the config's
+        # force_upcast (its pipelines do), so neither does this side
+        model = load_autoencoder(workdir / "vae", Placement(device, dtype), config_overrides={"force_upcast": False}).model
 
         def roundtrip(x, tiled=False):
             model.tiling = Tiling(tile_size=args.tile, overlap=0.25, auto_above=None)
