@@ -422,7 +422,8 @@ class SharedGroupNormStatistics:
     normalised with its own statistics comes out unlike the same region of the untiled pass
     (everywhere in the tile, not only near its border: a tile of plain background has other
     statistics than the image with its objects). :meth:`add` takes each tile's input to the norm
-    and adds its per-group sums of ``x`` and ``x**2`` (in fp64) weighted by the tile's blending
+    and adds its per-group sums of ``x`` and ``x**2`` (per channel in fp32, over groups and tiles
+    in fp64) weighted by the tile's blending
     weights, resampled to the layer's resolution, so that each pixel counts once and the
     padding-affected halo not at all; :meth:`close` turns the sums into a mean and variance per
     sample and group. Installed as a GroupNorm's ``statistics`` hook, it then normalises every tile
@@ -445,12 +446,12 @@ class SharedGroupNormStatistics:
         """Add a tile's input ``x`` ``(B, C, h, w)`` to the norm, with its output ``weights``."""
         b, c, h, w = x.shape
         per = c // num_groups
-        wt = self.weights_at(weights, h, w).double()
-        xf = x.double()
-        xw = xf * wt
-        s1 = xw.sum(dim=(2, 3)).view(b, -1, per).sum(-1)
-        s2 = xw.mul_(xf).sum(dim=(2, 3)).view(b, -1, per).sum(-1)
-        s0 = wt.sum() * per
+        if x.dtype != torch.float64:
+            x = x.float()  # (a no-op in fp32) per-channel sums as matrix-vector products, fp32 accumulation
+        wt = self.weights_at(weights, h, w).to(x.dtype)
+        s1 = torch.einsum("bchw,hw->bc", x, wt).double().view(b, -1, per).sum(-1)
+        s2 = torch.einsum("bchw,hw->bc", x * x, wt).double().view(b, -1, per).sum(-1)
+        s0 = wt.double().sum() * per
         self.sums = [s0, s1, s2] if self.sums is None else [a + d for a, d in zip(self.sums, (s0, s1, s2))]
 
     def close(self) -> None:
@@ -470,7 +471,7 @@ class SharedGroupNormStatistics:
         rstd = torch.rsqrt(self.var + norm.eps).repeat_interleave(per, dim=1)  # (B, C)
         scale = rstd * norm.weight.double() if norm.weight is not None else rstd
         shift = (norm.bias.double() if norm.bias is not None else 0.0) - self.mean.repeat_interleave(per, dim=1) * scale
-        return x * scale.to(x.dtype)[:, :, None, None] + shift.to(x.dtype)[:, :, None, None]
+        return torch.addcmul(shift.to(x.dtype)[:, :, None, None], x, scale.to(x.dtype)[:, :, None, None])
 
 
 # -- the tiled pass with shared statistics: a queue of steps that all tiles advance through together --
@@ -531,20 +532,35 @@ def block_steps(block: nn.Module) -> list[TiledStep]:
     return steps
 
 
-def _normalize_tiles(step: NormStep, states: list[TileState], weights: list[torch.Tensor]) -> None:
-    shared = SharedGroupNormStatistics()
-    for state, wt in zip(states, weights):
-        shared.add(state.x, step.norm.num_groups, wt)
-    shared.close()
-    step.norm.statistics = shared
+def _segments(steps: Sequence[TiledStep]) -> list[tuple[Optional[NormStep], list]]:
+    """``steps`` cut before every GroupNorm: ``(norm or None for the first, the steps up to the next norm)``."""
+    segments: list[tuple[Optional[NormStep], list]] = [(None, [])]
+    for step in steps:
+        if isinstance(step, NormStep):
+            segments.append((step, []))
+        else:
+            segments[-1][1].append(step)
+    return segments
+
+
+def _advance(tiles, norm: Optional[NormStep], shared: Optional[SharedGroupNormStatistics], run: list):
+    """Take each tile ``(state, weights)`` through one segment: the norm with the ``shared``
+    statistics, then the steps up to the next norm; yields each tile as it gets there."""
+    if norm is not None:
+        norm.norm.statistics = shared
     try:
-        for state in states:
-            out = step.norm(state.x, step.activation)
-            if step.keep_input:
-                state.residual = state.x
-            state.x = out  # the input (unless kept) is freed here, tile by tile
+        for state, wt in tiles:
+            if norm is not None:
+                out = norm.norm(state.x, norm.activation)
+                if norm.keep_input:
+                    state.residual = state.x
+                state.x = out  # the input (unless kept) is freed here
+            for step in run:
+                step(state)
+            yield state, wt
     finally:
-        step.norm.statistics = None
+        if norm is not None:
+            norm.norm.statistics = None
 
 
 def blend_tiles_with_shared_statistics(
@@ -554,22 +570,27 @@ def blend_tiles_with_shared_statistics(
     each tile with the whole input's statistics.
 
     The tiles advance together through the queue of steps (as the Tiled VAE extensions for Stable
-    Diffusion do): every tile runs up to the next GroupNorm, the norm's per-group sums are gathered
-    over all tiles (:class:`SharedGroupNormStatistics`), every tile is normalised with them, and so
-    on; one pass in all, at the cost of keeping every tile's activation (on the input's device, in
-    its dtype; each tile's input freed as soon as its output exists) instead of one tile's."""
+    Diffusion do): each tile in turn is normalised with the current GroupNorm's statistics and run
+    up to the next GroupNorm, whose per-group sums it then adds (:class:`SharedGroupNormStatistics`);
+    once every tile is there, the next norm's statistics are complete and the tiles go on. One pass
+    in all, at the cost of keeping every tile's activation at the current norm's input (and a ResNet
+    block's residual) alive at once, on the input's device and in its dtype, instead of one
+    tile's; the rest (a norm's output, the tensors inside a segment) lives one tile at a time, and
+    the last segment's outputs go straight into the blended result."""
     grid = list(tile_grid(x, in_tile, in_stride, scale, halo))
-    states = [TileState(piece) for piece, _, _ in grid]
-    weights = [wt for _, _, wt in grid]
-    for step in steps:
-        if isinstance(step, NormStep):
-            _normalize_tiles(step, states, weights)
-        else:
-            for state in states:
-                step(state)
+    tiles = [(TileState(piece), wt) for piece, _, wt in grid]
+    segments = _segments(steps)
+    shared = None
+    for (norm, run), (following, _) in zip(segments, segments[1:]):
+        gathering = SharedGroupNormStatistics()
+        for state, wt in _advance(tiles, norm, shared, run):
+            gathering.add(state.x, following.norm.num_groups, wt)
+        gathering.close()
+        shared = gathering
 
     def outputs():
-        for state, (_, offset, wt) in zip(states, grid):
+        norm, run = segments[-1]
+        for (state, wt), (_, offset, _) in zip(_advance(tiles, norm, shared, run), grid):
             tile, state.x = state.x, None
             yield tile, offset, wt
 
