@@ -27,11 +27,12 @@ once on the whole latent-resolution feature map (the latent is ``f*f`` times sma
 so this costs little memory), as the untiled pass does. GroupNorm statistics are the whole image's
 in every tile: the tiles advance together through the network split at its GroupNorms
 (:meth:`Encoder.feature_steps`, :meth:`Decoder.pixel_steps`), and each norm's statistics are
-gathered over all tiles before any tile goes on (:func:`blend_tiles_with_shared_statistics`), so
-the pass costs the untiled one's compute times the tiles' overlap, and keeps every tile's current
-activation (about the untiled pass's largest activation times that overlap, against two to three
-activations for the untiled pass's widest layer). What is left between a
-tiled and an untiled pass is the zero padding at tile borders seen through the receptive field,
+gathered over all tiles before any tile goes on (:func:`blend_tiles_with_shared_statistics`). The
+pass costs the untiled one's compute times the tiles' coverage (their summed area over the image's:
+2.25 for 3x3 tiles of half the image's side, 1.56 for 5x5 tiles of a quarter); at its widest it
+keeps two activations of every tile (a norm's input and a ResNet block's residual), where the
+untiled pass keeps about three of the whole image. What is left between a tiled and an untiled
+pass is the zero padding at tile borders seen through the receptive field,
 kept out of the output by the blending halo: on the trained shapes autoencoder, 0.1/255 away from
 the blending bands and 1.6/255 at most inside them.
 
@@ -422,12 +423,11 @@ class SharedGroupNormStatistics:
     normalised with its own statistics comes out unlike the same region of the untiled pass
     (everywhere in the tile, not only near its border: a tile of plain background has other
     statistics than the image with its objects). :meth:`add` takes each tile's input to the norm
-    and adds its per-group sums of ``x`` and ``x**2`` (per channel in fp32, over groups and tiles
-    in fp64) weighted by the tile's blending
-    weights, resampled to the layer's resolution, so that each pixel counts once and the
-    padding-affected halo not at all; :meth:`close` turns the sums into a mean and variance per
-    sample and group. Installed as a GroupNorm's ``statistics`` hook, it then normalises every tile
-    with them (:meth:`normalize`).
+    and adds its per-group sums of ``x`` and ``x**2`` weighted by the tile's blending weights,
+    resampled to the layer's resolution, so that each pixel counts once and the padding-affected
+    halo not at all (per channel in fp32, as matrix-vector products; over channels and tiles in
+    fp64); :meth:`close` turns the sums into a mean and variance per sample and group. Installed as
+    a GroupNorm's ``statistics`` hook, it then normalises every tile with them (:meth:`normalize`).
     """
 
     def __init__(self) -> None:
