@@ -318,10 +318,10 @@ def test_blended_tiles_of_a_local_operation_equal_the_untiled_result():
 
 def test_tiles_share_the_whole_images_groupnorm_statistics():
     """A tile of plain background normalised with its own statistics comes out unlike the untiled
-    pass; with the statistics gathered layer by layer every GroupNorm (not only the first) normalises
-    each tile as the untiled pass does."""
+    pass; with the tiles advancing together from norm to norm, every GroupNorm (not only the first)
+    normalises each tile as the untiled pass does."""
     from gencli.backend.layers import GroupNorm
-    from gencli.models.autoencoder_kl import blend_tiles, blend_tiles_with_shared_statistics
+    from gencli.models.autoencoder_kl import NormStep, blend_tiles, blend_tiles_with_shared_statistics, module_step
 
     class Net(torch.nn.Module):
         def __init__(self):
@@ -334,6 +334,9 @@ def test_tiles_share_the_whole_images_groupnorm_statistics():
         def forward(self, x):
             return self.norm2(self.conv2(self.norm(self.conv(x), "silu")), "silu")
 
+        def steps(self):
+            return [module_step(self.conv), NormStep(self.norm, "silu"), module_step(self.conv2), NormStep(self.norm2, "silu")]
+
     torch.manual_seed(13)
     net = Net().eval()
     x = torch.zeros(1, 3, 64, 64)
@@ -341,10 +344,111 @@ def test_tiles_share_the_whole_images_groupnorm_statistics():
     with torch.no_grad():
         whole = net(x)
         own = blend_tiles(net, x, 32, 24, 1.0, 8)
-        together = blend_tiles_with_shared_statistics(net, [net], x, 32, 24, 1.0, 8)
+        together = blend_tiles_with_shared_statistics(net.steps(), x, 32, 24, 1.0, 8)
     assert net.norm.statistics is None and net.norm2.statistics is None
     assert (own - whole).abs().max() > 0.1
     torch.testing.assert_close(together, whole, atol=1e-5, rtol=0)
+
+
+def _tiny_autoencoder(seed: int, tile_size: int = 64, overlap: float = 0.25) -> AutoencoderKL:
+    """Three blocks of two ResNets (widths 16/32/32: a shortcut conv in each direction), random
+    norm affines so that every GroupNorm matters."""
+    torch.manual_seed(seed)
+    config = AutoencoderKLConfig(block_out_channels=(16, 32, 32), down_block_types=("DownEncoderBlock2D",) * 3,
+                                 up_block_types=("UpDecoderBlock2D",) * 3, norm_num_groups=8, layers_per_block=2)  # fmt: skip
+    model = AutoencoderKL(config, Tiling(tile_size=tile_size, overlap=overlap, auto_above=None)).eval()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.GroupNorm):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.3, 0.3)
+    return model
+
+
+def test_the_step_queues_compute_what_the_forward_passes_do():
+    """One tile covering the whole input: the step queues (split at every GroupNorm) give the
+    encoder's and decoder's local parts exactly as their forward passes do."""
+    from gencli.models.autoencoder_kl import blend_tiles_with_shared_statistics
+
+    model = _tiny_autoencoder(15)
+    x = torch.rand(1, 3, 40, 48) * 2 - 1
+    h = torch.randn(1, 32, 6, 5)
+    with torch.no_grad():
+        enc = blend_tiles_with_shared_statistics(model.encoder.feature_steps(), x, 48, 48, 0.25, 32)
+        torch.testing.assert_close(enc, model.encoder.features(x), atol=1e-5, rtol=1e-5)
+        dec = blend_tiles_with_shared_statistics(model.decoder.pixel_steps(), h, 6, 6, 4.0, 3)
+        torch.testing.assert_close(dec, model.decoder.pixels(h), atol=1e-5, rtol=1e-5)
+
+
+def _gathered_layer_by_layer(modules: list[torch.nn.Module], run, x: torch.Tensor, in_tile: int, in_stride: int, scale: float, out_channels: int):
+    """The reference for the tiled pass with shared statistics, computed the slow way: the k-th pass
+    runs every tile through ``run`` (the network's own forward) up to its k-th GroupNorm (of those in ``modules``), the earlier
+    ones normalising with the statistics gathered by the earlier passes, and adds that norm's
+    weighted sums; a last pass normalises every tile with all of them. (Quadratic in depth.)"""
+    from gencli.backend.layers import GroupNorm
+    from gencli.models.autoencoder_kl import SharedGroupNormStatistics, blend_tiles, tile_grid
+
+    class Reached(Exception):
+        pass
+
+    class Hook:
+        def __init__(self):
+            self.closed: list[SharedGroupNormStatistics] = []
+            self.gathering = SharedGroupNormStatistics()
+            self.weights, self.calls = None, 0
+
+        def normalize(self, norm, t):
+            index, self.calls = self.calls, self.calls + 1
+            if index == len(self.closed):
+                self.gathering.add(t, norm.num_groups, self.weights)
+                raise Reached
+            return self.closed[index].normalize(norm, t)
+
+    hook = Hook()
+    norms = [m for module in modules for m in module.modules() if isinstance(m, GroupNorm)]
+    for m in norms:
+        m.statistics = hook
+    try:
+        for _ in norms:
+            for piece, _, wt in tile_grid(x, in_tile, in_stride, scale):
+                hook.weights, hook.calls = wt, 0
+                with pytest.raises(Reached):
+                    run(piece)
+            hook.gathering.close()
+            hook.closed.append(hook.gathering)
+            hook.gathering = SharedGroupNormStatistics()
+
+        def final(piece):
+            hook.calls = 0
+            return run(piece)
+
+        return blend_tiles(final, x, in_tile, in_stride, scale, out_channels)
+    finally:
+        for m in norms:
+            m.statistics = None
+
+
+def test_tiles_advancing_together_match_the_pass_per_groupnorm():
+    """The layer-by-layer pass (all tiles advance together, one pass) gives what gathering each
+    GroupNorm's statistics with its own pass from the network's input gives, to float rounding;
+    with per-tile statistics the output is far off, so the comparison would catch a tile
+    normalising with its own statistics at any norm."""
+    from gencli.models.autoencoder_kl import blend_tiles, blend_tiles_with_shared_statistics
+
+    model = _tiny_autoencoder(16)
+    x = torch.zeros(1, 3, 96, 80)
+    x[:, :, 52:, 44:] = torch.rand(1, 3, 44, 36) * 2 - 1  # an object in one corner, background elsewhere
+    enc, dec = model.encoder, model.decoder
+    with torch.no_grad():
+        h = enc.features(x)
+        want = _gathered_layer_by_layer([enc.down_blocks], enc.features, x, 32, 24, 0.25, 32)
+        got = blend_tiles_with_shared_statistics(enc.feature_steps(), x, 32, 24, 0.25, 32)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+        assert (blend_tiles(enc.features, x, 32, 24, 0.25, 32) - want).abs().max() > 0.1
+        want = _gathered_layer_by_layer([dec.up_blocks, dec.conv_norm_out], dec.pixels, h, 8, 6, 4.0, 3)
+        got = blend_tiles_with_shared_statistics(dec.pixel_steps(), h, 8, 6, 4.0, 3)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+        assert (blend_tiles(dec.pixels, h, 8, 6, 4.0, 3) - want).abs().max() > 0.1
 
 
 def test_tiled_encode_and_decode_of_a_random_autoencoder_match_untiled():

@@ -14,9 +14,9 @@
   config's ``scaling_factor`` (and ``shift_factor`` or ``latents_mean``/``latents_std``) the way
   diffusers' pipelines do.
 
-Tiled encoding and decoding (:class:`Tiling`) process an image larger than memory allows in
-overlapping tiles, one tile's activations alive at a time. Every tile has the same full size (the
-last row and column are aligned to the image's edge instead of being cut short). Tiles are merged
+Tiled encoding and decoding (:class:`Tiling`) process an image in overlapping tiles. Every tile has
+the same full size (the last row and column are aligned to the image's edge instead of being cut
+short). Tiles are merged
 by a weighted average (:func:`tile_weights`): in each overlap a tile's weight is zero over the
 quarter nearest its border (outputs there saw the tile's zero padding), then ramps linearly to one
 across the middle half while its neighbour's falls, so the weights sum to one and the hand-over is
@@ -25,8 +25,14 @@ and then crop). Only the local part of each network is tiled: the encoder's ``co
 blocks, the decoder's up blocks and output. The mid-block, whose self-attention is global, runs
 once on the whole latent-resolution feature map (the latent is ``f*f`` times smaller than the image,
 so this costs little memory), as the untiled pass does. GroupNorm statistics are the whole image's
-in every tile (:class:`SharedGroupNormStatistics`, gathered layer by layer). What is left between a
-tiled and an untiled pass is the zero padding at tile borders seen through the receptive field,
+in every tile: the tiles advance together through the network split at its GroupNorms
+(:meth:`Encoder.feature_steps`, :meth:`Decoder.pixel_steps`), and each norm's statistics are
+gathered over all tiles before any tile goes on (:func:`blend_tiles_with_shared_statistics`). The
+pass costs the untiled one's compute times the tiles' coverage (their summed area over the image's:
+2.25 for 3x3 tiles of half the image's side, 1.56 for 5x5 tiles of a quarter); at its widest it
+keeps two activations of every tile (a norm's input and a ResNet block's residual), where the
+untiled pass keeps about three of the whole image. What is left between a tiled and an untiled
+pass is the zero padding at tile borders seen through the receptive field,
 kept out of the output by the blending halo: on the trained shapes autoencoder, 0.1/255 away from
 the blending bands and 1.6/255 at most inside them.
 
@@ -254,6 +260,11 @@ class Encoder(nn.Module):
             x = block(x)
         return x
 
+    def feature_steps(self) -> list["TiledStep"]:
+        """:meth:`features` as a queue of steps split at every GroupNorm (for a tiled pass that
+        advances all tiles together, :func:`blend_tiles_with_shared_statistics`)."""
+        return [module_step(self.conv_in)] + [step for block in self.down_blocks for step in block_steps(block)]
+
     def moments(self, h: torch.Tensor) -> torch.Tensor:
         """The global part, at latent resolution: mid-block (attention over every latent pixel) and output."""
         h = self.mid_block(h)
@@ -297,6 +308,11 @@ class Decoder(nn.Module):
             x = block(x)
         return self.conv_out(self.conv_norm_out(x, "silu"))
 
+    def pixel_steps(self) -> list["TiledStep"]:
+        """:meth:`pixels` as a queue of steps split at every GroupNorm (see :meth:`Encoder.feature_steps`)."""
+        steps = [step for block in self.up_blocks for step in block_steps(block)]
+        return steps + [NormStep(self.conv_norm_out, "silu"), module_step(self.conv_out)]
+
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         return self.pixels(self.stem(z))
 
@@ -309,11 +325,11 @@ class Tiling:
     tile is ``tile_size / f``); ``overlap``: the share of a tile shared with its neighbour
     (0 < overlap < 1; the weights ramp over all of it); ``auto_above``: with ``tile=None`` an image
     (or the image a latent decodes to) is tiled when a side exceeds this many pixels (None: never);
-    ``shared_norm_statistics``: every tile normalises with the whole image's GroupNorm statistics,
-    gathered by one partial pass over the tiles per GroupNorm (:class:`SharedGroupNormStatistics`;
-    exact, at several times the compute of the untiled pass); False: every tile normalises with its
-    own statistics, as diffusers' tiling does (one pass; visibly different tiles on images whose
-    regions differ).
+    ``shared_norm_statistics``: every tile normalises with the whole image's GroupNorm statistics
+    (:func:`blend_tiles_with_shared_statistics`: all tiles advance together from one GroupNorm to
+    the next, one pass in all, every tile's activations alive at once); False: every tile
+    normalises with its own statistics, as diffusers' tiling does (one tile's activations alive at
+    a time; visibly different tiles on images whose regions differ).
     """
 
     tile_size: int = 512
@@ -377,156 +393,209 @@ def tile_grid(x: torch.Tensor, in_tile: int, in_stride: int, scale: float, halo:
             yield x[:, :, y0 : y0 + in_tile, x0 : x0 + in_tile], (round(y0 * scale), round(x0 * scale)), wy[:, None] * wx[None, :]
 
 
-def blend_tiles(
-    run,
-    x: torch.Tensor,
-    in_tile: int,
-    in_stride: int,
-    scale: float,
-    out_channels: int,
-    halo: float = 0.25,
-    before_tile=None,
-) -> torch.Tensor:
-    """Apply ``run`` to the overlapping tiles of ``x`` (:func:`tile_grid`) and merge the outputs
-    (``scale`` times the input's size) with their weights. The output is accumulated in fp32; only
-    one tile's output is alive at a time. ``before_tile(weights)`` is called with each tile's
-    ``(h, w)`` output weights before the tile runs."""
-    b, _, h, w = x.shape
-    out_h, out_w = round(h * scale), round(w * scale)
-    acc = torch.zeros(b, out_channels, out_h, out_w, device=x.device, dtype=torch.float32)
-    total = torch.zeros(1, 1, out_h, out_w, device=x.device, dtype=torch.float32)
-    for piece, (oy, ox), wt in tile_grid(x, in_tile, in_stride, scale, halo):
-        if before_tile is not None:
-            before_tile(wt)
-        tile = run(piece)
+def merge_tiles(tiles, batch: int, out_channels: int, out_h: int, out_w: int, like: torch.Tensor) -> torch.Tensor:
+    """The weighted average of tile outputs: ``tiles`` yields ``(output, (oy, ox), weights (h, w))``
+    (as :func:`tile_grid` places them). Accumulated in fp32 (on ``like``'s device, returned in its
+    dtype); each output may be freed as soon as the next one is asked for."""
+    acc = torch.zeros(batch, out_channels, out_h, out_w, device=like.device, dtype=torch.float32)
+    total = torch.zeros(1, 1, out_h, out_w, device=like.device, dtype=torch.float32)
+    for tile, (oy, ox), wt in tiles:
         th, tw = wt.shape
         acc[:, :, oy : oy + th, ox : ox + tw].addcmul_(tile.float(), wt)
         total[:, :, oy : oy + th, ox : ox + tw].add_(wt)
         del tile
-    return acc.div_(total).to(x.dtype)
+    return acc.div_(total).to(like.dtype)
 
 
-class _Gathered(Exception):
-    """Raised inside a tile once the GroupNorm whose statistics a pass gathers has seen it."""
+def blend_tiles(run, x: torch.Tensor, in_tile: int, in_stride: int, scale: float, out_channels: int, halo: float = 0.25) -> torch.Tensor:
+    """Apply ``run`` to the overlapping tiles of ``x`` (:func:`tile_grid`) and merge the outputs
+    (``scale`` times the input's size) with their weights (:func:`merge_tiles`); only one tile's
+    activations are alive at a time."""
+    b, _, h, w = x.shape
+    outputs = ((run(piece), offset, wt) for piece, offset, wt in tile_grid(x, in_tile, in_stride, scale, halo))
+    return merge_tiles(outputs, b, out_channels, round(h * scale), round(w * scale), x)
 
 
 class SharedGroupNormStatistics:
-    """The whole image's GroupNorm statistics for a tiled pass, gathered layer by layer.
+    """One GroupNorm's statistics over a whole image, gathered from its overlapping tiles.
 
     GroupNorm normalises with the mean and variance of each group over the *whole* image, so a tile
     normalised with its own statistics comes out unlike the same region of the untiled pass
     (everywhere in the tile, not only near its border: a tile of plain background has other
-    statistics than the image with its objects). Installed on the GroupNorms of a network (their
-    ``statistics`` hook), this object makes every tile use the untiled pass's statistics:
-
-    - the ``k``-th gathering pass runs every tile up to its ``k``-th GroupNorm (the ones before it
-      normalise with the whole-image statistics gathered by the earlier passes, so the ``k``-th
-      one's input is the untiled pass's, up to the tile's zero padding), adds the tile's per-group
-      sums of ``x`` and ``x**2`` weighted by its blending weights (resampled to the layer's
-      resolution, so each pixel counts once and the padding-affected halo not at all), and stops
-      the tile there;
-    - after the pass that reaches no further GroupNorm, the final pass normalises every tile with
-      the gathered statistics.
-
-    A network with ``K`` GroupNorms costs ``K`` partial passes (each to a deeper layer) before the
-    final one; memory stays at one tile's activations. (A single gathering pass run under per-tile
-    normalisation gets only the first GroupNorm right: on the trained shapes decoder its estimates
-    left errors of 20/255 between tiles; the layer-by-layer passes leave 0.1/255.)
+    statistics than the image with its objects). :meth:`add` takes each tile's input to the norm
+    and adds its per-group sums of ``x`` and ``x**2`` weighted by the tile's blending weights,
+    resampled to the layer's resolution, so that each pixel counts once and the padding-affected
+    halo not at all (per channel in fp32, as matrix-vector products; over channels and tiles in
+    fp64); :meth:`close` turns the sums into a mean and variance per sample and group. Installed as
+    a GroupNorm's ``statistics`` hook, it then normalises every tile with them (:meth:`normalize`).
     """
 
     def __init__(self) -> None:
-        self.current: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # call index -> (mean, var), (B, groups) fp64
-        self.depth: Optional[int] = None  # the call index this pass gathers (None: the final pass)
-        self.sums: Optional[list[torch.Tensor]] = None
-        self.weights: Optional[torch.Tensor] = None
-        self.calls = 0
+        self.sums: Optional[list[torch.Tensor]] = None  # [weight, sum x, sum x^2]: scalar, (B, groups), (B, groups)
+        self.mean: Optional[torch.Tensor] = None  # (B, groups) fp64
+        self.var: Optional[torch.Tensor] = None
 
-    def start_pass(self, depth: Optional[int]) -> None:
-        """Close the previous pass (its sums become that layer's statistics) and start another that
-        gathers the ``depth``-th GroupNorm's statistics (``None``: use them all)."""
-        if self.sums is not None:
-            s0, s1, s2 = self.sums
-            mean = s1 / s0
-            self.current[self.depth] = (mean, (s2 / s0 - mean * mean).clamp_min(0.0))
-        self.sums = None
-        self.depth = depth
-
-    @property
-    def reached(self) -> bool:
-        """Whether the current gathering pass found a GroupNorm at its depth."""
-        return self.sums is not None
-
-    def set_tile(self, weights: torch.Tensor) -> None:
-        """The blending weights ``(h, w)`` of the tile about to run (at the output's resolution)."""
-        self.weights = weights
-        self.calls = 0
-
-    def _weights_at(self, h: int, w: int) -> torch.Tensor:
-        assert self.weights is not None
-        wt = self.weights[None, None]
+    @staticmethod
+    def weights_at(weights: torch.Tensor, h: int, w: int) -> torch.Tensor:
+        """A tile's blending weights (given at the output's resolution) at a layer's ``h x w``."""
+        wt = weights[None, None]
         mode = "area" if h <= wt.shape[-2] else "nearest"
         return F.interpolate(wt, size=(h, w), mode=mode)[0, 0]
 
-    def normalize(self, norm: GroupNorm, x: torch.Tensor) -> torch.Tensor:
+    def add(self, x: torch.Tensor, num_groups: int, weights: torch.Tensor) -> None:
+        """Add a tile's input ``x`` ``(B, C, h, w)`` to the norm, with its output ``weights``."""
         b, c, h, w = x.shape
-        per = c // norm.num_groups
-        index = self.calls
-        self.calls += 1
-        if index == self.depth:
-            xf = x.double()
-            wt = self._weights_at(h, w).double()
-            s1 = (xf * wt).sum(dim=(2, 3)).view(b, -1, per).sum(-1)
-            s2 = (xf * xf * wt).sum(dim=(2, 3)).view(b, -1, per).sum(-1)
-            s0 = wt.sum() * per
-            self.sums = [s0, s1, s2] if self.sums is None else [self.sums[0] + s0, self.sums[1] + s1, self.sums[2] + s2]
-            raise _Gathered
-        mean, var = self.current[index]
-        rstd = torch.rsqrt(var + norm.eps).repeat_interleave(per, dim=1)  # (B, C)
+        per = c // num_groups
+        if x.dtype != torch.float64:
+            x = x.float()  # (a no-op in fp32) per-channel sums as matrix-vector products, fp32 accumulation
+        wt = self.weights_at(weights, h, w).to(x.dtype)
+        s1 = torch.einsum("bchw,hw->bc", x, wt).double().view(b, -1, per).sum(-1)
+        s2 = torch.einsum("bchw,hw->bc", x * x, wt).double().view(b, -1, per).sum(-1)
+        s0 = wt.double().sum() * per
+        self.sums = [s0, s1, s2] if self.sums is None else [a + d for a, d in zip(self.sums, (s0, s1, s2))]
+
+    def close(self) -> None:
+        """The mean and (biased) variance of every group from the added tiles."""
+        if self.sums is None:
+            raise RuntimeError("no tile was added")
+        s0, s1, s2 = self.sums
+        self.mean = s1 / s0
+        self.var = (s2 / s0 - self.mean * self.mean).clamp_min(0.0)
+
+    def normalize(self, norm: GroupNorm, x: torch.Tensor) -> torch.Tensor:
+        """``norm`` applied to a tile ``x`` with the whole image's statistics (the ``statistics`` hook
+        of :class:`~gencli.backend.layers.GroupNorm`)."""
+        if self.mean is None or self.var is None:
+            raise RuntimeError("statistics used before close()")
+        per = x.shape[1] // norm.num_groups
+        rstd = torch.rsqrt(self.var + norm.eps).repeat_interleave(per, dim=1)  # (B, C)
         scale = rstd * norm.weight.double() if norm.weight is not None else rstd
-        shift = (norm.bias.double() if norm.bias is not None else 0.0) - mean.repeat_interleave(per, dim=1) * scale
-        return x * scale.to(x.dtype)[:, :, None, None] + shift.to(x.dtype)[:, :, None, None]
+        shift = (norm.bias.double() if norm.bias is not None else 0.0) - self.mean.repeat_interleave(per, dim=1) * scale
+        return torch.addcmul(shift.to(x.dtype)[:, :, None, None], x, scale.to(x.dtype)[:, :, None, None])
 
-    def install(self, *modules: nn.Module) -> list[GroupNorm]:
-        norms = [m for module in modules for m in module.modules() if isinstance(m, GroupNorm)]
-        for m in norms:
-            m.statistics = self
-        return norms
 
-    @staticmethod
-    def remove(norms: list[GroupNorm]) -> None:
-        for m in norms:
-            m.statistics = None
+# -- the tiled pass with shared statistics: a queue of steps that all tiles advance through together --
+@dataclass
+class TileState:
+    """Where one tile stands in a layer-by-layer pass: its current activation ``x`` and, inside a
+    ResNet block, the block's ``residual``."""
 
-    def gather(self, run, x: torch.Tensor, in_tile: int, in_stride: int, scale: float, halo: float = 0.25) -> None:
-        """Run the gathering passes over the tiles of ``x`` (as :func:`blend_tiles` cuts them), one
-        per GroupNorm in call order, then start the final pass."""
-        depth = 0
-        while True:
-            self.start_pass(depth)
-            for piece, _, wt in tile_grid(x, in_tile, in_stride, scale, halo):
-                self.set_tile(wt)
-                try:
-                    run(piece)
-                except _Gathered:
-                    continue
-            if not self.reached:
-                break
-            depth += 1
-        self.start_pass(None)
+    x: Optional[torch.Tensor]
+    residual: Optional[torch.Tensor] = None
+
+
+@dataclass
+class NormStep:
+    """A GroupNorm (then ``activation``) that every tile reaches before any goes on: its statistics
+    are the whole image's. ``keep_input``: the input becomes the tile's ``residual`` (a ResNet
+    block's first norm)."""
+
+    norm: GroupNorm
+    activation: Optional[str] = None
+    keep_input: bool = False
+
+
+TiledStep = Any  # a NormStep or a callable that advances one TileState in place
+
+
+def module_step(module: nn.Module):
+    """A step that applies ``module`` to a tile's activation (a conv, a resampler)."""
+
+    def step(state: TileState) -> None:
+        state.x = module(state.x)
+
+    return step
+
+
+def resnet_steps(block: ResnetBlock2D) -> list[TiledStep]:
+    """A ResNet block without timestep input as steps: norm1 (input kept as the residual), conv1
+    (and the shortcut, so the wider input is freed early), norm2, conv2 plus the residual."""
+    if block.time_emb_proj is not None:
+        raise ValueError("a ResNet block with a timestep input is not tiled")
+
+    def conv1(state: TileState) -> None:
+        state.x = block.conv1(state.x)
+        state.residual = block.shortcut(state.residual)
+
+    def conv2(state: TileState) -> None:
+        state.x, state.residual = block.output(state.x, state.residual), None
+
+    return [NormStep(block.norm1, block.act, keep_input=True), conv1, NormStep(block.norm2, block.act), conv2]
+
+
+def block_steps(block: nn.Module) -> list[TiledStep]:
+    """A down or up block (:class:`DownEncoderBlock2D`, :class:`UpDecoderBlock2D`) as steps."""
+    steps = [step for resnet in block.resnets for step in resnet_steps(resnet)]
+    for resample in (getattr(block, "downsamplers", None), getattr(block, "upsamplers", None)):
+        if resample is not None:
+            steps.append(module_step(resample[0]))
+    return steps
+
+
+def _segments(steps: Sequence[TiledStep]) -> list[tuple[Optional[NormStep], list]]:
+    """``steps`` cut before every GroupNorm: ``(norm or None for the first, the steps up to the next norm)``."""
+    segments: list[tuple[Optional[NormStep], list]] = [(None, [])]
+    for step in steps:
+        if isinstance(step, NormStep):
+            segments.append((step, []))
+        else:
+            segments[-1][1].append(step)
+    return segments
+
+
+def _advance(tiles, norm: Optional[NormStep], shared: Optional[SharedGroupNormStatistics], run: list):
+    """Take each tile ``(state, weights)`` through one segment: the norm with the ``shared``
+    statistics, then the steps up to the next norm; yields each tile as it gets there."""
+    if norm is not None:
+        norm.norm.statistics = shared
+    try:
+        for state, wt in tiles:
+            if norm is not None:
+                out = norm.norm(state.x, norm.activation)
+                if norm.keep_input:
+                    state.residual = state.x
+                state.x = out  # the input (unless kept) is freed here
+            for step in run:
+                step(state)
+            yield state, wt
+    finally:
+        if norm is not None:
+            norm.norm.statistics = None
 
 
 def blend_tiles_with_shared_statistics(
-    run, modules: Sequence[nn.Module], x: torch.Tensor, in_tile: int, in_stride: int, scale: float, out_channels: int, halo: float = 0.25
+    steps: Sequence[TiledStep], x: torch.Tensor, in_tile: int, in_stride: int, scale: float, out_channels: int, halo: float = 0.25
 ) -> torch.Tensor:
-    """:func:`blend_tiles` with every GroupNorm in ``modules`` normalising each tile with the whole
-    input's statistics (:class:`SharedGroupNormStatistics`)."""
-    shared = SharedGroupNormStatistics()
-    norms = shared.install(*modules)
-    try:
-        shared.gather(run, x, in_tile, in_stride, scale, halo)
-        return blend_tiles(run, x, in_tile, in_stride, scale, out_channels, halo, before_tile=shared.set_tile)
-    finally:
-        shared.remove(norms)
+    """:func:`blend_tiles` of the network that ``steps`` describe, with every GroupNorm normalising
+    each tile with the whole input's statistics.
+
+    The tiles advance together through the queue of steps (as the Tiled VAE extensions for Stable
+    Diffusion do): each tile in turn is normalised with the current GroupNorm's statistics and run
+    up to the next GroupNorm, whose per-group sums it then adds (:class:`SharedGroupNormStatistics`);
+    once every tile is there, the next norm's statistics are complete and the tiles go on. One pass
+    in all, at the cost of keeping every tile's activation at the current norm's input (and a ResNet
+    block's residual) alive at once, on the input's device and in its dtype, instead of one
+    tile's; the rest (a norm's output, the tensors inside a segment) lives one tile at a time, and
+    the last segment's outputs go straight into the blended result."""
+    grid = list(tile_grid(x, in_tile, in_stride, scale, halo))
+    tiles = [(TileState(piece), wt) for piece, _, wt in grid]
+    segments = _segments(steps)
+    shared = None
+    for (norm, run), (following, _) in zip(segments, segments[1:]):
+        gathering = SharedGroupNormStatistics()
+        for state, wt in _advance(tiles, norm, shared, run):
+            gathering.add(state.x, following.norm.num_groups, wt)
+        gathering.close()
+        shared = gathering
+
+    def outputs():
+        norm, run = segments[-1]
+        for (state, wt), (_, offset, _) in zip(_advance(tiles, norm, shared, run), grid):
+            tile, state.x = state.x, None
+            yield tile, offset, wt
+
+    b, _, h, w = x.shape
+    return merge_tiles(outputs(), b, out_channels, round(h * scale), round(w * scale), x)
 
 
 class AutoencoderKL(nn.Module):
@@ -597,7 +666,7 @@ class AutoencoderKL(nn.Module):
             return DiagonalGaussianDistribution(self._moments(x))
         lt, stride = self._tile_geometry()
         enc = self.encoder
-        h = self._run_tiled([enc.down_blocks], enc.features, x, lt * f, stride * f, 1.0 / f, self.config.block_out_channels[-1])
+        h = self._run_tiled(enc.feature_steps, enc.features, x, lt * f, stride * f, 1.0 / f, self.config.block_out_channels[-1])
         moments = enc.moments(h)
         if self.quant_conv is not None:
             moments = self.quant_conv(moments)
@@ -614,14 +683,14 @@ class AutoencoderKL(nn.Module):
             z = self.post_quant_conv(z)
         dec = self.decoder
         h = dec.stem(z)
-        return self._run_tiled([dec.up_blocks, dec.conv_norm_out], dec.pixels, h, lt, stride, float(f), self.config.out_channels)
+        return self._run_tiled(dec.pixel_steps, dec.pixels, h, lt, stride, float(f), self.config.out_channels)
 
-    def _run_tiled(self, modules: Sequence[nn.Module], run, x: torch.Tensor, tile: int, stride: int, scale: float, channels: int) -> torch.Tensor:
-        """Tiles blended by :func:`blend_tiles`; with ``shared_norm_statistics``, every GroupNorm in
-        ``modules`` uses the whole input's statistics (:func:`blend_tiles_with_shared_statistics`)."""
+    def _run_tiled(self, steps, run, x: torch.Tensor, tile: int, stride: int, scale: float, channels: int) -> torch.Tensor:
+        """With ``shared_norm_statistics``, the queue ``steps()`` run over all tiles together
+        (:func:`blend_tiles_with_shared_statistics`); otherwise ``run`` tile by tile (:func:`blend_tiles`)."""
         if not self.tiling.shared_norm_statistics:
             return blend_tiles(run, x, tile, stride, scale, channels)
-        return blend_tiles_with_shared_statistics(run, modules, x, tile, stride, scale, channels)
+        return blend_tiles_with_shared_statistics(steps(), x, tile, stride, scale, channels)
 
     def forward(self, x: torch.Tensor, sample_posterior: bool = False, generator: Optional[torch.Generator] = None) -> torch.Tensor:
         posterior = self.encode(x)
@@ -664,5 +733,11 @@ __all__ = [
     "tile_weights",
     "blend_tiles",
     "blend_tiles_with_shared_statistics",
+    "merge_tiles",
     "tile_grid",
+    "TileState",
+    "NormStep",
+    "module_step",
+    "resnet_steps",
+    "block_steps",
 ]

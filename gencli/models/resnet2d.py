@@ -77,9 +77,16 @@ class ResnetBlock2D(nn.Module):
             h = self.norm2(h, self.act)
         else:
             h = get_activation(self.act)(self.norm2(h) * (1 + scale_shift[0]) + scale_shift[1])
-        if self.conv_shortcut is not None:
-            x = self.conv_shortcut(x)
-        out = self.conv2(self.dropout(h), residual=x)  # the residual added inside the conv kernel where it can be
+        return self.output(h, self.shortcut(x))
+
+    def shortcut(self, x: torch.Tensor) -> torch.Tensor:
+        """The residual branch: ``x``, or ``conv_shortcut(x)`` where the width changes."""
+        return self.conv_shortcut(x) if self.conv_shortcut is not None else x
+
+    def output(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """The block's end: ``conv2(dropout(h)) + residual`` (``h``: the second norm's activated
+        output, ``residual``: :meth:`shortcut` of the input), divided by ``output_scale_factor``."""
+        out = self.conv2(self.dropout(h), residual=residual)  # the residual added inside the conv kernel where it can be
         if self.output_scale_factor != 1.0:
             out = out.div_(self.output_scale_factor)
         return out

@@ -5,7 +5,9 @@ SD-1.x-shaped VAE (widths 128/256/512/512, two ResNets per block, mid-block atte
     python scripts/bench.py vae --dtype bfloat16 --rounds 3
     python scripts/bench.py vae --sizes 256 --tile 128
 
-For each size: seconds for one encode (posterior mean) + decode of one image, and the peak memory
+For each size: seconds for one encode (posterior mean) + decode of one image (wall clock, best of
+``--repeat``; and ``cpu_s_*``, the process's CPU seconds for one such pass, all threads together,
+steadier than wall clock on a shared machine), and the peak memory
 that pass adds on top of the loaded model (on a CPU: the process's peak resident set, reset before
 each pass through ``/proc/self/clear_refs``; on CUDA: ``max_memory_allocated``). The largest size
 is run again tiled (gencli: ``Tiling(tile_size=--tile)``; diffusers: ``enable_tiling()`` with
@@ -32,6 +34,10 @@ METRICS = {
     "peak_mb_512_tiled": "lower",
     "s_256_tiled": "lower",  # with --sizes 256
     "peak_mb_256_tiled": "lower",
+    "cpu_s_256": "lower",
+    "cpu_s_512": "lower",
+    "cpu_s_256_tiled": "lower",
+    "cpu_s_512_tiled": "lower",
     "load_s": "lower",
 }
 
@@ -126,7 +132,10 @@ def run(side, args, workdir):
             for name, tiled in passes:
                 roundtrip(x, tiled)  # warm-up (and oneDNN primitive creation) outside the measurement
                 base = _reset_peak(device)
+                cpu = time.process_time()
                 y = roundtrip(x, tiled)
+                sync(device)
+                result[f"cpu_s_{name}"] = round(time.process_time() - cpu, 3)
                 result[f"peak_mb_{name}"] = round(_peak(device) - base, 1)
                 result[f"s_{name}"] = round(best_time(lambda x=x, tiled=tiled: roundtrip(x, tiled), device, args.repeat, warmup=0), 3)
                 if name == f"{sizes[-1]}":
