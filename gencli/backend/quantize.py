@@ -35,6 +35,7 @@ import torch
 import torch.nn as nn
 
 from gencli.backend.layers import get_activation, linear
+from gencli.backend.quant_kernels import cpu_kernels
 
 MODES = ("int8", "int4")
 INT4_GROUP_SIZES = (32, 64, 128, 256)  # what torch's int4 CPU kernel takes
@@ -223,17 +224,31 @@ class QuantizedLinear(nn.Module):
                 self._kernel = (packed, scale_zero.transpose(0, 1).contiguous())  # (groups, out, 2)
         return self._kernel
 
+    def _few_rows_on_cpu(self, flat: torch.Tensor) -> Optional[torch.Tensor]:
+        """``flat @ W.T`` for a few rows on a CPU by a weight-only kernel: gencli's own (fp32
+        activations, the stored codes read in place) or else torch's (bf16 activations); None when
+        neither is available."""
+        own = cpu_kernels()
+        if own is not None:
+            flat, scale = flat.float().contiguous(), self.weight_scale.to(_SCALE_DTYPE)  # (a no-op unless cast)
+            if self.mode == "int8":
+                return own.int8_gemv(flat, self.weight, scale)
+            return own.int4_gemv(flat, self.weight, scale, self.weight_zero.to(_SCALE_DTYPE), self.group_size)
+        if not _cpu_kernel(self.mode):
+            return None
+        flat = flat.to(torch.bfloat16)
+        weight, scales = self._cpu_operands()
+        if self.mode == "int8":
+            return torch.ops.aten._weight_int8pack_mm(flat, weight, scales)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(flat, weight, self.group_size, scales)[:, : self.out_features]
+
     def forward(self, x: torch.Tensor, activation: Optional[str] = None) -> torch.Tensor:
         rows = x.numel() // max(1, self.in_features)
         on_cpu = x.device.type == "cpu"
-        if on_cpu and rows < DEQUANTIZE_MIN_ROWS[self.mode] and _cpu_kernel(self.mode):
-            flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
-            weight, scales = self._cpu_operands()
-            if self.mode == "int8":
-                out = torch.ops.aten._weight_int8pack_mm(flat, weight, scales)
-            else:
-                out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, weight, self.group_size, scales)[:, : self.out_features]
-            return self._finish(out.to(x.dtype).reshape(*x.shape[:-1], self.out_features), activation)
+        if on_cpu and rows < DEQUANTIZE_MIN_ROWS[self.mode]:
+            out = self._few_rows_on_cpu(x.reshape(-1, self.in_features))
+            if out is not None:
+                return self._finish(out.to(x.dtype).reshape(*x.shape[:-1], self.out_features), activation)
         dtype = torch.bfloat16 if on_cpu and x.dtype == torch.float32 else x.dtype
         if self.mode == "int8":  # one scale per output channel: it scales the product's columns
             out = linear(x.to(dtype), self.weight.to(dtype)).mul_(self.weight_scale.to(dtype))
