@@ -227,20 +227,19 @@ namespace {
 
 enum class Isa { none, avx2, avx512 };
 
-Isa detect() {
+bool supported(Isa want) {
 #ifdef GENCLI_X86
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"))
-    return Isa::avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::avx2;
+  if (want == Isa::avx512)
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
+  if (want == Isa::avx2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #endif
-  return Isa::none;
+  return false;
 }
 
-Isa isa() {
-  static const Isa chosen = detect();
-  return chosen;
-}
+Isa g_isa = supported(Isa::avx512) ? Isa::avx512 : supported(Isa::avx2) ? Isa::avx2 : Isa::none;
+
+Isa isa() { return g_isa; }
 
 int lanes() { return isa() == Isa::avx512 ? 16 : 8; }
 
@@ -354,5 +353,14 @@ std::string isa_name() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_gemv", &int8_gemv, "x (M, K) f32 @ (q int8 (N, K) * scale bf16 (N,)).T");
   m.def("int4_gemv", &int4_gemv, "x (M, K) f32 @ ((q - 8) * scale + zero).T, q packed (N, K/2), groups of G");
+  m.def(
+      "use_isa",
+      [](const std::string& name) {
+        const Isa want = name == "avx512" ? Isa::avx512 : name == "avx2" ? Isa::avx2 : Isa::none;
+        if (!supported(want)) return false;
+        g_isa = want;
+        return true;
+      },
+      "use 'avx512' or 'avx2' from now on (False, and no change, when the CPU lacks it)");
   m.def("isa", &isa_name, "the vector instruction set the kernels use ('' when none)");
 }
