@@ -1,16 +1,20 @@
 """Weight-only quantized linear layers (int8 per output channel, int4 per group), for every family.
 
 Batch-1 decoding reads every weight once per token, so its speed is the memory bandwidth divided by
-the bytes of the weights. :class:`QuantizedLinear` stores a linear layer's weight in 8 or 4 bits and
-runs torch's own weight-only kernels on a CPU (``aten._weight_int8pack_mm``,
-``aten._weight_int4pack_mm_for_cpu``, which torchao's CPU weight-only configs call too), with the
-activations in bf16 for the product (those kernels are vectorised for bf16 activations only; in fp32
-they run several times slower than an fp32 ``F.linear``) and the result returned in the input's
-dtype. These kernels scale linearly with the number of rows (no GEMM blocking): from
-``DEQUANTIZE_MIN_ROWS[mode]`` rows (a prompt's prefill) the weight is dequantized to bf16 for that call
-and multiplied by :func:`gencli.backend.layers.linear` instead. Other devices dequantize on every
-call (correct everywhere, not fast). An int8 layer's prefill multiplies by the codes and scales the
-product's columns (its scales are per output channel), so only the codes are converted.
+the bytes of the weights. :class:`QuantizedLinear` stores a linear layer's weight in 8 or 4 bits. On
+a CPU, below ``DEQUANTIZE_MIN_ROWS[mode]`` rows (decoding), it runs gencli's own kernels
+(:mod:`gencli.backend.quant_kernels`: fp32 activations times the stored codes, read in place, no
+second copy of the weights) and, where those cannot be built, torch's weight-only kernels
+(``aten._weight_int8pack_mm``, ``aten._weight_int4pack_mm_for_cpu``, which torchao's CPU weight-only
+configs call too) with the activations in bf16 (those kernels are vectorised for bf16 activations
+only) and the result returned in the input's dtype (one row, one thread, GPT-2's layers with their
+weights in memory: torch's int8 kernel takes 1.0-1.7x the time of gencli's, its int4 kernel
+0.6-1.0x, from a repacked second copy of the codes and with bf16 activations). Both scale
+linearly with the number of rows (no GEMM blocking): from ``DEQUANTIZE_MIN_ROWS[mode]`` rows (a
+prompt's prefill) the weight is dequantized to bf16 for that call and multiplied by
+:func:`gencli.backend.layers.linear` instead. Other devices dequantize on every call (correct
+everywhere, not fast). An int8 layer's prefill multiplies by the codes and scales the product's
+columns (its scales are per output channel), so only the codes are converted.
 
 Stored layout (the tensors a quantized safetensors checkpoint holds, under the layer's name):
 
@@ -164,8 +168,9 @@ class QuantizedLinear(nn.Module):
     layout); ``forward(x, activation=None)`` as :class:`gencli.backend.layers.Linear`'s. The bias,
     when there is one, stays in floating point.
 
-    On a CPU the int4 codes are repacked into the kernel's layout on the first inference call (the
-    packed copy is kept beside the stored codes, which the prefill's dequantization reads)."""
+    gencli's CPU kernels read the stored codes as they are. Only where they are unavailable are the
+    int4 codes repacked into torch's kernel layout, on the first inference call (that packed copy is
+    kept beside the stored codes, which the prefill's dequantization reads)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, spec: QuantizationSpec, *, device=None):
         super().__init__()
