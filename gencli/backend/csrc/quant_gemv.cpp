@@ -161,17 +161,21 @@ inline float bf16_to_float(uint16_t v) {
   }
 
 #ifdef GENCLI_X86
+// the float operations both instruction sets spell alike (P: the intrinsics' prefix)
+#define GENCLI_FLOAT_OPS(P)                                          \
+  inline V zero() { return P##_setzero_ps(); }                       \
+  inline V set1(float v) { return P##_set1_ps(v); }                  \
+  inline V load(const float* p) { return P##_loadu_ps(p); }          \
+  inline void store(float* p, V v) { P##_storeu_ps(p, v); }          \
+  inline V fma(V a, V b, V c) { return P##_fmadd_ps(a, b, c); }      \
+  inline V add(V a, V b) { return P##_add_ps(a, b); }
+
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,fma")
 namespace avx512 {
 using V = __m512;
 constexpr int W = 16;
-inline V zero() { return _mm512_setzero_ps(); }
-inline V set1(float v) { return _mm512_set1_ps(v); }
-inline V load(const float* p) { return _mm512_loadu_ps(p); }
-inline void store(float* p, V v) { _mm512_storeu_ps(p, v); }
-inline V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-inline V add(V a, V b) { return _mm512_add_ps(a, b); }
+GENCLI_FLOAT_OPS(_mm512)
 inline float hsum(V v) { return _mm512_reduce_add_ps(v); }
 inline V i8(const int8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
@@ -194,12 +198,7 @@ GENCLI_KERNELS
 namespace avx2 {
 using V = __m256;
 constexpr int W = 8;
-inline V zero() { return _mm256_setzero_ps(); }
-inline V set1(float v) { return _mm256_set1_ps(v); }
-inline V load(const float* p) { return _mm256_loadu_ps(p); }
-inline void store(float* p, V v) { _mm256_storeu_ps(p, v); }
-inline V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-inline V add(V a, V b) { return _mm256_add_ps(a, b); }
+GENCLI_FLOAT_OPS(_mm256)
 inline float hsum(V v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
