@@ -70,7 +70,7 @@ def add_arguments(p):
     p.add_argument("--vocab", type=int, default=32000, help="llama: vocabulary size")
     p.add_argument("--quantize", type=_modes, default=None, help="gencli: int8, int4, or a list such as none,int8,int4 (a side each)")
     p.add_argument("--group-size", type=int, default=None, help="int4 group size (default 32)")
-    p.add_argument("--saved", action="store_true", help="gencli's quantized sides load a folder 'gencli quantize' wrote (default: quantize the fp32 folder on loading)")
+    p.add_argument("--saved", action="store_true", help="gencli's quantized sides load folders 'gencli quantize' wrote (default: quantize on loading)")
     p.add_argument("--llama-cpp", action="store_true", help="add llama.cpp sides (llama-cpp-python) for the same modes: F32, Q8_0, Q4_0")
     p.add_argument("--llama-cpp-source", default=os.environ.get("LLAMA_CPP_SOURCE"), help="llama.cpp source tree (convert_hf_to_gguf.py, gguf-py)")
 
