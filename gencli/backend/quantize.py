@@ -1,16 +1,20 @@
 """Weight-only quantized linear layers (int8 per output channel, int4 per group), for every family.
 
 Batch-1 decoding reads every weight once per token, so its speed is the memory bandwidth divided by
-the bytes of the weights. :class:`QuantizedLinear` stores a linear layer's weight in 8 or 4 bits and
-runs torch's own weight-only kernels on a CPU (``aten._weight_int8pack_mm``,
-``aten._weight_int4pack_mm_for_cpu``, which torchao's CPU weight-only configs call too), with the
-activations in bf16 for the product (those kernels are vectorised for bf16 activations only; in fp32
-they run several times slower than an fp32 ``F.linear``) and the result returned in the input's
-dtype. These kernels scale linearly with the number of rows (no GEMM blocking): from
-``DEQUANTIZE_MIN_ROWS[mode]`` rows (a prompt's prefill) the weight is dequantized to bf16 for that call
-and multiplied by :func:`gencli.backend.layers.linear` instead. Other devices dequantize on every
-call (correct everywhere, not fast). An int8 layer's prefill multiplies by the codes and scales the
-product's columns (its scales are per output channel), so only the codes are converted.
+the bytes of the weights. :class:`QuantizedLinear` stores a linear layer's weight in 8 or 4 bits. On
+a CPU, below ``DEQUANTIZE_MIN_ROWS[mode]`` rows (decoding), it runs gencli's own kernels
+(:mod:`gencli.backend.quant_kernels`: fp32 activations times the stored codes, read in place, no
+second copy of the weights) and, where those cannot be built, torch's weight-only kernels
+(``aten._weight_int8pack_mm``, ``aten._weight_int4pack_mm_for_cpu``, which torchao's CPU weight-only
+configs call too) with the activations in bf16 (those kernels are vectorised for bf16 activations
+only) and the result returned in the input's dtype (one row, one thread, GPT-2's layers with their
+weights in memory: torch's int8 kernel takes 1.0-1.7x the time of gencli's, its int4 kernel
+0.6-1.0x, from a repacked second copy of the codes and with bf16 activations). Both scale
+linearly with the number of rows (no GEMM blocking): from ``DEQUANTIZE_MIN_ROWS[mode]`` rows (a
+prompt's prefill) the weight is dequantized to bf16 for that call and multiplied by
+:func:`gencli.backend.layers.linear` instead. Other devices dequantize on every call (correct
+everywhere, not fast). An int8 layer's prefill multiplies by the codes and scales the product's
+columns (its scales are per output channel), so only the codes are converted.
 
 Stored layout (the tensors a quantized safetensors checkpoint holds, under the layer's name):
 
@@ -35,6 +39,7 @@ import torch
 import torch.nn as nn
 
 from gencli.backend.layers import get_activation, linear
+from gencli.backend.quant_kernels import cpu_kernels
 
 MODES = ("int8", "int4")
 INT4_GROUP_SIZES = (32, 64, 128, 256)  # what torch's int4 CPU kernel takes
@@ -163,8 +168,9 @@ class QuantizedLinear(nn.Module):
     layout); ``forward(x, activation=None)`` as :class:`gencli.backend.layers.Linear`'s. The bias,
     when there is one, stays in floating point.
 
-    On a CPU the int4 codes are repacked into the kernel's layout on the first inference call (the
-    packed copy is kept beside the stored codes, which the prefill's dequantization reads)."""
+    gencli's CPU kernels read the stored codes as they are. Only where they are unavailable are the
+    int4 codes repacked into torch's kernel layout, on the first inference call (that packed copy is
+    kept beside the stored codes, which the prefill's dequantization reads)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, spec: QuantizationSpec, *, device=None):
         super().__init__()
@@ -223,17 +229,31 @@ class QuantizedLinear(nn.Module):
                 self._kernel = (packed, scale_zero.transpose(0, 1).contiguous())  # (groups, out, 2)
         return self._kernel
 
+    def _few_rows_on_cpu(self, flat: torch.Tensor) -> Optional[torch.Tensor]:
+        """``flat @ W.T`` for a few rows on a CPU by a weight-only kernel: gencli's own (fp32
+        activations, the stored codes read in place) or else torch's (bf16 activations); None when
+        neither is available."""
+        own = cpu_kernels()
+        if own is not None:
+            flat, scale = flat.float().contiguous(), self.weight_scale.to(_SCALE_DTYPE)  # (a no-op unless cast)
+            if self.mode == "int8":
+                return own.int8_gemv(flat, self.weight, scale)
+            return own.int4_gemv(flat, self.weight, scale, self.weight_zero.to(_SCALE_DTYPE), self.group_size)
+        if not _cpu_kernel(self.mode):
+            return None
+        flat = flat.to(torch.bfloat16)
+        weight, scales = self._cpu_operands()
+        if self.mode == "int8":
+            return torch.ops.aten._weight_int8pack_mm(flat, weight, scales)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(flat, weight, self.group_size, scales)[:, : self.out_features]
+
     def forward(self, x: torch.Tensor, activation: Optional[str] = None) -> torch.Tensor:
         rows = x.numel() // max(1, self.in_features)
         on_cpu = x.device.type == "cpu"
-        if on_cpu and rows < DEQUANTIZE_MIN_ROWS[self.mode] and _cpu_kernel(self.mode):
-            flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
-            weight, scales = self._cpu_operands()
-            if self.mode == "int8":
-                out = torch.ops.aten._weight_int8pack_mm(flat, weight, scales)
-            else:
-                out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, weight, self.group_size, scales)[:, : self.out_features]
-            return self._finish(out.to(x.dtype).reshape(*x.shape[:-1], self.out_features), activation)
+        if on_cpu and rows < DEQUANTIZE_MIN_ROWS[self.mode]:
+            out = self._few_rows_on_cpu(x.reshape(-1, self.in_features))
+            if out is not None:
+                return self._finish(out.to(x.dtype).reshape(*x.shape[:-1], self.out_features), activation)
         dtype = torch.bfloat16 if on_cpu and x.dtype == torch.float32 else x.dtype
         if self.mode == "int8":  # one scale per output channel: it scales the product's columns
             out = linear(x.to(dtype), self.weight.to(dtype)).mul_(self.weight_scale.to(dtype))

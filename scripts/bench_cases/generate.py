@@ -70,6 +70,7 @@ def add_arguments(p):
     p.add_argument("--vocab", type=int, default=32000, help="llama: vocabulary size")
     p.add_argument("--quantize", type=_modes, default=None, help="gencli: int8, int4, or a list such as none,int8,int4 (a side each)")
     p.add_argument("--group-size", type=int, default=None, help="int4 group size (default 32)")
+    p.add_argument("--saved", action="store_true", help="gencli's quantized sides load folders 'gencli quantize' wrote (default: quantize on loading)")
     p.add_argument("--llama-cpp", action="store_true", help="add llama.cpp sides (llama-cpp-python) for the same modes: F32, Q8_0, Q4_0")
     p.add_argument("--llama-cpp-source", default=os.environ.get("LLAMA_CPP_SOURCE"), help="llama.cpp source tree (convert_hf_to_gguf.py, gguf-py)")
 
@@ -181,8 +182,18 @@ def setup(args, workdir):
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, cfg.vocab_size - 1, (args.prompt_tokens,), generator=g).tolist()
     (workdir / "prompt.json").write_text(json.dumps(ids))
+    if args.saved:
+        from gencli.pipelines.text import quantize_checkpoint
+
+        for mode in _gencli_modes(args):
+            if mode != "none":
+                quantize_checkpoint(workdir / "gpt2", _saved_folder(workdir, mode), mode, group_size=args.group_size)
     if args.llama_cpp and _llama_cpp_missing(args) is None:
         _write_gguf(args, workdir)
+
+
+def _saved_folder(workdir: Path, mode: str) -> Path:
+    return workdir / f"gpt2-{mode}"
 
 
 # convert_hf_to_gguf.py names the BPE pre-tokenizer from the hash of a test string's tokens; the random
@@ -293,6 +304,8 @@ def run(side, args, workdir):
 
         dtype_name = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
         mode = side[len("gencli-") :] if side.startswith("gencli-") else None
+        if mode is not None and args.saved:  # quantized already: loads without quantizing again
+            folder, mode = _saved_folder(workdir, mode), None
         tm = load_text_model(folder, device=str(device), dtype=dtype_name, threads=args.threads, quantize=mode, group_size=args.group_size)
         sync(device)
         load_s = time.perf_counter() - t0

@@ -1,0 +1,64 @@
+"""gencli's own CPU kernels for weight-only quantized layers at a few activation rows (decoding).
+
+torch's ``_weight_int8pack_mm`` / ``_weight_int4pack_mm_for_cpu`` take bf16 activations and, at one
+row, stay well below the memory bandwidth a matrix-vector product is bound by (torchao's CPU
+weight-only configs call the same kernels, or dequantize and multiply in floating point). The C++
+extension in ``csrc/quant_gemv.cpp`` multiplies fp32 activations by the stored int8 / int4 codes,
+converted in registers (AVX-512, or AVX2 and FMA, picked from the CPU's flags at run time), with the
+rows of the weight spread over torch's threads. It reads the layouts :mod:`gencli.backend.quantize`
+stores, so no second copy of the weights is made.
+
+The extension is compiled the first time it is asked for (``torch.utils.cpp_extension.load``: about
+a minute, cached in torch's extensions folder for the next runs). Without a compiler, on another
+architecture, or when the build fails, :func:`cpu_kernels` returns None (one debug line) and the
+quantized layers keep torch's kernels. ``GENCLI_QUANT_KERNELS=0`` turns the extension off.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import platform
+from pathlib import Path
+from typing import Any, Optional
+
+SOURCE = Path(__file__).with_name("csrc") / "quant_gemv.cpp"
+ENV_SWITCH = "GENCLI_QUANT_KERNELS"
+
+_log = logging.getLogger(__name__)
+
+
+def enabled() -> bool:
+    """False when ``GENCLI_QUANT_KERNELS`` is set to 0 / false / off."""
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+@functools.lru_cache(maxsize=None)
+def _build() -> Optional[Any]:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        _log.debug("quantized CPU kernels: not built on %s (x86-64 only), using torch's", platform.machine())
+        return None
+    try:
+        from torch.utils.cpp_extension import load
+
+        # the name carries the source's hash: an edited source is a new extension, never a stale one
+        digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+        module = load(name=f"gencli_quant_gemv_{digest}", sources=[str(SOURCE)], extra_cflags=["-O3"], verbose=False)
+        if not module.isa():
+            _log.debug("quantized CPU kernels: this CPU has neither AVX-512 nor AVX2, using torch's")
+            return None
+        return module
+    except Exception as exc:  # no compiler, no Python headers, a failed build: torch's kernels serve
+        _log.debug("quantized CPU kernels unavailable (%s: %s), using torch's", type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        return None
+
+
+def cpu_kernels() -> Optional[Any]:
+    """The compiled extension (functions ``int8_gemv(x, q, scale)``, ``int4_gemv(x, packed, scale,
+    zero, group_size)`` and ``isa()``), or None where it cannot be had: built once per process."""
+    return _build() if enabled() else None
+
+
+__all__ = ["SOURCE", "ENV_SWITCH", "enabled", "cpu_kernels"]
