@@ -98,6 +98,7 @@ def combine(
         np.add.at(total, idx, loss)
         scored = np.unique(idx)
         weights[scored] = member_weights(total[scored])
+    members = np.where(weights[:, :, None, None] > 0, members, 0.0)  # a member that does not apply (NaN) weighs nothing
     out = np.einsum("nk,nkhg->nhg", weights, members)
     return out, weights
 
