@@ -20,6 +20,14 @@ are put back.
   AutoARIMA models them: seasonal differences, then KPSS for ``d``, then ``p, P <= 1`` by AICc (the
   airline-like series, AirPassengers, the adjusted AR member misses); the AR member's forecast for
   the non-seasonal series.
+- the seasonal ARIMA member with moving averages (:func:`seasonal_arima` with ``moving_average``):
+  ARIMA(p, d, q)(P, 1, Q)_m, the candidates with MA(1) and seasonal MA(1) terms of
+  :data:`SARIMA_MA_ORDERS` (the airline model (0, 1, 1)(0, 1, 1)_m among them) fitted by conditional
+  sums of squares (a few Levenberg-Marquardt steps vectorised over the batch and the candidates,
+  invertible MA and stationary AR factors) against the least-squares AR candidates by AICc, on the log
+  of a positive series where the AR candidates' AICc there (with its Jacobian) is lower; quantiles
+  from the psi-weights of the multiplied-out model. NaN (no weight in the ensemble) for series
+  without a significant season, where the AR member already stands in for the seasonal one.
 - :func:`theta` — the Theta method (Assimakopoulos & Nikolopoulos 2000) in Hyndman & Billah's form:
   simple exponential smoothing (``alpha`` from a grid) plus half the least-squares slope as drift,
   ``l_n + b/2 (j + (1 - (1 - alpha)^n) / alpha)`` for lead ``j + 1``.
@@ -503,13 +511,12 @@ def _sarma_css(w: np.ndarray, m: int, orders: np.ndarray, const: np.ndarray, ski
     mask = _sarma_mask(orders, const)
     beta = np.zeros((n, len(orders), 5))
     beta[..., 0] = np.where(const, mean, 0.0)[:, None]
-    work = np.zeros((length + m + 1, 6, n, len(orders)))
-    best = _sarma_pass(x, start, scored, m, beta, orders, mask, work)
+    work = np.zeros((length + m + 1, 6, n, len(orders)), dtype=np.float32)  # single precision: half the memory traffic
+    sse, jtj, jte, last = _sarma_pass(x, start, scored, m, beta, orders, mask, work)
     damping = np.full((n, len(orders)), 1e-3)
     eye = np.eye(5)
     with np.errstate(all="ignore"):
         for _ in range(steps):
-            sse, jtj, jte, last = best
             diag = np.diagonal(jtj, axis1=-2, axis2=-1)
             a = jtj + (damping[..., None] * diag + 1e-9 * diag.sum(axis=-1, keepdims=True) + (1.0 - mask))[..., None] * eye
             step = np.linalg.solve(a, -jte[..., None])[..., 0] * mask
@@ -517,10 +524,9 @@ def _sarma_css(w: np.ndarray, m: int, orders: np.ndarray, const: np.ndarray, ski
             trial[..., 1:] = np.clip(trial[..., 1:], -BOUND, BOUND)
             new = _sarma_pass(x, start, scored, m, trial, orders, mask, work)
             better = new[0] < sse
-            beta = np.where(better[..., None], trial, beta)
-            best = tuple(np.where(better.reshape(better.shape + (1,) * (b.ndim - 2)), nb, b) for nb, b in zip(new, best))
+            beta, sse, jtj, jte, last = (np.where(better.reshape(better.shape + (1,) * (b.ndim - 2)), nb, b) for nb, b in zip((trial,) + new, (beta, sse, jtj, jte, last)))
             damping = np.where(better, damping / 3.0, damping * 8.0)
-    return beta, best[0], count, best[3]
+    return beta, sse, count, last
 
 
 def _sarma_pass(x: np.ndarray, start: np.ndarray, scored: np.ndarray, m: int, beta: np.ndarray, orders: np.ndarray, mask: np.ndarray, s: np.ndarray):
@@ -531,7 +537,7 @@ def _sarma_pass(x: np.ndarray, start: np.ndarray, scored: np.ndarray, m: int, be
     model (the others are zero and their rows of the normal equations are cleared, so they stay so).
     The residuals are zero before ``start + p + P m`` (conditioned on the first AR lags); the errors
     count from ``scored (N,)``. ``s (L + m + 1, 6, N, C)`` is the work space (zeros at first; each
-    pass leaves it ready for the next over the same series). Returns the residual sum of squares ``(N, C)``, the Gauss-Newton normal
+    pass leaves it ready for the next over the same series), its dtype the one the pass runs in. Returns the residual sum of squares ``(N, C)``, the Gauss-Newton normal
     equations ``J'J (N, C, 5, 5)`` and ``J'e (N, C, 5)``, and the last ``m + 1`` residuals ``(N, C, m +
     1)`` (``e_n`` first).
 
@@ -540,20 +546,20 @@ def _sarma_pass(x: np.ndarray, start: np.ndarray, scored: np.ndarray, m: int, be
     B^m))``) run as six channels of one recursion; the parts that do not depend on the residuals are
     computed for all steps at once."""
     n, length = x.shape
-    c, ph, sph, th, sth = np.moveaxis(beta, -1, 0)  # (N, C) each
+    c, ph, sph, th, sth = np.moveaxis(beta.astype(s.dtype), -1, 0)  # (N, C) each
     pad = m + 1
-    xp = np.zeros((length + pad, n, 1))
+    xp = np.zeros((length + pad, n, 1), dtype=s.dtype)
     xp[pad:, :, 0] = x.T
     x0, x1, xm, xm1 = xp[pad:], xp[pad - 1 : -1], xp[1:-m], xp[:-pad]  # (L, N, 1): lags 0, 1, m, m + 1
     begin = start[:, None] + orders[None, :, 0] + m * orders[None, :, 2]  # (N, C)
     act = np.arange(length)[:, None, None] >= begin[None]  # (L, N, C)
     live = s[pad:]  # e, then its derivatives by c, phi, Phi, theta, Theta
     np.multiply(x0 - c - ph * x1 - sph * xm + (ph * sph) * xm1, act, out=live[:, 0])
-    np.negative(act, out=live[:, 1], dtype=float)
+    np.negative(act, out=live[:, 1], dtype=s.dtype)
     np.multiply(sph * xm1 - x1, act, out=live[:, 2])
     np.multiply(ph * xm1 - xm, act, out=live[:, 3])
     thp = th * sth
-    tmp = np.empty(s.shape[1:])
+    tmp = np.empty(s.shape[1:], dtype=s.dtype)
     for t in range(int(begin.min()), length):
         i = t + pad
         cur, s1, sm, sm1 = s[i], s[i - 1], s[i - m], s[i - m - 1]
@@ -570,7 +576,7 @@ def _sarma_pass(x: np.ndarray, start: np.ndarray, scored: np.ndarray, m: int, be
         np.multiply(thp, sm1, out=tmp)
         cur -= tmp
     keep = (np.arange(length)[:, None] >= scored[None, :])[:, None, :, None]  # (L, 1, N, 1)
-    last = live[::-1][: m + 1, 0].transpose(1, 2, 0).copy()
+    last = live[::-1][: m + 1, 0].transpose(1, 2, 0).astype(np.float64)
     live *= keep
     gram = np.empty(beta.shape[:2] + (6, 6))  # e'e, J'e, J'J
     for i in range(6):
