@@ -511,7 +511,7 @@ def _sarma_css(w: np.ndarray, m: int, orders: np.ndarray, const: np.ndarray, ski
     mask = _sarma_mask(orders, const)
     beta = np.zeros((n, len(orders), 5))
     beta[..., 0] = np.where(const, mean, 0.0)[:, None]
-    work = np.zeros((length + m + 1, 6, n, len(orders)), dtype=np.float32)  # single precision: half the memory traffic
+    work = np.zeros((length + m + 1, 6, len(orders), n), dtype=np.float32)  # single precision: half the memory traffic
     sse, jtj, jte, last = _sarma_pass(x, start, scored, m, beta, orders, mask, work)
     damping = np.full((n, len(orders)), 1e-3)
     eye = np.eye(5)
@@ -524,7 +524,9 @@ def _sarma_css(w: np.ndarray, m: int, orders: np.ndarray, const: np.ndarray, ski
             trial[..., 1:] = np.clip(trial[..., 1:], -BOUND, BOUND)
             new = _sarma_pass(x, start, scored, m, trial, orders, mask, work)
             better = new[0] < sse
-            beta, sse, jtj, jte, last = (np.where(better.reshape(better.shape + (1,) * (b.ndim - 2)), nb, b) for nb, b in zip((trial,) + new, (beta, sse, jtj, jte, last)))
+            beta, sse, jtj, jte, last = (
+                np.where(better.reshape(better.shape + (1,) * (b.ndim - 2)), nb, b) for nb, b in zip((trial,) + new, (beta, sse, jtj, jte, last))
+            )
             damping = np.where(better, damping / 3.0, damping * 8.0)
     return beta, sse, count, last
 
@@ -536,8 +538,9 @@ def _sarma_pass(x: np.ndarray, start: np.ndarray, scored: np.ndarray, m: int, be
     Theta)``, ``orders (C, 4)`` = ``(p, q, P, Q)``, ``mask (N, C, 5)`` 1 for the parameters in the
     model (the others are zero and their rows of the normal equations are cleared, so they stay so).
     The residuals are zero before ``start + p + P m`` (conditioned on the first AR lags); the errors
-    count from ``scored (N,)``. ``s (L + m + 1, 6, N, C)`` is the work space (zeros at first; each
-    pass leaves it ready for the next over the same series), its dtype the one the pass runs in. Returns the residual sum of squares ``(N, C)``, the Gauss-Newton normal
+    count from ``scored (N,)``. ``s (L + m + 1, 6, C, N)`` is the work space (zeros at first; each
+    pass leaves it ready for the next over the same series), its dtype the one the pass runs in.
+    Returns the residual sum of squares ``(N, C)``, the Gauss-Newton normal
     equations ``J'J (N, C, 5, 5)`` and ``J'e (N, C, 5)``, and the last ``m + 1`` residuals ``(N, C, m +
     1)`` (``e_n`` first).
 
@@ -546,18 +549,25 @@ def _sarma_pass(x: np.ndarray, start: np.ndarray, scored: np.ndarray, m: int, be
     B^m))``) run as six channels of one recursion; the parts that do not depend on the residuals are
     computed for all steps at once."""
     n, length = x.shape
-    c, ph, sph, th, sth = np.moveaxis(beta.astype(s.dtype), -1, 0)  # (N, C) each
+    c, ph, sph, th, sth = beta.astype(s.dtype).transpose(2, 1, 0)  # (C, N) each: the series innermost
     pad = m + 1
-    xp = np.zeros((length + pad, n, 1), dtype=s.dtype)
-    xp[pad:, :, 0] = x.T
-    x0, x1, xm, xm1 = xp[pad:], xp[pad - 1 : -1], xp[1:-m], xp[:-pad]  # (L, N, 1): lags 0, 1, m, m + 1
-    begin = start[:, None] + orders[None, :, 0] + m * orders[None, :, 2]  # (N, C)
-    act = np.arange(length)[:, None, None] >= begin[None]  # (L, N, C)
+    xp = np.zeros((length + pad, 1, n), dtype=s.dtype)
+    xp[pad:, 0] = x.T
+    x0, x1, xm, xm1 = xp[pad:], xp[pad - 1 : -1], xp[1:-m], xp[:-pad]  # (L, 1, N): lags 0, 1, m, m + 1
+    begin = start[None, :] + orders[:, 0, None] + m * orders[:, 2, None]  # (C, N)
+    act = (np.arange(length)[:, None, None] >= begin[None]).astype(s.dtype)  # (L, C, N)
     live = s[pad:]  # e, then its derivatives by c, phi, Phi, theta, Theta
-    np.multiply(x0 - c - ph * x1 - sph * xm + (ph * sph) * xm1, act, out=live[:, 0])
-    np.negative(act, out=live[:, 1], dtype=s.dtype)
-    np.multiply(sph * xm1 - x1, act, out=live[:, 2])
-    np.multiply(ph * xm1 - xm, act, out=live[:, 3])
+    np.multiply(sph, xm1, out=live[:, 2])
+    live[:, 2] -= x1  # de/dphi = Phi w_(t-m-1) - w_(t-1)
+    np.multiply(ph, xm1, out=live[:, 3])
+    live[:, 3] -= xm  # de/dPhi = phi w_(t-m-1) - w_(t-m)
+    np.multiply(sph, live[:, 3], out=live[:, 0])
+    live[:, 0] += x0
+    live[:, 0] -= c
+    np.multiply(ph, x1, out=live[:, 1])
+    live[:, 0] -= live[:, 1]  # w_t - c - phi w_(t-1) - Phi (w_(t-m) - phi w_(t-m-1))
+    np.negative(act, out=live[:, 1])  # de/dc
+    live[:, :4] *= act[:, None]
     thp = th * sth
     tmp = np.empty(s.shape[1:], dtype=s.dtype)
     for t in range(int(begin.min()), length):
@@ -575,13 +585,14 @@ def _sarma_pass(x: np.ndarray, start: np.ndarray, scored: np.ndarray, m: int, be
         cur -= tmp
         np.multiply(thp, sm1, out=tmp)
         cur -= tmp
-    keep = (np.arange(length)[:, None] >= scored[None, :])[:, None, :, None]  # (L, 1, N, 1)
-    last = live[::-1][: m + 1, 0].transpose(1, 2, 0).astype(np.float64)
+    keep = (np.arange(length)[:, None] >= scored[None, :]).astype(s.dtype)[:, None, None, :]  # (L, 1, 1, N)
+    last = live[::-1][: m + 1, 0].transpose(2, 1, 0).astype(np.float64)
     live *= keep
-    gram = np.empty(beta.shape[:2] + (6, 6))  # e'e, J'e, J'J
+    gram = np.empty((len(orders), n, 6, 6))  # e'e, J'e, J'J
     for i in range(6):
         for j in range(i, 6):
-            gram[..., i, j] = gram[..., j, i] = np.einsum("tnc,tnc->nc", live[:, i], live[:, j])
+            gram[..., i, j] = gram[..., j, i] = np.einsum("tcn,tcn->cn", live[:, i], live[:, j])
+    gram = gram.transpose(1, 0, 2, 3)
     outer = mask[..., :, None] * mask[..., None, :]
     return gram[..., 0, 0], gram[..., 1:, 1:] * outer, gram[..., 1:, 0] * mask, last
 
@@ -663,7 +674,9 @@ def _seasonal_ar_stage(y: np.ndarray, m: int):
     return d, seasonal_d, z, const, coef, sigma2, aic
 
 
-def seasonal_arima(histories: Sequence[np.ndarray], seasons: Sequence[int], horizon: int, levels: Sequence[float], otherwise: np.ndarray, moving_average: bool = False) -> np.ndarray:
+def seasonal_arima(
+    histories: Sequence[np.ndarray], seasons: Sequence[int], horizon: int, levels: Sequence[float], otherwise: np.ndarray, moving_average: bool = False
+) -> np.ndarray:
     """Seasonal ARIMA(p, d, 0)(P, 1, 0)_m on the raw series whose ``seasons[i] > 1`` (and at least
     three seasons and two values of history) -> quantiles ``(N, H, Q)``, ``otherwise`` (the same
     shape) for the rest: seasonal differences, ``d = 1`` where the KPSS test then rejects level
