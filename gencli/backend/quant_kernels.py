@@ -21,6 +21,7 @@ import hashlib
 import logging
 import os
 import platform
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -45,7 +46,9 @@ def _build() -> Optional[Any]:
 
         # the name carries the source's hash: an edited source is a new extension, never a stale one
         digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
-        module = load(name=f"gencli_quant_gemv_{digest}", sources=[str(SOURCE)], extra_cflags=["-O3"], verbose=False)
+        name = f"gencli_quant_gemv_{digest}"
+        _announce_first_build(name)
+        module = load(name=name, sources=[str(SOURCE)], extra_cflags=["-O3"], verbose=False)
         if not module.isa():
             _log.debug("quantized CPU kernels: this CPU has neither AVX-512 nor AVX2, using torch's")
             return None
@@ -53,6 +56,21 @@ def _build() -> Optional[Any]:
     except Exception as exc:  # no compiler, no Python headers, a failed build: torch's kernels serve
         _log.debug("quantized CPU kernels unavailable (%s: %s), using torch's", type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
         return None
+
+
+def _announce_first_build(name: str) -> None:
+    """One line on stderr before a build that is not cached yet (it takes about a minute, once), so
+    the first quantized decoding on a CPU does not look hung."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        folder = Path(_get_build_directory(name, verbose=False))
+        if any(folder.glob(f"{name}*.so")):
+            return
+    except Exception:  # the build folder is torch's business: without it, just say nothing
+        return
+    sys.stderr.write(f"gencli: compiling the quantized CPU kernels (once, about a minute; cached in {folder})\n")
+    sys.stderr.flush()
 
 
 def cpu_kernels() -> Optional[Any]:
