@@ -1,16 +1,15 @@
 """The default forecast: the network combined per series with fast statistical forecasters.
 
-For each series the network and the six statistical members of
+For each series the network and the five statistical members of
 :mod:`~gencli.pipelines.forecast.statistical` (damped-trend ETS, Theta, damped Holt-Winters with
 seasonal states on the log scale, ARIMA(p, d, 0) on the adjusted series, seasonal ARIMA(p, d, 0)(P, 1, 0)
-on the raw one, seasonal ARIMA(p, d, q)(P, 1, Q) with MA terms on the raw or log scale) first forecast the last
+on the raw one) first forecast the last
 ``horizon`` steps of the history from what came before them (the held-out last window, as
 statsforecast's and AutoGluon's ensembles validate). Each member's mean quantile loss there gives its
 weight, ``w_k ~ (loss_min / loss_k)^POWER`` normalised, so the member that did best on this series
 counts most and members much worse count little; the forecast is the weighted average of the
 members' quantiles at every level of the network's grid (quantile averaging keeps them ordered).
-Series too short to hold a window out keep the network's forecast alone; a member that does not
-apply to a series (NaN) weighs nothing there. ``WINDOWS > 1`` sums the
+Series too short to hold a window out keep the network's forecast alone. ``WINDOWS > 1`` sums the
 losses of that many held-out windows where the history is long enough (measured: no better than one
 on the tuning groups, and each window costs another network and statistical pass).
 """
@@ -99,7 +98,6 @@ def combine(
         np.add.at(total, idx, loss)
         scored = np.unique(idx)
         weights[scored] = member_weights(total[scored])
-    members = np.where(weights[:, :, None, None] > 0, members, 0.0)  # a member that does not apply (NaN) weighs nothing
     out = np.einsum("nk,nkhg->nhg", weights, members)
     return out, weights
 

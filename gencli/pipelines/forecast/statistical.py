@@ -20,14 +20,6 @@ are put back.
   AutoARIMA models them: seasonal differences, then KPSS for ``d``, then ``p, P <= 1`` by AICc (the
   airline-like series, AirPassengers, the adjusted AR member misses); the AR member's forecast for
   the non-seasonal series.
-- the seasonal ARIMA member with moving averages (:func:`seasonal_arima` with ``moving_average``):
-  ARIMA(p, d, q)(P, 1, Q)_m, the candidates with MA(1) and seasonal MA(1) terms of
-  :data:`SARIMA_MA_ORDERS` (the airline model (0, 1, 1)(0, 1, 1)_m among them) fitted by conditional
-  sums of squares (a few Levenberg-Marquardt steps vectorised over the batch and the candidates,
-  invertible MA and stationary AR factors) against the least-squares AR candidates by AICc, on the log
-  of a positive series where the AR candidates' AICc there (with its Jacobian) is lower; quantiles
-  from the psi-weights of the multiplied-out model. NaN (no weight in the ensemble) for series
-  without a significant season, where the AR member already stands in for the seasonal one.
 - :func:`theta` — the Theta method (Assimakopoulos & Nikolopoulos 2000) in Hyndman & Billah's form:
   simple exponential smoothing (``alpha`` from a grid) plus half the least-squares slope as drift,
   ``l_n + b/2 (j + (1 - (1 - alpha)^n) / alpha)`` for lead ``j + 1``.
@@ -42,7 +34,7 @@ and two horizons where the series has them).
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -58,21 +50,8 @@ HW_GAMMA_RATIOS = np.array([0.05, 0.2, 0.5])  # gamma = ratio * (1 - alpha)
 HW_PHIS = np.array([0.9, 0.98])
 AR_MAX_ORDER = 12
 SARIMA_P, SARIMA_SEASONAL_P = 1, 1
-# the (p, q, P, Q) candidates with moving averages, fitted by conditional sums of squares (the seasonal
-# MA(1) was in the winner of nearly every seasonal series of the tuning groups when all 12 with p, q,
-# P, Q <= 1 were tried; these four were chosen most)
-SARIMA_MA_ORDERS = ((0, 1, 0, 1), (1, 0, 0, 1), (1, 1, 0, 1), (1, 1, 1, 1))
-CSS_STEPS = 8  # Levenberg-Marquardt steps (the fits match statsmodels SARIMAX to about 0.03; 3 or 5 steps scored within 0.004 of 8)
-BOUND = 0.98  # |phi|, |Phi|, |theta|, |Theta| below this: stationary and invertible
-MEMBERS = ("damped_trend", "theta", "holt_winters", "autoregressive", "seasonal_arima", "seasonal_arima_ma")  # the order of the weights after the network's
-LABELS = {
-    "damped_trend": "damped trend",
-    "theta": "theta",
-    "holt_winters": "holt-winters",
-    "autoregressive": "arima",
-    "seasonal_arima": "seasonal arima",
-    "seasonal_arima_ma": "seasonal arima with ma",
-}
+MEMBERS = ("damped_trend", "theta", "holt_winters", "autoregressive", "seasonal_arima")  # the order of the weights after the network's
+LABELS = {"damped_trend": "damped trend", "theta": "theta", "holt_winters": "holt-winters", "autoregressive": "arima", "seasonal_arima": "seasonal arima"}
 
 
 def _seasonal_indices(y: np.ndarray, m: int) -> tuple[np.ndarray, bool]:
@@ -350,13 +329,12 @@ def _stationary(a: np.ndarray) -> np.ndarray:
     return ok
 
 
-def _ar_fit(z: np.ndarray, candidates: Sequence[tuple[int, ...]], const: np.ndarray, skip: int = 0):
+def _ar_fit(z: np.ndarray, candidates: Sequence[tuple[int, ...]], const: np.ndarray):
     """Least-squares AR fits with the lag sets ``candidates`` (plus an intercept where ``const``
     ``(N,)``) on ``z (N, L)`` (NaN before each series' start), the candidate chosen per series by
     AICc among the non-explosive fits with at most a fifth of the history as coefficients, all scored
-    on the same rows (those whose every lag up to the largest is observed, and at least ``skip`` steps
-    after the start): coefficients ``(N, 1 + top)`` (intercept, then lags ``1..top``), the residual
-    variance ``(N,)`` and the winner's AICc ``(N,)`` (inf where no candidate was admissible)."""
+    on the same rows (those whose every lag up to the largest is observed): coefficients ``(N, 1 +
+    top)`` (intercept, then lags ``1..top``) and the residual variance ``(N,)``."""
     n, length = z.shape
     obs = np.isfinite(z)
     n_obs = obs.sum(axis=1)
@@ -364,7 +342,7 @@ def _ar_fit(z: np.ndarray, candidates: Sequence[tuple[int, ...]], const: np.ndar
     candidates = [c for c in candidates if not c or max(c) <= top]
     x = np.where(obs, z, 0.0)
     start = length - n_obs
-    used = (np.arange(length)[None, :] >= (start + max(top, skip))[:, None]) & obs
+    used = (np.arange(length)[None, :] >= (start + top)[:, None]) & obs
     design = np.zeros((n, 1 + top, length))  # (N, 1 + top, L): the intercept, then lags 1..top
     design[:, 0] = np.where(const, 1.0, 0.0)[:, None]
     for k in range(1, top + 1):
@@ -393,11 +371,12 @@ def _ar_fit(z: np.ndarray, candidates: Sequence[tuple[int, ...]], const: np.ndar
         b = np.linalg.solve(a, xty[:, cols, None])[:, :, 0]
         sse = np.maximum(yty - 2 * np.einsum("ni,ni->n", b, xty[:, cols]) + np.einsum("ni,nij,nj->n", b, sub, b), 1e-300)
         params = len(lagset) + const
-        aics[c] = _aicc(sse, count, params, len(lagset), n_obs)
+        aic = m * np.log(sse / m) + 2 * params + 2 * params * (params + 1) / np.maximum(m - params - 1, 1e-9)
+        ok = (len(lagset) <= n_obs // 5) & (count - params - 1 > 0) & np.isfinite(aic)
+        aics[c] = np.where(ok, aic, np.inf)
         fits[c][:, cols] = b
         sig[c] = sse / np.maximum(count - params, 1)
     pending = np.ones(n, dtype=bool)
-    chosen = np.full(n, np.inf)
     while pending.any():
         rows = np.flatnonzero(pending)
         choice = np.argmin(aics[:, rows], axis=0)
@@ -414,18 +393,7 @@ def _ar_fit(z: np.ndarray, candidates: Sequence[tuple[int, ...]], const: np.ndar
                 r = r[stable]
             coef[r] = fits[c][r]
             sigma2[r] = sig[c][r]
-            chosen[r] = aics[c, r]
-    return coef, sigma2, chosen
-
-
-def _aicc(sse: np.ndarray, count: np.ndarray, params, coefficients, n_obs: np.ndarray) -> np.ndarray:
-    """AICc ``(N,)`` of least-squares fits with ``params`` parameters (``coefficients`` of them
-    AR/MA, the rest an intercept) from their residual sums of squares over ``count`` rows; inf where
-    the fit is not admissible (more coefficients than a fifth of the ``n_obs`` history, too few rows)."""
-    m = np.maximum(count, 1)
-    aic = m * np.log(np.maximum(sse, 1e-300) / m) + 2 * params + 2 * params * (params + 1) / np.maximum(m - params - 1, 1e-9)
-    ok = (coefficients <= n_obs // 5) & (count - params - 1 > 0) & np.isfinite(aic)
-    return np.where(ok, aic, np.inf)
+    return coef, sigma2
 
 
 def _integrate(coef: np.ndarray, d: np.ndarray, seasonal_d: np.ndarray, m: int) -> np.ndarray:
@@ -451,15 +419,13 @@ def _integrate(coef: np.ndarray, d: np.ndarray, seasonal_d: np.ndarray, m: int) 
     return full
 
 
-def _ar_predict(y: np.ndarray, coef: np.ndarray, horizon: int, ma: Optional[np.ndarray] = None, resid: Optional[np.ndarray] = None):
-    """Point forecasts ``(N, H)`` and MA(infinity) weights ``psi_1..psi_H`` ``(N, H)`` of the ARMA
-    model ``y_t = c + sum_k a_k y_{t-k} + e_t + sum_k b_k e_{t-k}`` (``coef (N, 1 + p)``: ``c`` then
-    ``a_1..a_p``; ``ma (N, r)``: ``b_1..b_r``, none: an AR model) after the right-aligned history ``y
-    (N, L)`` whose last residuals are ``resid (N, r)`` (``e_n`` first)."""
+def _ar_predict(y: np.ndarray, coef: np.ndarray, horizon: int):
+    """Point forecasts ``(N, H)`` and MA(infinity) weights ``psi_1..psi_H`` ``(N, H)`` of the AR
+    model ``y_t = c + sum_k a_k y_{t-k}`` (``coef (N, 1 + p)``: ``c`` then ``a_1..a_p``) after the
+    right-aligned history ``y (N, L)``."""
     n = y.shape[0]
     top = coef.shape[1] - 1
     phi = coef[:, 1:]
-    r = 0 if ma is None else ma.shape[1]
     x = np.where(np.isfinite(y), y, 0.0)
     recent = np.zeros((n, top))
     have = min(top, x.shape[1])
@@ -471,130 +437,12 @@ def _ar_predict(y: np.ndarray, coef: np.ndarray, horizon: int, ma: Optional[np.n
         psi_hist[:, 0] = 1.0
     for j in range(horizon):
         f = coef[:, 0] + np.einsum("nk,nk->n", phi, recent)
-        if j < r:  # the known residuals e_{n+j+1-k} for k > j: b_k e_{n-(k-j-1)}
-            f = f + np.einsum("nk,nk->n", ma[:, j:], resid[:, : r - j])
         point[:, j] = f
         if top:
             recent = np.concatenate([f[:, None], recent[:, :-1]], axis=1)
-            psi[:, j] = np.einsum("nk,nk->n", phi, psi_hist) + (ma[:, j] if j < r else 0.0)
+            psi[:, j] = np.einsum("nk,nk->n", phi, psi_hist)
             psi_hist = np.concatenate([psi[:, j : j + 1], psi_hist[:, :-1]], axis=1)
-        elif j < r:
-            psi[:, j] = ma[:, j]
     return point, psi
-
-
-def _sarma_mask(orders: np.ndarray, const: np.ndarray) -> np.ndarray:
-    """``(N, C, 5)``: 1 where the parameter ``(c, phi, Phi, theta, Theta)`` is in the model."""
-    used = (orders > 0)[:, [0, 0, 2, 1, 3]].astype(float)
-    used[:, 0] = 1.0
-    out = np.repeat(used[None], len(const), axis=0)
-    out[:, :, 0] = const[:, None]
-    return out
-
-
-def _sarma_css(w: np.ndarray, m: int, orders: np.ndarray, const: np.ndarray, skip: int, steps: int = CSS_STEPS):
-    """Conditional-sum-of-squares fits of the seasonal ARMA models ``orders (C, 4)`` (see
-    :func:`_sarma_pass`) to ``w (N, L)`` (NaN before each series' start), the errors counted from
-    ``skip`` steps after each start: Levenberg-Marquardt from zero (the intercept from the mean),
-    vectorised over series and candidates, every step kept only where it lowers the sum of squares, the
-    coefficients held inside ``(-BOUND, BOUND)`` (stationary AR and invertible MA factors). Returns the
-    parameters ``(N, C, 5)``, the residual sums of squares ``(N, C)``, the number of scored rows ``(N,)``
-    and the last ``m + 1`` residuals ``(N, C, m + 1)``."""
-    n, length = w.shape
-    obs = np.isfinite(w)
-    start = length - obs.sum(axis=1)
-    scored = start + skip
-    x = np.where(obs, w, 0.0)
-    count = np.maximum(length - scored, 0)
-    keep = np.arange(length)[None, :] >= scored[:, None]
-    mean = np.where(keep, x, 0.0).sum(axis=1) / np.maximum(count, 1)
-    mask = _sarma_mask(orders, const)
-    beta = np.zeros((n, len(orders), 5))
-    beta[..., 0] = np.where(const, mean, 0.0)[:, None]
-    work = np.zeros((length + m + 1, 6, len(orders), n), dtype=np.float32)  # single precision: half the memory traffic
-    sse, jtj, jte, last = _sarma_pass(x, start, scored, m, beta, orders, mask, work)
-    damping = np.full((n, len(orders)), 1e-3)
-    eye = np.eye(5)
-    with np.errstate(all="ignore"):
-        for _ in range(steps):
-            diag = np.diagonal(jtj, axis1=-2, axis2=-1)
-            a = jtj + (damping[..., None] * diag + 1e-9 * diag.sum(axis=-1, keepdims=True) + (1.0 - mask))[..., None] * eye
-            step = np.linalg.solve(a, -jte[..., None])[..., 0] * mask
-            trial = beta + np.where(np.isfinite(step), step, 0.0)
-            trial[..., 1:] = np.clip(trial[..., 1:], -BOUND, BOUND)
-            new = _sarma_pass(x, start, scored, m, trial, orders, mask, work)
-            better = new[0] < sse
-            beta, sse, jtj, jte, last = (
-                np.where(better.reshape(better.shape + (1,) * (b.ndim - 2)), nb, b) for nb, b in zip((trial,) + new, (beta, sse, jtj, jte, last))
-            )
-            damping = np.where(better, damping / 3.0, damping * 8.0)
-    return beta, sse, count, last
-
-
-def _sarma_pass(x: np.ndarray, start: np.ndarray, scored: np.ndarray, m: int, beta: np.ndarray, orders: np.ndarray, mask: np.ndarray, s: np.ndarray):
-    """One conditional-sum-of-squares pass of the models ``(1 - phi B)(1 - Phi B^m) w_t = c + (1 + theta
-    B)(1 + Theta B^m) e_t`` over the zero-padded, right-aligned ``x (N, L)`` (``start (N,)``: each
-    series' first value) for every candidate ``(N, C)``: ``beta (N, C, 5)`` = ``(c, phi, Phi, theta,
-    Theta)``, ``orders (C, 4)`` = ``(p, q, P, Q)``, ``mask (N, C, 5)`` 1 for the parameters in the
-    model (the others are zero and their rows of the normal equations are cleared, so they stay so).
-    The residuals are zero before ``start + p + P m`` (conditioned on the first AR lags); the errors
-    count from ``scored (N,)``. ``s (L + m + 1, 6, C, N)`` is the work space (zeros at first; each
-    pass leaves it ready for the next over the same series), its dtype the one the pass runs in.
-    Returns the residual sum of squares ``(N, C)``, the Gauss-Newton normal
-    equations ``J'J (N, C, 5, 5)`` and ``J'e (N, C, 5)``, and the last ``m + 1`` residuals ``(N, C, m +
-    1)`` (``e_n`` first).
-
-    The residuals and their derivatives (``de/dc = -1``, ``de/dphi = Phi w_(t-m-1) - w_(t-1)``, ...,
-    ``de/dtheta = -e_(t-1) - Theta e_(t-m-1)``, each then filtered by ``1 / ((1 + theta B)(1 + Theta
-    B^m))``) run as six channels of one recursion; the parts that do not depend on the residuals are
-    computed for all steps at once."""
-    n, length = x.shape
-    c, ph, sph, th, sth = beta.astype(s.dtype).transpose(2, 1, 0)  # (C, N) each: the series innermost
-    pad = m + 1
-    xp = np.zeros((length + pad, 1, n), dtype=s.dtype)
-    xp[pad:, 0] = x.T
-    x0, x1, xm, xm1 = xp[pad:], xp[pad - 1 : -1], xp[1:-m], xp[:-pad]  # (L, 1, N): lags 0, 1, m, m + 1
-    begin = start[None, :] + orders[:, 0, None] + m * orders[:, 2, None]  # (C, N)
-    act = (np.arange(length)[:, None, None] >= begin[None]).astype(s.dtype)  # (L, C, N)
-    live = s[pad:]  # e, then its derivatives by c, phi, Phi, theta, Theta
-    np.multiply(sph, xm1, out=live[:, 2])
-    live[:, 2] -= x1  # de/dphi = Phi w_(t-m-1) - w_(t-1)
-    np.multiply(ph, xm1, out=live[:, 3])
-    live[:, 3] -= xm  # de/dPhi = phi w_(t-m-1) - w_(t-m)
-    np.multiply(sph, live[:, 3], out=live[:, 0])
-    live[:, 0] += x0
-    live[:, 0] -= c
-    np.multiply(ph, x1, out=live[:, 1])
-    live[:, 0] -= live[:, 1]  # w_t - c - phi w_(t-1) - Phi (w_(t-m) - phi w_(t-m-1))
-    np.negative(act, out=live[:, 1])  # de/dc
-    live[:, :4] *= act[:, None]
-    thp = th * sth
-    tmp = np.empty(s.shape[1:], dtype=s.dtype)
-    for t in range(int(begin.min()), length):
-        i = t + pad
-        cur, s1, sm, sm1 = s[i], s[i - 1], s[i - m], s[i - m - 1]
-        np.multiply(sth, sm1[0], out=cur[4])
-        cur[4] += s1[0]
-        np.negative(cur[4], out=cur[4])
-        np.multiply(th, sm1[0], out=cur[5])
-        cur[5] += sm[0]
-        np.negative(cur[5], out=cur[5])
-        np.multiply(th, s1, out=tmp)
-        cur -= tmp
-        np.multiply(sth, sm, out=tmp)
-        cur -= tmp
-        np.multiply(thp, sm1, out=tmp)
-        cur -= tmp
-    keep = (np.arange(length)[:, None] >= scored[None, :]).astype(s.dtype)[:, None, None, :]  # (L, 1, 1, N)
-    last = live[::-1][: m + 1, 0].transpose(2, 1, 0).astype(np.float64)
-    live *= keep
-    gram = np.empty((len(orders), n, 6, 6))  # e'e, J'e, J'J
-    for i in range(6):
-        for j in range(i, 6):
-            gram[..., i, j] = gram[..., j, i] = np.einsum("tcn,tcn->cn", live[:, i], live[:, j])
-    gram = gram.transpose(1, 0, 2, 3)
-    outer = mask[..., :, None] * mask[..., None, :]
-    return gram[..., 0, 0], gram[..., 1:, 1:] * outer, gram[..., 1:, 0] * mask, last
 
 
 def kpss_nonstationary(adj: np.ndarray, critical: float = 0.463) -> np.ndarray:
@@ -627,67 +475,18 @@ def autoregressive(adj: np.ndarray, fac: np.ndarray, add: np.ndarray, horizon: i
     auto.arima decides), ``p <= AR_MAX_ORDER`` by AICc (see :func:`_ar_fit`)."""
     diff = kpss_nonstationary(adj)
     z = _difference(adj, 1, diff)
-    coef, sigma2, _ = _ar_fit(z, [tuple(range(1, p + 1)) for p in range(AR_MAX_ORDER + 1)], np.ones(len(adj), dtype=bool))
+    coef, sigma2 = _ar_fit(z, [tuple(range(1, p + 1)) for p in range(AR_MAX_ORDER + 1)], np.ones(len(adj), dtype=bool))
     full = _integrate(coef, diff.astype(int), np.zeros(len(adj), dtype=int), 1)
     point, psi = _ar_predict(adj, full, horizon)
     return _quantiles(point, np.sqrt(sigma2), psi, fac, add, levels)
 
 
-def _with_moving_averages(z: np.ndarray, m: int, const: np.ndarray, coef: np.ndarray, sigma2: np.ndarray, aic: np.ndarray):
-    """The seasonal ARMA candidates :data:`SARIMA_MA_ORDERS` (:func:`_sarma_css`) fitted to the
-    differenced ``z (N, L)`` and scored on the same rows as the AR candidates (``coef (N, 1 + p)``,
-    ``sigma2``, ``aic`` from :func:`_ar_fit`); per series the lower AICc wins. Returns the winner's AR
-    coefficients ``(N, m + 2)`` (intercept, lags ``1..m + 1``), MA coefficients ``(N, m + 1)`` (zero
-    for an AR winner), last residuals ``(N, m + 1)``, residual variance ``(N,)`` and AICc ``(N,)``."""
-    n = len(z)
-    rows = np.arange(n)
-    orders = np.array(SARIMA_MA_ORDERS)
-    ar = np.zeros((n, m + 2))
-    ar[:, : coef.shape[1]] = coef
-    ma = np.zeros((n, m + 1))
-    resid = np.zeros((n, m + 1))
-    beta, sse, count, last = _sarma_css(z, m, orders, const, skip=m + 1)
-    k = orders.sum(axis=1)[None, :]
-    params = k + const[:, None]
-    scores = _aicc(sse, count[:, None], params, k, np.isfinite(z).sum(axis=1)[:, None])
-    pick = np.argmin(scores, axis=1)
-    use = scores[rows, pick] < aic
-    b = beta[rows, pick][use]
-    ar[use] = 0.0  # (1 - phi B)(1 - Phi B^m) and (1 + theta B)(1 + Theta B^m) multiplied out
-    ar[use, 0], ar[use, 1], ar[use, m], ar[use, m + 1] = b[:, 0], b[:, 1], b[:, 2], -b[:, 1] * b[:, 2]
-    ma[use, 0], ma[use, m - 1], ma[use, m] = b[:, 3], b[:, 4], b[:, 3] * b[:, 4]
-    resid[use] = last[rows, pick][use]
-    sigma2 = np.where(use, sse[rows, pick] / np.maximum(count - params[rows, pick], 1), sigma2)
-    return ar, ma, resid, sigma2, np.where(use, scores[rows, pick], aic)
-
-
-def _seasonal_ar_stage(y: np.ndarray, m: int):
-    """The AR part of the seasonal ARIMA member on right-aligned ``y (N, L)``: seasonal differences,
-    ``d`` by KPSS, the differenced series ``z``, whether it has an intercept, and the least-squares
-    AR candidates' winner (coefficients, variance, AICc; see :func:`_ar_fit`)."""
-    seasonal_d = np.ones(len(y), dtype=int)
-    d = kpss_nonstationary(_difference(y, m, seasonal_d == 1)).astype(int)
-    z = _difference(_difference(y, m, seasonal_d == 1), 1, d == 1)
-    lags = [tuple(range(1, p + 1)) + tuple(m * k for k in range(1, sp + 1)) for p in range(SARIMA_P + 1) for sp in range(SARIMA_SEASONAL_P + 1)]
-    const = d + seasonal_d <= 1
-    coef, sigma2, aic = _ar_fit(z, lags, const, skip=m + 1)
-    return d, seasonal_d, z, const, coef, sigma2, aic
-
-
-def seasonal_arima(
-    histories: Sequence[np.ndarray], seasons: Sequence[int], horizon: int, levels: Sequence[float], otherwise: np.ndarray, moving_average: bool = False
-) -> np.ndarray:
+def seasonal_arima(histories: Sequence[np.ndarray], seasons: Sequence[int], horizon: int, levels: Sequence[float], otherwise: np.ndarray) -> np.ndarray:
     """Seasonal ARIMA(p, d, 0)(P, 1, 0)_m on the raw series whose ``seasons[i] > 1`` (and at least
     three seasons and two values of history) -> quantiles ``(N, H, Q)``, ``otherwise`` (the same
     shape) for the rest: seasonal differences, ``d = 1`` where the KPSS test then rejects level
     stationarity, ``p <= SARIMA_P`` and ``P <= SARIMA_SEASONAL_P`` (lags ``m..Pm``) by AICc, an
-    intercept only when ``d + D <= 1`` (as auto.arima allows a drift).
-
-    ``moving_average``: seasonal ARIMA(p, d, q)(P, 1, Q)_m, the candidates with MA(1) and seasonal
-    MA(1) terms of :data:`SARIMA_MA_ORDERS` (conditional sums of squares, see
-    :func:`_with_moving_averages`) against the AR ones by AICc; a positive series is modelled on its
-    log where the AR candidates' AICc there (with the Jacobian ``2 sum log y`` of the scored rows
-    added) is lower than on its values, as the airline model is fitted to the log of AirPassengers."""
+    intercept only when ``d + D <= 1`` (as auto.arima allows a drift)."""
     out = otherwise.copy()
     seasons = np.array([m if len(h) >= 3 * m + 2 else 1 for h, m in zip(histories, seasons)])
     for m in np.unique(seasons[seasons > 1]):
@@ -697,28 +496,16 @@ def seasonal_arima(
         y = np.full((len(sel), length), np.nan)
         for row, i in enumerate(sel):
             y[row, length - len(histories[i]) :] = histories[i]
-        d, seasonal_d, z, const, coef, sigma2, aic = stage = _seasonal_ar_stage(y, m)
-        logs = np.zeros(len(sel), dtype=bool)
-        if moving_average:
-            pos = np.flatnonzero(np.all(np.where(np.isfinite(y), y > 0, True), axis=1))
-            if len(pos):
-                ly = np.log(y[pos])
-                log_stage = _seasonal_ar_stage(ly, m)
-                scored = np.arange(length)[None, :] >= (length - np.isfinite(log_stage[2]).sum(axis=1) + m + 1)[:, None]
-                better = log_stage[-1] + 2.0 * np.where(scored, ly, 0.0).sum(axis=1) < aic[pos]
-                logs[pos[better]] = True
-                y[pos[better]] = ly[better]
-                for full, part in zip(stage, log_stage):
-                    full[pos[better]] = part[better]
-            ar, ma, resid, sigma2, _ = _with_moving_averages(z, m, const, coef, sigma2, aic)
-        else:
-            ar, ma, resid = coef, None, None
-        point, psi = _ar_predict(y, _integrate(ar, d, seasonal_d, m), horizon, ma, resid)
+        seasonal_d = np.ones(len(sel), dtype=int)
+        d = kpss_nonstationary(_difference(y, m, seasonal_d == 1))
+        z = _difference(_difference(y, m, seasonal_d == 1), 1, d)
+        lags = [tuple(range(1, p + 1)) + tuple(m * k for k in range(1, sp + 1)) for p in range(SARIMA_P + 1) for sp in range(SARIMA_SEASONAL_P + 1)]
+        coef, sigma2 = _ar_fit(z, lags, d.astype(int) + seasonal_d <= 1)
+        point, psi = _ar_predict(y, _integrate(coef, d.astype(int), seasonal_d, m), horizon)
         one = np.ones_like(point)
         # a floor on the spread: an exactly periodic series is fitted without residuals
         sigma = np.maximum(np.sqrt(sigma2), 1e-3 * np.nanstd(y, axis=1))
-        q = _quantiles(point, sigma, psi, one, 0.0 * one, levels)
-        out[sel] = np.where(logs[:, None, None], np.exp(np.minimum(np.where(logs[:, None, None], q, 0.0), 700.0)), q)
+        out[sel] = _quantiles(point, sigma, psi, one, 0.0 * one, levels)
     return out
 
 
@@ -732,8 +519,6 @@ def statistical_forecasts(histories: Sequence[np.ndarray], seasons: Sequence[int
     out["holt_winters"] = holt_winters(histories, seasonal_m, horizon, levels)
     out["autoregressive"] = autoregressive(adj, fac, add, horizon, levels)
     out["seasonal_arima"] = seasonal_arima(histories, seasonal_m, horizon, levels, out["autoregressive"])
-    # NaN (no weight in the ensemble) where it would repeat the AR member: no significant season
-    out["seasonal_arima_ma"] = seasonal_arima(histories, seasonal_m, horizon, levels, np.full_like(out["autoregressive"], np.nan), moving_average=True)
     return out
 
 
