@@ -98,15 +98,15 @@ def parse_training_args(p: argparse.ArgumentParser, argv: Optional[list[str]] = 
     """Add ``--threads`` (default 1), ``--ckpt-every`` (default 50), ``--export`` (a folder: export
     the model there, training first only if the checkpoint has not reached ``--steps``), ``--device``
     (default cpu), ``--data-workers`` (processes that render the next batches ahead, 0: in the loop)
-    and ``--time-budget`` (seconds: fix ``--steps`` from the speed of the first steps so that the run,
-    schedule included, ends within it), parse, and pin torch's threads and seed (0) for a reproducible
-    run."""
+    and ``--time-budget`` (seconds: :class:`StepBudget` re-plans ``--steps`` from the measured speed
+    so that the run, schedule included, ends within it), parse, and pin torch's threads and seed (0)
+    for a reproducible run."""
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--ckpt-every", type=int, default=50)
     p.add_argument("--export", type=Path, default=None)
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
     p.add_argument("--data-workers", type=int, default=0, help="processes that prepare batches ahead (0: in the training loop)")
-    p.add_argument("--time-budget", type=float, default=None, help="seconds: set --steps from the measured speed so the run ends within it")
+    p.add_argument("--time-budget", type=float, default=None, help="seconds: re-plan --steps from the measured speed so the run ends within it")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
