@@ -102,3 +102,17 @@ def test_a_failed_build_is_a_quiet_fallback(monkeypatch, caplog):
     with caplog.at_level("DEBUG", logger=quant_kernels.__name__):
         assert quant_kernels._build.__wrapped__() is None
     assert [r.levelname for r in caplog.records] == ["DEBUG"] and "c++: not found" in caplog.records[0].getMessage()
+
+
+def test_first_build_is_announced_once_on_stderr(tmp_path, monkeypatch, capsys):
+    import torch.utils.cpp_extension as ext
+
+    from gencli.backend import quant_kernels
+
+    monkeypatch.setattr(ext, "_get_build_directory", lambda name, verbose=False: str(tmp_path))
+    quant_kernels._announce_first_build("gencli_quant_gemv_x")
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "compiling the quantized CPU kernels" in err and str(tmp_path) in err
+    (tmp_path / "gencli_quant_gemv_x.so").write_bytes(b"")  # cached: nothing to say
+    quant_kernels._announce_first_build("gencli_quant_gemv_x")
+    assert capsys.readouterr().err == ""
