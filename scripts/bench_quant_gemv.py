@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """The quantized matrix-vector kernels alone, at a few activation rows: gencli's CPU kernels against
-torch's weight-only kernels and fp32 ``F.linear``, on GPT-2-124M's layer shapes, in CPU time.
+torch's weight-only kernels and fp32 ``F.linear``, with fp32 activations and with
+activations quantized to int8 (integer dot products), on GPT-2-124M's layer shapes, in CPU time.
 
     python scripts/bench_quant_gemv.py --threads 1 --copies 24
 
@@ -51,7 +52,7 @@ def main() -> None:
     own = cpu_kernels()
     if own is None:
         raise SystemExit("gencli's quantized CPU kernels cannot be built here")
-    print(f"threads {args.threads}, rows {args.rows}, copies {args.copies}, kernels {own.isa()} (ms per call, CPU time; GB/s)")
+    print(f"threads {args.threads}, rows {args.rows}, copies {args.copies}, kernels {own.isa()} / {own.int_isa()} (ms per call, CPU time; GB/s)")
     for out_f, in_f in SHAPES:
         copies = min(3, args.copies) if out_f > 10000 else args.copies
         weights = [torch.randn(out_f, in_f) * 0.02 for _ in range(copies)]
@@ -64,13 +65,17 @@ def main() -> None:
             nbytes = sum(b.numel() * b.element_size() for b in (layers[0].weight, layers[0].weight_scale, layers[0].weight_zero) if b is not None)
             packed = [q._cpu_operands() for q in layers]  # torch's layout (int4: a repacked copy)
             if mode == "int8":
-                ours = [lambda q=q, x=x: own.int8_gemv(x, q.weight, q.weight_scale) for q in layers]
+                ours = [lambda q=q, x=x, a=a: own.int8_gemv(x, q.weight, q.weight_scale, a) for q in layers for a in (False, True)]
                 torchs = [lambda o=o, xb=xb: torch.ops.aten._weight_int8pack_mm(xb, o[0], o[1]) for o in packed]
             else:
-                ours = [lambda q=q, x=x: own.int4_gemv(x, q.weight, q.weight_scale, q.weight_zero, q.group_size) for q in layers]
+                ours = [lambda q=q, x=x, a=a: own.int4_gemv(x, q.weight, q.weight_scale, q.weight_zero, q.group_size, a) for q in layers for a in (False, True)]
                 torchs = [lambda o=o, xb=xb, g=layers[0].group_size: torch.ops.aten._weight_int4pack_mm_for_cpu(xb, o[0], g, o[1]) for o in packed]
-            t_ours, t_torch = best_cpu_time(ours, args.repeat), best_cpu_time(torchs, args.repeat)
-            line.append(f"{mode} gencli {t_ours * 1e3:.3f} {nbytes / t_ours / 1e9:.1f} torch {t_torch * 1e3:.3f} ({t_torch / t_ours:.2f}x gencli's time)")
+            t_f32, t_q8 = best_cpu_time(ours[0::2], args.repeat), best_cpu_time(ours[1::2], args.repeat)
+            t_torch = best_cpu_time(torchs, args.repeat)
+            line.append(
+                f"{mode} gencli fp32-act {t_f32 * 1e3:.3f} {nbytes / t_f32 / 1e9:.1f} int8-act {t_q8 * 1e3:.3f} {nbytes / t_q8 / 1e9:.1f}"
+                f" torch {t_torch * 1e3:.3f} ({t_torch / t_q8:.2f}x int8-act's time)"
+            )
         print(" | ".join(line), flush=True)
 
 

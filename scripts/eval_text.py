@@ -5,6 +5,7 @@
     python scripts/eval_text.py --model PATH --dtype float32 --json
     python scripts/eval_text.py --quantize int8          # weight-only int8 (int4: --quantize int4)
     python scripts/eval_text.py --quantize int4 --agreement 200   # + greedy agreement with fp32
+    python scripts/eval_text.py --quantize int4 --decode-kernels  # every row through the decoding kernels
 
 Reports loss per token (nats), perplexity and bits per byte over the modules listed in
 gencli.data.pysource.HELDOUT_MODULES (never trained on), scored with a sliding window (see
@@ -34,6 +35,11 @@ def main() -> None:
     p.add_argument("--stride", type=int, default=None, help="window advance in tokens (default: half the context)")
     p.add_argument("--max-tokens", type=int, default=None, help="score only the first N tokens of each module")
     p.add_argument("--agreement", type=int, default=0, metavar="N", help="with --quantize: greedy 16-token agreement with fp32 on N held-out lines")
+    p.add_argument(
+        "--decode-kernels",
+        action="store_true",
+        help="with --quantize: score every row through the decoding kernels (a prompt's rows are otherwise multiplied by the dequantized weight)",
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
 
@@ -42,6 +48,10 @@ def main() -> None:
     from gencli.pipelines.text import describe, load_text_model
     from gencli.weights import resolve_model
 
+    if args.decode_kernels:
+        from gencli.backend import quantize
+
+        quantize.DEQUANTIZE_MIN_ROWS = {mode: 1 << 62 for mode in quantize.DEQUANTIZE_MIN_ROWS}
     tm = load_text_model(
         resolve_model(args.model), device=args.device, dtype=args.dtype, threads=args.threads, quantize=args.quantize, group_size=args.group_size
     )

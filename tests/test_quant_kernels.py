@@ -1,6 +1,7 @@
 """gencli's quantized CPU kernels (gencli.backend.quant_kernels): the int8 / int4 products against the
-dequantized weight in float64, on every instruction set this CPU offers, the layer using them (one copy
-of the weights), and the fallback to torch's kernels when the extension cannot be had."""
+dequantized weight in float64, with fp32 activations and with the activations quantized to int8 (the
+integer kernels), on every instruction set this CPU offers; the layer using them (one copy of the
+weights), and the fallback to torch's kernels when the extension cannot be had."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from gencli.backend import quant_kernels
-from gencli.backend.quantize import QuantizationSpec, QuantizedLinear, dequantize, quantize_int4, quantize_int8
+from gencli.backend.quantize import QuantizationSpec, QuantizedLinear, dequantize, quantize_int4, quantize_int8, unpack_int4
 
 kernels = quant_kernels.cpu_kernels()
 needs_kernels = pytest.mark.skipif(kernels is None, reason="the quantized CPU kernels cannot be built here")
@@ -54,6 +55,71 @@ def test_int4_kernel_is_the_dequantized_product(isa, rows, out_f, in_f, group):
     _within_fp32_rounding(kernels.int4_gemv(x, packed, scale, zero, group), x, dequantize("int4", packed, scale, zero))
 
 
+def _int8_activations(x: torch.Tensor) -> torch.Tensor:
+    """The activations the integer kernels multiply: ``x`` quantized by the extension, dequantized."""
+    q, sx = kernels.quantize_activations(x)
+    return (q.double().reshape(x.shape[0], -1, 32) * sx.double()[..., None]).reshape(x.shape)
+
+
+@needs_kernels
+def test_activations_are_quantized_in_blocks_of_32_as_q8_0():
+    torch.manual_seed(0)
+    x = torch.randn(5, 320) * torch.logspace(-3, 2, 320)  # blocks of very different magnitudes
+    x[1, :32] = 0  # an all-zero block
+    q, sx = kernels.quantize_activations(x)
+    blocks = x.reshape(5, 10, 32)
+    assert q.dtype == torch.int8 and q.shape == x.shape and sx.shape == (5, 10)
+    assert torch.equal(sx, blocks.abs().amax(-1) / 127)
+    assert int(q.abs().max()) == 127 and not q[1, :32].any()
+    ideal = blocks / sx.clamp(min=1e-30)[..., None]  # each code is the nearest to x / scale
+    assert ((q.reshape(5, 10, 32) - ideal).abs() <= 0.5 + 1e-4).all()
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 2, 5])
+@pytest.mark.parametrize("shape", [(50, 64), (37, 768), (9, 864), (13, 320), (6, 96)])  # K short of a vector: 864, 320, 96
+def test_int8_kernel_with_int8_activations_is_the_product_of_the_quantized_activations(isa, rows, shape):
+    torch.manual_seed(rows)
+    q, scale = quantize_int8(torch.randn(shape))
+    x = torch.randn(rows, shape[1])
+    _within_fp32_rounding(kernels.int8_gemv(x, q, scale, True), _int8_activations(x), dequantize("int8", q, scale))
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 3, 6])
+@pytest.mark.parametrize(
+    ("out_f", "in_f", "group"), [(21, 640, 32), (16, 768, 32), (9, 1088, 64), (5, 384, 128), (7, 512, 256), (13, 320, 32), (6, 864, 32), (11, 96, 32)]
+)
+def test_int4_kernel_with_int8_activations_is_the_product_of_the_quantized_activations(isa, rows, out_f, in_f, group):
+    """The codes times the quantized activations, and the zero points times the exact group sums."""
+    torch.manual_seed(out_f)
+    weight = torch.randn(out_f, in_f) + torch.linspace(-1, 3, in_f)
+    packed, scale, zero = quantize_int4(weight, group)
+    x = torch.randn(rows, in_f)
+    got = kernels.int4_gemv(x, packed, scale, zero, group, True).double()
+    s, z = scale.double().repeat_interleave(group, 1), zero.double().repeat_interleave(group, 1)
+    codes, offsets = unpack_int4(packed).double() * s, z - 8 * s  # w = codes + offsets
+    xq = _int8_activations(x)
+    ref = xq @ codes.T + x.double() @ offsets.T
+    bound = 1e-6 * (xq.abs() @ codes.abs().T + x.double().abs() @ offsets.abs().T)
+    assert ((got - ref).abs() <= bound).all(), ((got - ref).abs() / bound).max()
+
+
+@needs_kernels
+def test_int8_activations_stay_close_to_the_exact_product():
+    """Q8_0 activations cost about 0.3% of the product's magnitude; a width that is not a multiple of
+    32 keeps fp32 activations (exact)."""
+    torch.manual_seed(3)
+    w, x = torch.randn(64, 768) * 0.02, torch.randn(1, 768)
+    q, scale = quantize_int8(w)
+    exact = x @ dequantize("int8", q, scale).T
+    rel = ((kernels.int8_gemv(x, q, scale, True) - exact).norm() / exact.norm()).item()
+    assert 1e-4 < rel < 0.01, rel
+    q, scale = quantize_int8(torch.randn(8, 40))
+    x = torch.randn(2, 40)
+    _within_fp32_rounding(kernels.int8_gemv(x, q, scale, True), x, dequantize("int8", q, scale))
+
+
 @needs_kernels
 def test_kernels_refuse_what_they_cannot_multiply():
     q, scale = quantize_int8(torch.randn(4, 32))
@@ -68,16 +134,32 @@ def test_kernels_refuse_what_they_cannot_multiply():
 
 @needs_kernels
 @pytest.mark.parametrize("mode", ["int8", "int4"])
-def test_the_layer_decodes_with_the_kernels_in_fp32_from_one_copy_of_the_weights(mode):
+@pytest.mark.parametrize("activations", ["int8", "fp32", None])
+def test_the_layer_decodes_with_the_kernels_from_one_copy_of_the_weights(mode, activations, monkeypatch):
+    if activations is None:
+        monkeypatch.delenv(quant_kernels.ENV_ACTIVATIONS, raising=False)  # the default: int8
+    else:
+        monkeypatch.setenv(quant_kernels.ENV_ACTIVATIONS, activations)
     torch.manual_seed(1)
     layer = QuantizedLinear.from_weight(torch.randn(48, 128) * 0.05, torch.randn(48), QuantizationSpec.for_mode(mode))
     x = torch.randn(1, 1, 128)
     with torch.inference_mode():
         out = layer(x, activation="gelu")
-    ref = torch.nn.functional.gelu(torch.nn.functional.linear(x.double(), layer.dequantized().double(), layer.bias.double()))
-    # fp32 activations: far closer than torch's kernels, which multiply in bf16 (about 1e-2 relative)
-    assert (out.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
+    dense = layer.dequantized().double()
+    exact = torch.nn.functional.gelu(torch.nn.functional.linear(x.double(), dense, layer.bias.double()))
+    if activations == "fp32":  # far closer than torch's kernels, which multiply in bf16 (about 1e-2 relative)
+        assert (out.double() - exact).abs().max() <= 1e-5 * exact.abs().max()
+    else:
+        assert 1e-5 * exact.abs().max() < (out.double() - exact).abs().max() <= 0.02 * exact.abs().max()
     assert layer._kernel is None  # torch's int4 layout (a second copy of the codes) never built
+
+
+def test_a_bad_activation_setting_is_refused(monkeypatch):
+    monkeypatch.setenv(quant_kernels.ENV_ACTIVATIONS, "bf16")
+    with pytest.raises(ValueError, match="GENCLI_QUANT_ACTIVATIONS must be one of int8, fp32"):
+        quant_kernels.int8_activations()
+    monkeypatch.setenv(quant_kernels.ENV_ACTIVATIONS, " FP32 ")
+    assert quant_kernels.int8_activations() is False
 
 
 def test_without_the_kernels_the_layer_falls_back_to_torch(monkeypatch):

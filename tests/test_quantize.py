@@ -178,6 +178,10 @@ def test_bad_quantization_input_is_one_line_and_exit_2(models, tmp_path):
     assert r.exit_code == 2 and "--group-size applies to --quantize int4" in r.stderr
     r = cli("generate", "x", "-m", models / "gpt2", "--quantize", "int3")
     assert r.exit_code == 2
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GENCLI_QUANT_ACTIVATIONS", "int3")
+        r = cli("generate", "x", "-m", models / "gpt2", "--quantize", "int8")
+    assert r.exit_code == 2 and "GENCLI_QUANT_ACTIVATIONS must be one of int8, fp32" in r.stderr and "Traceback" not in r.stderr
     folder = tmp_path / "gptq"
     folder.mkdir()
     for f in (models / "gpt2").iterdir():

@@ -19,6 +19,10 @@ from conftest import ROOT, one_error_line, run_cli, write_scene_folder
 
 ONE_THREAD = {"GENCLI_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
+# one test process runs them all, one after the other: two local Ray runtimes starting side by side
+# (pytest -n 2) were measured to wait on each other for minutes
+pytestmark = pytest.mark.xdist_group("ray")
+
 
 def _series_csv(path: Path, n: int = 9) -> Path:
     """``n`` daily series (rows of each id contiguous, ids in no sorted order) and a too-short one in the middle."""

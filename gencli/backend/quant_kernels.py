@@ -3,10 +3,17 @@
 torch's ``_weight_int8pack_mm`` / ``_weight_int4pack_mm_for_cpu`` take bf16 activations and, at one
 row, stay well below the memory bandwidth a matrix-vector product is bound by (torchao's CPU
 weight-only configs call the same kernels, or dequantize and multiply in floating point). The C++
-extension in ``csrc/quant_gemv.cpp`` multiplies fp32 activations by the stored int8 / int4 codes,
-converted in registers (AVX-512, or AVX2 and FMA, picked from the CPU's flags at run time), with the
-rows of the weight spread over torch's threads. It reads the layouts :mod:`gencli.backend.quantize`
-stores, so no second copy of the weights is made.
+extension in ``csrc/quant_gemv.cpp`` reads the layouts :mod:`gencli.backend.quantize` stores (no
+second copy of the weights), with the rows of the weight spread over torch's threads, in one of two
+ways:
+
+- int8 activations (the default): each activation row is quantized to int8 in blocks of 32 columns
+  with one fp32 scale each, as llama.cpp does for its Q8_0 / Q4_0 products, and multiplied by the
+  codes with integer dot products (AVX-512 VNNI ``vpdpbusd``, or AVX2's ``maddubs``); the int4 zero
+  points are applied to the exact fp32 group sums of the activations;
+- fp32 activations (``GENCLI_QUANT_ACTIVATIONS=fp32``): the codes are converted to fp32 in registers
+  and multiplied with FMAs (AVX-512 or AVX2), exact to fp32 rounding; slower for int4, whose decoding
+  is then bound by the conversions rather than by memory.
 
 The extension is compiled the first time it is asked for (``torch.utils.cpp_extension.load``: about
 a minute, cached in torch's extensions folder for the next runs). Without a compiler, on another
@@ -27,8 +34,11 @@ from typing import Any, Optional
 
 SOURCE = Path(__file__).with_name("csrc") / "quant_gemv.cpp"
 ENV_SWITCH = "GENCLI_QUANT_KERNELS"
+ENV_ACTIVATIONS = "GENCLI_QUANT_ACTIVATIONS"
+ACTIVATIONS = ("int8", "fp32")
 
 _log = logging.getLogger(__name__)
+_BUILD_FLAGS_TAG = b"-O3 -fopenmp"  # part of the extension's name: new flags are a new build
 
 
 def enabled() -> bool:
@@ -45,10 +55,12 @@ def _build() -> Optional[Any]:
         from torch.utils.cpp_extension import load
 
         # the name carries the source's hash: an edited source is a new extension, never a stale one
-        digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+        digest = hashlib.sha256(SOURCE.read_bytes() + _BUILD_FLAGS_TAG).hexdigest()[:12]
         name = f"gencli_quant_gemv_{digest}"
         _announce_first_build(name)
-        module = load(name=name, sources=[str(SOURCE)], extra_cflags=["-O3"], verbose=False)
+        # -fopenmp: at::parallel_for is inline OpenMP in the headers; without it the rows run on one
+        # thread. The library it links is libgomp.so.1, already loaded by torch: one thread pool.
+        module = load(name=name, sources=[str(SOURCE)], extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
         if not module.isa():
             _log.debug("quantized CPU kernels: this CPU has neither AVX-512 nor AVX2, using torch's")
             return None
@@ -73,10 +85,21 @@ def _announce_first_build(name: str) -> None:
     sys.stderr.flush()
 
 
+def int8_activations() -> bool:
+    """Whether the kernels quantize the activations to int8 (``GENCLI_QUANT_ACTIVATIONS``: ``int8``,
+    the default, or ``fp32``)."""
+    value = os.environ.get(ENV_ACTIVATIONS, "int8").strip().lower()
+    if value not in ACTIVATIONS:
+        raise ValueError(f"{ENV_ACTIVATIONS} must be one of {', '.join(ACTIVATIONS)} (got '{value}')")
+    return value == "int8"
+
+
 def cpu_kernels() -> Optional[Any]:
-    """The compiled extension (functions ``int8_gemv(x, q, scale)``, ``int4_gemv(x, packed, scale,
-    zero, group_size)`` and ``isa()``), or None where it cannot be had: built once per process."""
+    """The compiled extension (functions ``int8_gemv(x, q, scale, int8_activations=False)``,
+    ``int4_gemv(x, packed, scale, zero, group_size, int8_activations=False)``,
+    ``quantize_activations(x)``, ``isa()`` and ``int_isa()``), or None where it cannot be had: built
+    once per process."""
     return _build() if enabled() else None
 
 
-__all__ = ["SOURCE", "ENV_SWITCH", "enabled", "cpu_kernels"]
+__all__ = ["SOURCE", "ENV_SWITCH", "ENV_ACTIVATIONS", "enabled", "int8_activations", "cpu_kernels"]

@@ -3,8 +3,10 @@
 Batch-1 decoding reads every weight once per token, so its speed is the memory bandwidth divided by
 the bytes of the weights. :class:`QuantizedLinear` stores a linear layer's weight in 8 or 4 bits. On
 a CPU, below ``DEQUANTIZE_MIN_ROWS[mode]`` rows (decoding), it runs gencli's own kernels
-(:mod:`gencli.backend.quant_kernels`: fp32 activations times the stored codes, read in place, no
-second copy of the weights) and, where those cannot be built, torch's weight-only kernels
+(:mod:`gencli.backend.quant_kernels`: the activations quantized to int8 in blocks of 32, as
+llama.cpp's Q8_0, times the stored codes with integer dot products, or with
+``GENCLI_QUANT_ACTIVATIONS=fp32`` fp32 activations times the codes converted in registers; the codes
+are read in place, no second copy of the weights) and, where those cannot be built, torch's weight-only kernels
 (``aten._weight_int8pack_mm``, ``aten._weight_int4pack_mm_for_cpu``, which torchao's CPU weight-only
 configs call too) with the activations in bf16 (those kernels are vectorised for bf16 activations
 only) and the result returned in the input's dtype (one row, one thread, GPT-2's layers with their
@@ -39,7 +41,7 @@ import torch
 import torch.nn as nn
 
 from gencli.backend.layers import get_activation, linear
-from gencli.backend.quant_kernels import cpu_kernels
+from gencli.backend.quant_kernels import cpu_kernels, int8_activations
 
 MODES = ("int8", "int4")
 INT4_GROUP_SIZES = (32, 64, 128, 256)  # what torch's int4 CPU kernel takes
@@ -86,7 +88,6 @@ class QuantizationSpec:
             "mode": self.mode,
             "bits": self.bits,
             "group_size": self.group_size,
-            "activations": "bfloat16",
             "modules_to_not_convert": list(self.modules_to_not_convert),
         }
 
@@ -236,9 +237,10 @@ class QuantizedLinear(nn.Module):
         own = cpu_kernels()
         if own is not None:
             flat, scale = flat.float().contiguous(), self.weight_scale.to(_SCALE_DTYPE)  # (a no-op unless cast)
+            act8 = int8_activations()
             if self.mode == "int8":
-                return own.int8_gemv(flat, self.weight, scale)
-            return own.int4_gemv(flat, self.weight, scale, self.weight_zero.to(_SCALE_DTYPE), self.group_size)
+                return own.int8_gemv(flat, self.weight, scale, act8)
+            return own.int4_gemv(flat, self.weight, scale, self.weight_zero.to(_SCALE_DTYPE), self.group_size, act8)
         if not _cpu_kernel(self.mode):
             return None
         flat = flat.to(torch.bfloat16)

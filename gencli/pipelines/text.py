@@ -227,16 +227,30 @@ def quantization_of(config: dict[str, Any], quantize: Optional[str], group_size:
         if quantize is None:
             return False, None
         try:
-            return False, QuantizationSpec.for_mode(quantize, group_size)
+            spec = QuantizationSpec.for_mode(quantize, group_size)
         except ValueError as exc:
             raise UserError(f"--group-size: {exc}") from None
+        _check_activation_setting()
+        return False, spec
     try:
         spec = QuantizationSpec.from_config(entry if isinstance(entry, dict) else {})
     except ValueError as exc:
         raise UserError(f"config.json: {exc}") from None
     if quantize is not None and (quantize != spec.mode or (group_size is not None and group_size != spec.group_size)):
         raise UserError(f"the checkpoint is quantized already ({describe_quantization(spec)}): it cannot be quantized as {quantize} again")
+    _check_activation_setting()
     return True, spec
+
+
+def _check_activation_setting() -> None:
+    """A bad ``GENCLI_QUANT_ACTIVATIONS`` is a usage error before anything loads, not a failure in
+    the first quantized product."""
+    from gencli.backend.quant_kernels import int8_activations
+
+    try:
+        int8_activations()
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
 
 
 def describe_quantization(spec: Any) -> str:

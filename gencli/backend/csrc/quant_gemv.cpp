@@ -4,16 +4,25 @@
 //   int8: w = q * scale[n]                      (q int8 (N, K), scale bf16 (N,))
 //   int4: w = (q - 8) * scale[n, g] + zero[n, g] (q packed two per byte (N, K/2), the even column in
 //         the low nibble; scale, zero bf16 (N, K/G))
-// The codes are converted to fp32 in registers and multiplied with the fp32 activations (FMA); the
-// scales are applied per output row (int8) or per group (int4: s * sum q x + (z - 8 s) * sum x, the
-// group sums of x computed once per call). Nothing is repacked: the int4 kernel reads the stored
-// bytes and multiplies the low nibbles by the even columns of x, the high ones by the odd columns
-// (x is de-interleaved once per call). AVX-512 or AVX2+FMA, chosen at run time from the CPU's flags;
-// rows of the weight are spread over torch's intra-op threads (at::parallel_for).
+// Two kinds of kernels, both reading the stored codes in place (nothing is repacked):
+// - integer (int8_activations): x is quantized per call to int8 in blocks of 32 columns with one fp32
+//   scale each (llama.cpp's Q8_0 activations) and multiplied by the codes with integer dot products
+//   (AVX-512 VNNI vpdpbusd, 64 bytes at a time, or AVX2 maddubs + madd), converted to fp32 once per
+//   vector of int32 sums and scaled by the block's and the weight's scales; the int4 zero points
+//   multiply the exact fp32 group sums of x;
+// - float: the codes are converted to fp32 in registers and multiplied with the fp32 activations
+//   (FMA), exact to fp32 rounding; the scales are applied per output row (int8) or per group (int4:
+//   s * sum q x + (z - 8 s) * sum x).
+// The int4 kernels multiply the low nibbles by the even columns of x and the high ones by the odd
+// columns (x is de-interleaved once per call). The instruction set is chosen at run time from the
+// CPU's flags; rows of the weight are spread over torch's intra-op threads (at::parallel_for, inline
+// OpenMP: the extension is built with -fopenmp).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <cstdint>
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -25,11 +34,14 @@
 namespace {
 
 constexpr int kMaxRows = 4;     // activation rows handled together (each weight row is read once per tile)
+constexpr int kInt4RowsAtOnce = 2;  // integer int4: weight rows multiplied together (2 measured best of 1, 2, 4)
 constexpr int kRowsAtOnce = 4;  // int8: weight rows multiplied together (each load of x serves them all)
 
 // bytes ahead in each stream of weights that are prefetched (a one-thread matrix-vector product over
 // weights in memory: 0.6-0.9x the time without, measured at 256-4096 bytes on layers of 3072x768, 768x3072)
-constexpr int64_t kPrefetchBytes = 2048;
+constexpr int64_t kPrefetchBytes = 4096;
+
+constexpr int64_t kActBlock = 32;  // int8 activations: columns per scale (llama.cpp's Q8_0 block)
 
 inline void prefetch(const void* p) {
 #if defined(__GNUC__)
@@ -91,7 +103,7 @@ inline float bf16_to_float(uint16_t v) {
   /* int4: xd is x de-interleaved per block of 2W columns (W even columns, then W odd ones), xs the */     \
   /* group sums of x (MT, K/G); groups of G = B * 2W columns */                                             \
   template <int MT, int B>                                                                                 \
-  void int4_tile(const float* xd, const float* xs, int64_t K, const uint8_t* w, const uint16_t* scale,     \
+  void int4_tile(const float* xd, const float* xs, int64_t gs, int64_t K, const uint8_t* w, const uint16_t* scale, \
                  const uint16_t* zero_, float* out, int64_t N, int64_t n0, int64_t n1) {                   \
     constexpr int64_t G = B * 2 * W;                                                                       \
     const int64_t groups = K / G;                                                                          \
@@ -109,12 +121,12 @@ inline float bf16_to_float(uint16_t v) {
           V s = bf16(sr + g0), z = bf16(zr + g0);                                                          \
           V z8 = fma(s, set1(-8.0f), z);                                                                   \
           store(sg, s);                                                                                    \
-          for (int m = 0; m < MT; ++m) zacc[m] = fma(z8, load(xs + m * groups + g0), zacc[m]);             \
+          for (int m = 0; m < MT; ++m) zacc[m] = fma(z8, load(xs + m * gs + g0), zacc[m]);             \
         } else {                                                                                           \
           for (int64_t j = 0; j < gn; ++j) {                                                               \
             float s = bf16_to_float(sr[g0 + j]), z8 = bf16_to_float(zr[g0 + j]) - 8.0f * s;                \
             sg[j] = s;                                                                                     \
-            for (int m = 0; m < MT; ++m) ztail[m] += z8 * xs[m * groups + g0 + j];                         \
+            for (int m = 0; m < MT; ++m) ztail[m] += z8 * xs[m * gs + g0 + j];                         \
           }                                                                                                \
         }                                                                                                  \
         /* one group: acc[m][a] += s_g * sum q x (a alternates: two independent chains) */                 \
@@ -148,16 +160,154 @@ inline float bf16_to_float(uint16_t v) {
   }                                                                                                        \
   /* int4 with the group size chosen at run time: B = G / 2W blocks per group */                            \
   template <int MT>                                                                                        \
-  void int4_tile_g(int64_t G, const float* xd, const float* xs, int64_t K, const uint8_t* w,               \
+  void int4_tile_g(int64_t G, const float* xd, const float* xs, int64_t gs, int64_t K, const uint8_t* w,   \
                    const uint16_t* scale, const uint16_t* zero_, float* out, int64_t N, int64_t n0,        \
                    int64_t n1) {                                                                           \
     switch (G / (2 * W)) {                                                                                 \
-      case 1: int4_tile<MT, 1>(xd, xs, K, w, scale, zero_, out, N, n0, n1); break;                         \
-      case 2: int4_tile<MT, 2>(xd, xs, K, w, scale, zero_, out, N, n0, n1); break;                         \
-      case 4: int4_tile<MT, 4>(xd, xs, K, w, scale, zero_, out, N, n0, n1); break;                         \
-      case 8: int4_tile<MT, 8>(xd, xs, K, w, scale, zero_, out, N, n0, n1); break;                         \
-      default: int4_tile<MT, 16>(xd, xs, K, w, scale, zero_, out, N, n0, n1); break;                       \
+      case 1: int4_tile<MT, 1>(xd, xs, gs, K, w, scale, zero_, out, N, n0, n1); break;                         \
+      case 2: int4_tile<MT, 2>(xd, xs, gs, K, w, scale, zero_, out, N, n0, n1); break;                         \
+      case 4: int4_tile<MT, 4>(xd, xs, gs, K, w, scale, zero_, out, N, n0, n1); break;                         \
+      case 8: int4_tile<MT, 8>(xd, xs, gs, K, w, scale, zero_, out, N, n0, n1); break;                         \
+      default: int4_tile<MT, 16>(xd, xs, gs, K, w, scale, zero_, out, N, n0, n1); break;                       \
     }                                                                                                      \
+  }
+
+
+// The same products with the activations quantized to int8 as well (dynamically, per call, in blocks
+// of 32 columns with one fp32 scale each: llama.cpp's Q8_0 activations) and multiplied by the codes with
+// integer dot products (AVX-512 VNNI vpdpbusd, or AVX2's maddubs + madd), converted to fp32 once per
+// vector of int32 sums. Written once against: byte vector B (BW bytes) with loadb, abs8, sign_as (x
+// negated where w < 0), lo4/hi4 (the nibbles of each byte), dot (acc += 4-byte dot products of
+// unsigned u by signed s per int32 lane, L = BW / 4 lanes), cvt (int32 -> fp32) and lane_scales<G>.
+#define GENCLI_Q8_KERNELS                                                                                                               \
+  /* n < BW bytes, the rest zero (a row's last, partial vector) */                                                                      \
+  inline B loadb_n(const void* p, int64_t n) {                                                                                          \
+    alignas(64) uint8_t t[BW] = {};                                                                                                     \
+    std::memcpy(t, p, n);                                                                                                               \
+    return loadb(t);                                                                                                                    \
+  }                                                                                                                                     \
+  /* int8 codes. xq: MT rows of int8 x, stride KP (K rounded up to whole vectors, zeros past K); xl: */                                 \
+  /* MT rows of KP/4 fp32, the scale of the block each int32 lane's 4 columns are in; R weight rows at */                               \
+  /* a time (each load of x serves them all) */                                                                                         \
+  template <int MT, int R>                                                                                                              \
+  int64_t q8_int8_rows(const int8_t* xq, const float* xl, int64_t KP, int64_t K, const int8_t* w,                                       \
+                       const uint16_t* scale, float* out, int64_t N, int64_t n, int64_t n1) {                                           \
+    const int64_t KV = K / BW * BW;                                                                                                     \
+    for (; n + R <= n1; n += R) {                                                                                                       \
+      const int8_t* wr = w + n * K;                                                                                                     \
+      V acc[MT][R];                                                                                                                     \
+      for (int m = 0; m < MT; ++m)                                                                                                      \
+        for (int r = 0; r < R; ++r) acc[m][r] = zero();                                                                                 \
+      auto step = [&](int64_t k, const B* wv) {                                                                                         \
+        B wa[R];                                                                                                                        \
+        for (int r = 0; r < R; ++r) wa[r] = abs8(wv[r]);                                                                                \
+        for (int m = 0; m < MT; ++m) {                                                                                                  \
+          const B xv = loadb(xq + m * KP + k);                                                                                          \
+          const V sl = load(xl + m * (KP / 4) + k / 4);                                                                                 \
+          for (int r = 0; r < R; ++r) acc[m][r] = fma(cvt(dot(zeroi(), wa[r], sign_as(xv, wv[r]))), sl, acc[m][r]);                     \
+        }                                                                                                                               \
+      };                                                                                                                                \
+      for (int64_t k = 0; k < KV; k += BW) {                                                                                            \
+        B wv[R];                                                                                                                        \
+        if ((k & 63) == 0)                                                                                                              \
+          for (int r = 0; r < R; ++r) prefetch(wr + r * K + k + kPrefetchBytes);                                                        \
+        for (int r = 0; r < R; ++r) wv[r] = loadb(wr + r * K + k);                                                                      \
+        step(k, wv);                                                                                                                    \
+      }                                                                                                                                 \
+      if (KV < K) {                                                                                                                     \
+        B wv[R];                                                                                                                        \
+        for (int r = 0; r < R; ++r) wv[r] = loadb_n(wr + r * K + KV, K - KV);                                                           \
+        step(KV, wv);                                                                                                                   \
+      }                                                                                                                                 \
+      for (int r = 0; r < R; ++r) {                                                                                                     \
+        const float s = bf16_to_float(scale[n + r]);                                                                                    \
+        for (int m = 0; m < MT; ++m) out[m * N + n + r] = hsum(acc[m][r]) * s;                                                          \
+      }                                                                                                                                 \
+    }                                                                                                                                   \
+    return n;                                                                                                                           \
+  }                                                                                                                                     \
+  template <int MT>                                                                                                                     \
+  void q8_int8_tile(const int8_t* xq, const float* xl, int64_t KP, int64_t K, const int8_t* w,                                          \
+                    const uint16_t* scale, float* out, int64_t N, int64_t n0, int64_t n1) {                                             \
+    int64_t n = q8_int8_rows<MT, kRowsAtOnce>(xq, xl, KP, K, w, scale, out, N, n0, n1);                                                 \
+    q8_int8_rows<MT, 1>(xq, xl, KP, K, w, scale, out, N, n, n1);                                                                        \
+  }                                                                                                                                     \
+  /* int4 codes, in chunks of BW packed bytes (2 BW columns). xd: MT rows of int8 x, stride KP (K */                                    \
+  /* rounded up to whole chunks, zeros past K), de-interleaved per chunk as the nibbles are stored: the */                              \
+  /* chunk's even columns, then its odd ones (a row's last, partial chunk of T columns: T/2 even ones */                                \
+  /* from the chunk's start, T/2 odd ones from BW on); xl: MT rows of KP/8 fp32, the block scale of each */                             \
+  /* int32 lane's 8 columns; xs: exact group sums of x (MT rows of stride gs, zeros past K/G) for the */                                \
+  /* zero-point term; R weight rows at a time */                                                                                        \
+  template <int MT, int R, int64_t G>                                                                                                   \
+  int64_t q8_int4_rows(const int8_t* xd, const float* xl, int64_t KP, const float* xs, int64_t gs, int64_t K,                           \
+                       const uint8_t* w, const uint16_t* scale, const uint16_t* zero_, float* out, int64_t N,                           \
+                       int64_t n, int64_t n1) {                                                                                         \
+    constexpr int64_t CC = 2 * BW;                                                                                                      \
+    const int64_t groups = K / G, full = K / CC, chunks = (K + CC - 1) / CC;                                                            \
+    for (; n + R <= n1; n += R) {                                                                                                       \
+      const uint8_t* wr = w + n * (K / 2);                                                                                              \
+      V acc[MT][R];                                                                                                                     \
+      for (int m = 0; m < MT; ++m)                                                                                                      \
+        for (int r = 0; r < R; ++r) acc[m][r] = zero();                                                                                 \
+      for (int r = 0; r < R; ++r) { /* the zero-point term: sum over groups of (z - 8 s) * (sum of x) */                                \
+        const uint16_t* sr = scale + (n + r) * groups;                                                                                  \
+        const uint16_t* zr = zero_ + (n + r) * groups;                                                                                  \
+        for (int64_t g = 0; g < groups; g += W) {                                                                                       \
+          const int64_t c = groups - g < W ? groups - g : W;                                                                            \
+          const V z8 = fma(bf16n(sr + g, c), set1(-8.0f), bf16n(zr + g, c));                                                            \
+          for (int m = 0; m < MT; ++m) acc[m][r] = fma(z8, load(xs + m * gs + g), acc[m][r]);                                           \
+        }                                                                                                                               \
+      }                                                                                                                                 \
+      auto step = [&](int64_t c, const B* b, const V* sw) {                                                                             \
+        for (int m = 0; m < MT; ++m) {                                                                                                  \
+          const int8_t* xc = xd + m * KP + c * CC;                                                                                      \
+          const B xe = loadb(xc), xo = loadb(xc + BW);                                                                                  \
+          const V sl = load(xl + m * (KP / 8) + c * L);                                                                                 \
+          for (int r = 0; r < R; ++r) acc[m][r] = fma(cvt(dot(dot(zeroi(), lo4(b[r]), xe), hi4(b[r]), xo)), mul(sw[r], sl), acc[m][r]); \
+        }                                                                                                                               \
+      };                                                                                                                                \
+      for (int64_t c = 0; c < full; ++c) {                                                                                              \
+        B b[R];                                                                                                                         \
+        V sw[R];                                                                                                                        \
+        for (int r = 0; r < R; ++r) {                                                                                                   \
+          const uint8_t* q = wr + r * (K / 2) + c * BW;                                                                                 \
+          if (BW >= 64 || (c & 1) == 0) prefetch(q + kPrefetchBytes);                                                                   \
+          b[r] = loadb(q);                                                                                                              \
+          sw[r] = lane_scales<G>(scale + (n + r) * groups + c * CC / G, CC / G);                                                        \
+        }                                                                                                                               \
+        step(c, b, sw);                                                                                                                 \
+      }                                                                                                                                 \
+      if (full < chunks) { /* the last, partial chunk: only its bytes and its groups' scales are read */                                \
+        B b[R];                                                                                                                         \
+        V sw[R];                                                                                                                        \
+        for (int r = 0; r < R; ++r) {                                                                                                   \
+          b[r] = loadb_n(wr + r * (K / 2) + full * BW, (K - full * CC) / 2);                                                            \
+          sw[r] = lane_scales<G>(scale + (n + r) * groups + full * CC / G, groups - full * CC / G);                                     \
+        }                                                                                                                               \
+        step(full, b, sw);                                                                                                              \
+      }                                                                                                                                 \
+      for (int m = 0; m < MT; ++m)                                                                                                      \
+        for (int r = 0; r < R; ++r) out[m * N + n + r] = hsum(acc[m][r]);                                                               \
+    }                                                                                                                                   \
+    return n;                                                                                                                           \
+  }                                                                                                                                     \
+  template <int MT, int64_t G>                                                                                                          \
+  void q8_int4_tile(const int8_t* xd, const float* xl, int64_t KP, const float* xs, int64_t gs, int64_t K,                              \
+                    const uint8_t* w, const uint16_t* scale, const uint16_t* zero_, float* out, int64_t N,                              \
+                    int64_t n0, int64_t n1) {                                                                                           \
+    int64_t n = q8_int4_rows<MT, kInt4RowsAtOnce, G>(xd, xl, KP, xs, gs, K, w, scale, zero_, out, N, n0, n1);                           \
+    q8_int4_rows<MT, 1, G>(xd, xl, KP, xs, gs, K, w, scale, zero_, out, N, n, n1);                                                      \
+  }                                                                                                                                     \
+  template <int MT>                                                                                                                     \
+  void q8_int4_tile_g(int64_t G, const int8_t* xd, const float* xl, int64_t KP, const float* xs, int64_t gs,                            \
+                      int64_t K, const uint8_t* w, const uint16_t* scale, const uint16_t* zero_, float* out,                            \
+                      int64_t N, int64_t n0, int64_t n1) {                                                                              \
+    switch (G) {                                                                                                                        \
+      case 32: q8_int4_tile<MT, 32>(xd, xl, KP, xs, gs, K, w, scale, zero_, out, N, n0, n1); break;                                     \
+      case 64: q8_int4_tile<MT, 64>(xd, xl, KP, xs, gs, K, w, scale, zero_, out, N, n0, n1); break;                                     \
+      case 128: q8_int4_tile<MT, 128>(xd, xl, KP, xs, gs, K, w, scale, zero_, out, N, n0, n1); break;                                   \
+      default: q8_int4_tile<MT, 256>(xd, xl, KP, xs, gs, K, w, scale, zero_, out, N, n0, n1); break;                                    \
+    }                                                                                                                                   \
   }
 
 #ifdef GENCLI_X86
@@ -168,15 +318,24 @@ inline float bf16_to_float(uint16_t v) {
   inline V load(const float* p) { return P##_loadu_ps(p); }          \
   inline void store(float* p, V v) { P##_storeu_ps(p, v); }          \
   inline V fma(V a, V b, V c) { return P##_fmadd_ps(a, b, c); }      \
-  inline V add(V a, V b) { return P##_add_ps(a, b); }
+  inline V add(V a, V b) { return P##_add_ps(a, b); }            \
+  inline V mul(V a, V b) { return P##_mul_ps(a, b); }
+
+// AVX-512's vector helpers (the float kernels' interface), shared by the two AVX-512 namespaces
+#define GENCLI_AVX512_BASE                                                                                 \
+  using V = __m512;                                                                                        \
+  constexpr int W = 16;                                                                                    \
+  GENCLI_FLOAT_OPS(_mm512)                                                                                 \
+  inline float hsum(V v) { return _mm512_reduce_add_ps(v); }                                               \
+  inline V bf16(const uint16_t* p) {                                                                       \
+    __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));            \
+    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));                                                  \
+  }
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512dq,fma")
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,fma")
 namespace avx512 {
-using V = __m512;
-constexpr int W = 16;
-GENCLI_FLOAT_OPS(_mm512)
-inline float hsum(V v) { return _mm512_reduce_add_ps(v); }
+GENCLI_AVX512_BASE
 inline V i8(const int8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
@@ -185,12 +344,43 @@ inline void nibbles(const uint8_t* p, V& lo, V& hi) {
   lo = _mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(15)));
   hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
 }
-inline V bf16(const uint16_t* p) {
-  __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-}
 GENCLI_KERNELS
 }  // namespace avx512
+#pragma GCC pop_options
+
+// the integer kernels on AVX-512 with VNNI (Cascade Lake and later): vpdpbusd, 64 bytes at a time
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,fma")
+namespace avx512vnni {
+GENCLI_AVX512_BASE
+using B = __m512i;
+constexpr int BW = 64, L = 16;
+inline B zeroi() { return _mm512_setzero_si512(); }
+inline B loadb(const void* p) { return _mm512_loadu_si512(p); }
+inline B abs8(B w) { return _mm512_abs_epi8(w); }
+inline B sign_as(B x, B w) { return _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x); }
+inline B lo4(B b) { return _mm512_and_si512(b, _mm512_set1_epi8(15)); }
+inline B hi4(B b) { return _mm512_and_si512(_mm512_srli_epi16(b, 4), _mm512_set1_epi8(15)); }
+inline B dot(B acc, B u, B s) { return _mm512_dpbusd_epi32(acc, u, s); }
+inline V cvt(B v) { return _mm512_cvtepi32_ps(v); }
+// n <= W bf16 values, the rest zero
+inline V bf16n(const uint16_t* p, int64_t n) {
+  const __mmask16 k = n >= W ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, p)), 16));
+}
+// each lane's weight scale in a chunk (128 columns, 8 a lane) from its groups' scales s[0..n) (n < the
+// chunk's groups only in a row's last, partial chunk, whose other lanes multiply zeros)
+template <int64_t G>
+inline V lane_scales(const uint16_t* s, int64_t n) {
+  if constexpr (G >= 2 * BW) {
+    return set1(bf16_to_float(s[0]));
+  } else {  // G 32: 4 groups a chunk, 4 lanes each; G 64: 2 groups, 8 lanes each
+    const __m512i idx = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), G == 32 ? 2 : 3);
+    return _mm512_permutexvar_ps(idx, bf16n(s, n));
+  }
+}
+GENCLI_Q8_KERNELS
+}  // namespace avx512vnni
 #pragma GCC pop_options
 
 #pragma GCC push_options
@@ -218,6 +408,35 @@ inline V bf16(const uint16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
 GENCLI_KERNELS
+// the integer kernels without VNNI: maddubs (u8 x s8 pairs summed to int16: at most 2 * 127 * 127 for
+// int8 codes, 2 * 15 * 127 for int4, never saturating) then madd by ones (int16 pairs to int32)
+using B = __m256i;
+constexpr int BW = 32, L = 8;
+inline B zeroi() { return _mm256_setzero_si256(); }
+inline B loadb(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline B abs8(B w) { return _mm256_abs_epi8(w); }
+inline B sign_as(B x, B w) { return _mm256_sign_epi8(x, w); }
+inline B lo4(B b) { return _mm256_and_si256(b, _mm256_set1_epi8(15)); }
+inline B hi4(B b) { return _mm256_and_si256(_mm256_srli_epi16(b, 4), _mm256_set1_epi8(15)); }
+inline B dot(B acc, B u, B s) { return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))); }
+inline V cvt(B v) { return _mm256_cvtepi32_ps(v); }
+// n <= W bf16 values, the rest zero
+inline V bf16n(const uint16_t* p, int64_t n) {
+  if (n >= W) return bf16(p);
+  alignas(32) uint16_t t[W] = {};
+  for (int64_t i = 0; i < n; ++i) t[i] = p[i];
+  return bf16(t);
+}
+template <int64_t G>
+inline V lane_scales(const uint16_t* s, int64_t n) {
+  if constexpr (G >= 2 * BW) {
+    return set1(bf16_to_float(s[0]));
+  } else {  // G 32: two groups a chunk of 64 columns, 4 lanes each
+    const float s1 = n > 1 ? bf16_to_float(s[1]) : 0.f;
+    return _mm256_setr_m128(_mm_set1_ps(bf16_to_float(s[0])), _mm_set1_ps(s1));
+  }
+}
+GENCLI_Q8_KERNELS
 }  // namespace avx2
 #pragma GCC pop_options
 #endif
@@ -230,7 +449,8 @@ bool supported(Isa want) {
 #ifdef GENCLI_X86
   __builtin_cpu_init();
   if (want == Isa::avx512)
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vl");
   if (want == Isa::avx2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #endif
   return false;
@@ -239,6 +459,20 @@ bool supported(Isa want) {
 Isa g_isa = supported(Isa::avx512) ? Isa::avx512 : supported(Isa::avx2) ? Isa::avx2 : Isa::none;
 
 Isa isa() { return g_isa; }
+
+bool has_vnni() {
+#ifdef GENCLI_X86
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
+}
+
+// the integer (int8-activation) kernels: AVX-512 VNNI where the CPU has it and AVX-512 is in use
+bool use_vnni() { return isa() == Isa::avx512 && has_vnni(); }
+
+int int_bytes() { return use_vnni() ? 64 : 32; }  // bytes per integer vector (BW)
 
 int lanes() { return isa() == Isa::avx512 ? 16 : 8; }
 
@@ -266,35 +500,177 @@ void by_row_tiles(int64_t M, F&& tile) {
   }
 }
 
+// tile(MT, m0, n0, n1) for every tile of activation rows [m0, m0 + MT) and range of weight rows [n0, n1):
+// the weight rows spread over torch's threads (ranges of about 64 kB of codes), each range read once
+// per tile of up to kMaxRows activation rows
+template <typename F>
+void for_tiles(int64_t M, int64_t N, int64_t row_bytes, F&& tile) {
+  at::parallel_for(0, N, grain(row_bytes), [&](int64_t n0, int64_t n1) {
+    by_row_tiles(M, [&](auto mt, int64_t m0) { tile(mt, m0, n0, n1); });
+  });
+}
+
+// x's rows quantized to int8 in blocks of kActBlock columns: codes q (M, K) and one scale per block
+// sx (M, K / kActBlock), x ~ q * sx (symmetric, q in [-127, 127]: Q8_0's activations)
+void quantize_activations(const float* x, int64_t M, int64_t K, int8_t* q, float* sx) {
+  const int64_t blocks = K / kActBlock;
+  for (int64_t i = 0; i < M * blocks; ++i) {
+    const float* xb = x + i * kActBlock;
+    float amax = 0.f;
+    for (int64_t j = 0; j < kActBlock; ++j) amax = std::max(amax, std::fabs(xb[j]));
+    const float inv = amax > 0.f ? 127.0f / amax : 0.f;
+    sx[i] = amax / 127.0f;
+    // round half to even by the 1.5 * 2^23 trick (exact for |y| <= 127, and vectorised: no libm call)
+    for (int64_t j = 0; j < kActBlock; ++j) {
+      const float y = std::max(-127.f, std::min(127.f, xb[j] * inv));
+      q[i * kActBlock + j] = static_cast<int8_t>((y + 12582912.0f) - 12582912.0f);
+    }
+  }
+}
+
 }  // namespace
 
 // x (M, K) float32 @ (q int8 (N, K) * scale bf16 (N,)).T -> (M, N) float32
-at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale) {
-  check_common(x, w, scale);
-  TORCH_CHECK(w.scalar_type() == at::kChar, "quant_gemv: int8 codes expected");
+at::Tensor int8_gemv_f32(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale) {
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  TORCH_CHECK(w.size(1) == K && scale.numel() == N, "quant_gemv: shapes do not match");
   at::Tensor out = at::empty({M, N}, x.options());
   const float* xp = x.data_ptr<float>();
   const int8_t* wp = w.data_ptr<int8_t>();
   const uint16_t* sp = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::BFloat16>());
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, N, grain(K), [&](int64_t n0, int64_t n1) {
-    by_row_tiles(M, [&](auto mt, int64_t m0) {
-      constexpr int MT = decltype(mt)::value;
+  for_tiles(M, N, K, [&](auto mt, int64_t m0, int64_t n0, int64_t n1) {
+    constexpr int MT = decltype(mt)::value;
 #ifdef GENCLI_X86
-      if (isa() == Isa::avx512)
-        avx512::int8_tile<MT>(xp + m0 * K, K, wp, sp, op + m0 * N, N, n0, n1);
-      else
-        avx2::int8_tile<MT>(xp + m0 * K, K, wp, sp, op + m0 * N, N, n0, n1);
+    if (isa() == Isa::avx512)
+      avx512::int8_tile<MT>(xp + m0 * K, K, wp, sp, op + m0 * N, N, n0, n1);
+    else
+      avx2::int8_tile<MT>(xp + m0 * K, K, wp, sp, op + m0 * N, N, n0, n1);
 #endif
-    });
   });
   return out;
 }
 
 // x (M, K) float32 @ ((q - 8) * scale + zero).T with q packed (N, K/2) uint8, scale/zero bf16 (N, K/G)
-at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, const at::Tensor& zero, int64_t G) {
+at::Tensor int4_gemv_f32(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, const at::Tensor& zero, int64_t G, const at::Tensor& xs) {
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0), W = lanes(), gs = xs.size(1);
+  // x de-interleaved per block of 2W columns (the even columns, then the odd ones)
+  at::Tensor xd = at::empty({M, K}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* xdp = xd.data_ptr<float>();
+  const float* xsp = xs.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t c = 0; c < K; c += 2 * W)
+      for (int64_t j = 0; j < W; ++j) {
+        xdp[m * K + c + j] = xp[m * K + c + 2 * j];
+        xdp[m * K + c + W + j] = xp[m * K + c + 2 * j + 1];
+      }
+  at::Tensor out = at::empty({M, N}, x.options());
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  const uint16_t* sp = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::BFloat16>());
+  const uint16_t* zp = reinterpret_cast<const uint16_t*>(zero.data_ptr<at::BFloat16>());
+  float* op = out.data_ptr<float>();
+  for_tiles(M, N, K, [&](auto mt, int64_t m0, int64_t n0, int64_t n1) {
+    constexpr int MT = decltype(mt)::value;
+#ifdef GENCLI_X86
+    if (isa() == Isa::avx512)
+      avx512::int4_tile_g<MT>(G, xdp + m0 * K, xsp + m0 * gs, gs, K, wp, sp, zp, op + m0 * N, N, n0, n1);
+    else
+      avx2::int4_tile_g<MT>(G, xdp + m0 * K, xsp + m0 * gs, gs, K, wp, sp, zp, op + m0 * N, N, n0, n1);
+#endif
+  });
+  return out;
+}
+
+// x quantized for the integer kernels: the codes in rows of KP (zeros past K), de-interleaved per chunk
+// of 2 * chunk_bytes columns when chunk_bytes > 0 (int4: as the nibbles are stored, the chunk's even
+// columns then its odd ones), and each int32 lane's block scale (per_lane columns a lane: 4 for int8
+// codes, 8 for packed int4 codes)
+struct IntActivations {
+  at::Tensor codes, lane_scales;  // (M, KP) int8, (M, KP / per_lane) fp32
+};
+
+IntActivations int_activations(const at::Tensor& x, int64_t KP, int64_t per_lane, int64_t chunk_bytes) {
+  const int64_t M = x.size(0), K = x.size(1), blocks = K / kActBlock;
+  at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar)), sx = at::empty({M, blocks}, x.options());
+  IntActivations a{at::zeros({M, KP}, x.options().dtype(at::kChar)), at::zeros({M, KP / per_lane}, x.options())};
+  const int8_t* qp = q.data_ptr<int8_t>();
+  const float* sxp = sx.data_ptr<float>();
+  int8_t* cp = a.codes.data_ptr<int8_t>();
+  float* lp = a.lane_scales.data_ptr<float>();
+  quantize_activations(x.data_ptr<float>(), M, K, q.data_ptr<int8_t>(), sx.data_ptr<float>());
+  const int64_t BW = chunk_bytes, CC = 2 * chunk_bytes;
+  for (int64_t m = 0; m < M; ++m) {
+    if (BW == 0) {
+      std::memcpy(cp + m * KP, qp + m * K, K);
+    } else {
+      for (int64_t c = 0; c < K; c += CC)
+        for (int64_t j = 0; j < BW && c + 2 * j < K; ++j) {
+          cp[m * KP + c + j] = qp[m * K + c + 2 * j];
+          cp[m * KP + c + BW + j] = qp[m * K + c + 2 * j + 1];
+        }
+    }
+    for (int64_t i = 0; i < K / per_lane; ++i) lp[m * (KP / per_lane) + i] = sxp[m * blocks + i / (kActBlock / per_lane)];
+  }
+  return a;
+}
+
+// the same with x quantized to int8 (blocks of kActBlock) and integer dot products
+at::Tensor int8_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale) {
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0), BW = int_bytes(), KP = (K + BW - 1) / BW * BW;
+  const IntActivations a = int_activations(x, KP, 4, 0);
+  const int8_t* xpp = a.codes.data_ptr<int8_t>();
+  const float* xlp = a.lane_scales.data_ptr<float>();
+  at::Tensor out = at::empty({M, N}, x.options());
+  const int8_t* wp = w.data_ptr<int8_t>();
+  const uint16_t* sp = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::BFloat16>());
+  float* op = out.data_ptr<float>();
+  for_tiles(M, N, K, [&](auto mt, int64_t m0, int64_t n0, int64_t n1) {
+    constexpr int MT = decltype(mt)::value;
+#ifdef GENCLI_X86
+    if (use_vnni())
+      avx512vnni::q8_int8_tile<MT>(xpp + m0 * KP, xlp + m0 * (KP / 4), KP, K, wp, sp, op + m0 * N, N, n0, n1);
+    else
+      avx2::q8_int8_tile<MT>(xpp + m0 * KP, xlp + m0 * (KP / 4), KP, K, wp, sp, op + m0 * N, N, n0, n1);
+#endif
+  });
+  return out;
+}
+
+at::Tensor int4_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, const at::Tensor& zero, int64_t G, const at::Tensor& xs) {
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0), gs = xs.size(1), BW = int_bytes(), CC = 2 * BW;
+  const int64_t KP = (K + CC - 1) / CC * CC;
+  const IntActivations a = int_activations(x, KP, 8, BW);
+  const int8_t* xdp = a.codes.data_ptr<int8_t>();
+  const float* xlp = a.lane_scales.data_ptr<float>();
+  const float* xsp = xs.data_ptr<float>();
+  at::Tensor out = at::empty({M, N}, x.options());
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  const uint16_t* sp = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::BFloat16>());
+  const uint16_t* zp = reinterpret_cast<const uint16_t*>(zero.data_ptr<at::BFloat16>());
+  float* op = out.data_ptr<float>();
+  for_tiles(M, N, K / 2, [&](auto mt, int64_t m0, int64_t n0, int64_t n1) {
+    constexpr int MT = decltype(mt)::value;
+#ifdef GENCLI_X86
+    if (use_vnni())
+      avx512vnni::q8_int4_tile_g<MT>(G, xdp + m0 * KP, xlp + m0 * (KP / 8), KP, xsp + m0 * gs, gs, K, wp, sp, zp, op + m0 * N, N, n0, n1);
+    else
+      avx2::q8_int4_tile_g<MT>(G, xdp + m0 * KP, xlp + m0 * (KP / 8), KP, xsp + m0 * gs, gs, K, wp, sp, zp, op + m0 * N, N, n0, n1);
+#endif
+  });
+  return out;
+}
+
+// The entry points: int8 activations (the integer kernels) where asked and the shape allows, else fp32.
+at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, bool int8_activations) {
+  check_common(x, w, scale);
+  TORCH_CHECK(w.scalar_type() == at::kChar, "quant_gemv: int8 codes expected");
+  const int64_t K = x.size(1), N = w.size(0);
+  TORCH_CHECK(w.size(1) == K && scale.numel() == N, "quant_gemv: shapes do not match");
+  if (int8_activations && K % kActBlock == 0) return int8_gemv_q8(x, w, scale);
+  return int8_gemv_f32(x, w, scale);
+}
+
+at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, const at::Tensor& zero, int64_t G, bool int8_activations) {
   check_common(x, w, scale);
   TORCH_CHECK(w.scalar_type() == at::kByte, "quant_gemv: packed uint8 int4 codes expected");
   TORCH_CHECK(zero.scalar_type() == at::kBFloat16 && zero.is_contiguous(), "quant_gemv: zero points must be contiguous bfloat16");
@@ -302,43 +678,18 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   TORCH_CHECK(G > 0 && G % (2 * W) == 0 && G <= 32 * W && (G & (G - 1)) == 0 && K % G == 0, "quant_gemv: the group size must be a multiple of ", 2 * W, " dividing K");
   TORCH_CHECK(w.size(1) * 2 == K && scale.size(0) == N && scale.numel() == N * (K / G) && zero.sizes() == scale.sizes(),
               "quant_gemv: shapes do not match");
-  const int64_t groups = K / G;
-  // x de-interleaved per block of 2W columns (the even columns, then the odd ones) and its group sums
-  at::Tensor xd = at::empty({M, K}, x.options()), xs = at::empty({M, groups}, x.options());
+  const int64_t groups = K / G, gs = (groups + 15) / 16 * 16;
+  at::Tensor xs = at::zeros({M, gs}, x.options());  // the group sums of x, for the zero points (rows padded with zeros)
   const float* xp = x.data_ptr<float>();
-  float* xdp = xd.data_ptr<float>();
   float* xsp = xs.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m) {
-    const float* xr = xp + m * K;
-    float* dr = xdp + m * K;
-    for (int64_t c = 0; c < K; c += 2 * W)
-      for (int64_t j = 0; j < W; ++j) {
-        dr[c + j] = xr[c + 2 * j];
-        dr[c + W + j] = xr[c + 2 * j + 1];
-      }
+  for (int64_t m = 0; m < M; ++m)
     for (int64_t g = 0; g < groups; ++g) {
       float s = 0.f;
-      for (int64_t j = 0; j < G; ++j) s += xr[g * G + j];
-      xsp[m * groups + g] = s;
+      for (int64_t j = 0; j < G; ++j) s += xp[m * K + g * G + j];
+      xsp[m * gs + g] = s;
     }
-  }
-  at::Tensor out = at::empty({M, N}, x.options());
-  const uint8_t* wp = w.data_ptr<uint8_t>();
-  const uint16_t* sp = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::BFloat16>());
-  const uint16_t* zp = reinterpret_cast<const uint16_t*>(zero.data_ptr<at::BFloat16>());
-  float* op = out.data_ptr<float>();
-  at::parallel_for(0, N, grain(K), [&](int64_t n0, int64_t n1) {
-    by_row_tiles(M, [&](auto mt, int64_t m0) {
-      constexpr int MT = decltype(mt)::value;
-#ifdef GENCLI_X86
-      if (isa() == Isa::avx512)
-        avx512::int4_tile_g<MT>(G, xdp + m0 * K, xsp + m0 * groups, K, wp, sp, zp, op + m0 * N, N, n0, n1);
-      else
-        avx2::int4_tile_g<MT>(G, xdp + m0 * K, xsp + m0 * groups, K, wp, sp, zp, op + m0 * N, N, n0, n1);
-#endif
-    });
-  });
-  return out;
+  if (int8_activations && G >= kActBlock && G <= 256) return int4_gemv_q8(x, w, scale, zero, G, xs);
+  return int4_gemv_f32(x, w, scale, zero, G, xs);
 }
 
 std::string isa_name() {
@@ -350,8 +701,22 @@ std::string isa_name() {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("int8_gemv", &int8_gemv, "x (M, K) f32 @ (q int8 (N, K) * scale bf16 (N,)).T");
-  m.def("int4_gemv", &int4_gemv, "x (M, K) f32 @ ((q - 8) * scale + zero).T, q packed (N, K/2), groups of G");
+  m.def("int8_gemv", &int8_gemv, "x (M, K) f32 @ (q int8 (N, K) * scale bf16 (N,)).T", py::arg("x"), py::arg("q"), py::arg("scale"),
+        py::arg("int8_activations") = false);
+  m.def("int4_gemv", &int4_gemv, "x (M, K) f32 @ ((q - 8) * scale + zero).T, q packed (N, K/2), groups of G", py::arg("x"),
+        py::arg("packed"), py::arg("scale"), py::arg("zero"), py::arg("group_size"), py::arg("int8_activations") = false);
+  m.def(
+      "quantize_activations",
+      [](const at::Tensor& x) {
+        TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.size(1) % kActBlock == 0,
+                    "quant_gemv: x must be contiguous float32 (M, K), K a multiple of ", kActBlock);
+        at::Tensor q = at::empty(x.sizes(), x.options().dtype(at::kChar)), sx = at::empty({x.size(0), x.size(1) / kActBlock}, x.options());
+        quantize_activations(x.data_ptr<float>(), x.size(0), x.size(1), q.data_ptr<int8_t>(), sx.data_ptr<float>());
+        return std::make_tuple(q, sx);
+      },
+      "x (M, K) f32 -> (codes int8 (M, K), scales f32 (M, K/32)): the int8 activations the integer kernels use");
+  m.def("int_isa", []() -> std::string { return isa() == Isa::none ? "" : use_vnni() ? "avx512vnni" : "avx2"; },
+        "the instruction set of the int8-activation kernels ('' when none)");
   m.def(
       "use_isa",
       [](const std::string& name) {
