@@ -121,6 +121,21 @@ def test_int8_activations_stay_close_to_the_exact_product():
 
 
 @needs_kernels
+@pytest.mark.parametrize("int8_activations", [False, True])
+def test_the_bias_is_added_in_the_call(int8_activations):
+    torch.manual_seed(4)
+    x, bias = torch.randn(3, 128), torch.randn(40)
+    q, scale = quantize_int8(torch.randn(40, 128))
+    plain = kernels.int8_gemv(x, q, scale, int8_activations)
+    assert torch.equal(kernels.int8_gemv(x, q, scale, int8_activations, bias), plain + bias)
+    packed, scale, zero = quantize_int4(torch.randn(40, 128), 32)
+    plain = kernels.int4_gemv(x, packed, scale, zero, 32, int8_activations)
+    assert torch.equal(kernels.int4_gemv(x, packed, scale, zero, 32, int8_activations, bias), plain + bias)
+    with pytest.raises(RuntimeError, match="bias"):
+        kernels.int8_gemv(x, q, quantize_int8(torch.randn(40, 128))[1], int8_activations, bias.double())
+
+
+@needs_kernels
 def test_kernels_refuse_what_they_cannot_multiply():
     q, scale = quantize_int8(torch.randn(4, 32))
     with pytest.raises(RuntimeError, match="shapes"):

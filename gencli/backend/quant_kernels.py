@@ -95,8 +95,8 @@ def int8_activations() -> bool:
 
 
 def cpu_kernels() -> Optional[Any]:
-    """The compiled extension (functions ``int8_gemv(x, q, scale, int8_activations=False)``,
-    ``int4_gemv(x, packed, scale, zero, group_size, int8_activations=False)``,
+    """The compiled extension (functions ``int8_gemv(x, q, scale, int8_activations=False, bias=None)``,
+    ``int4_gemv(x, packed, scale, zero, group_size, int8_activations=False, bias=None)``,
     ``quantize_activations(x)``, ``isa()`` and ``int_isa()``), or None where it cannot be had: built
     once per process."""
     return _build() if enabled() else None

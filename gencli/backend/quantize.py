@@ -230,32 +230,35 @@ class QuantizedLinear(nn.Module):
                 self._kernel = (packed, scale_zero.transpose(0, 1).contiguous())  # (groups, out, 2)
         return self._kernel
 
-    def _few_rows_on_cpu(self, flat: torch.Tensor) -> Optional[torch.Tensor]:
-        """``flat @ W.T`` for a few rows on a CPU by a weight-only kernel: gencli's own (fp32
-        activations, the stored codes read in place) or else torch's (bf16 activations); None when
-        neither is available."""
+    def _few_rows_on_cpu(self, flat: torch.Tensor) -> Optional[tuple[torch.Tensor, bool]]:
+        """``(flat @ W.T, whether the bias is added)`` for a few rows on a CPU by a quantized kernel:
+        gencli's own (the stored codes read in place; int8 activations by default, fp32 with
+        ``GENCLI_QUANT_ACTIVATIONS=fp32``; the bias added in the call) or else torch's (bf16
+        activations); None when neither is available."""
         own = cpu_kernels()
         if own is not None:
-            flat, scale = flat.float().contiguous(), self.weight_scale.to(_SCALE_DTYPE)  # (a no-op unless cast)
+            flat, scale = flat.float().contiguous(), self.weight_scale.to(_SCALE_DTYPE)  # (no-ops unless cast)
+            bias = None if self.bias is None else self.bias.float()
             act8 = int8_activations()
             if self.mode == "int8":
-                return own.int8_gemv(flat, self.weight, scale, act8)
-            return own.int4_gemv(flat, self.weight, scale, self.weight_zero.to(_SCALE_DTYPE), self.group_size, act8)
+                return own.int8_gemv(flat, self.weight, scale, act8, bias), True
+            return own.int4_gemv(flat, self.weight, scale, self.weight_zero.to(_SCALE_DTYPE), self.group_size, act8, bias), True
         if not _cpu_kernel(self.mode):
             return None
         flat = flat.to(torch.bfloat16)
         weight, scales = self._cpu_operands()
         if self.mode == "int8":
-            return torch.ops.aten._weight_int8pack_mm(flat, weight, scales)
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(flat, weight, self.group_size, scales)[:, : self.out_features]
+            return torch.ops.aten._weight_int8pack_mm(flat, weight, scales), False
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(flat, weight, self.group_size, scales)[:, : self.out_features], False
 
     def forward(self, x: torch.Tensor, activation: Optional[str] = None) -> torch.Tensor:
         rows = x.numel() // max(1, self.in_features)
         on_cpu = x.device.type == "cpu"
         if on_cpu and rows < DEQUANTIZE_MIN_ROWS[self.mode]:
-            out = self._few_rows_on_cpu(x.reshape(-1, self.in_features))
-            if out is not None:
-                return self._finish(out.to(x.dtype).reshape(*x.shape[:-1], self.out_features), activation)
+            done = self._few_rows_on_cpu(x.reshape(-1, self.in_features))
+            if done is not None:
+                out, biased = done
+                return self._finish(out.to(x.dtype).reshape(*x.shape[:-1], self.out_features), activation, bias=not biased)
         dtype = torch.bfloat16 if on_cpu and x.dtype == torch.float32 else x.dtype
         if self.mode == "int8":  # one scale per output channel: it scales the product's columns
             out = linear(x.to(dtype), self.weight.to(dtype)).mul_(self.weight_scale.to(dtype))
@@ -263,9 +266,10 @@ class QuantizedLinear(nn.Module):
         bias = self.bias.to(dtype) if self.bias is not None else None
         return linear(x.to(dtype), self.dequantized(dtype), bias, activation).to(x.dtype)
 
-    def _finish(self, out: torch.Tensor, activation: Optional[str]) -> torch.Tensor:
-        """The bias and the activation, on a product computed without them."""
-        if self.bias is not None:
+    def _finish(self, out: torch.Tensor, activation: Optional[str], *, bias: bool = True) -> torch.Tensor:
+        """The bias (unless the product has it already) and the activation, on a product computed
+        without them."""
+        if bias and self.bias is not None:
             out = out.add_(self.bias.to(out.dtype))
         return out if activation is None else get_activation(activation)(out)
 

@@ -551,13 +551,12 @@ at::Tensor int8_gemv_f32(const at::Tensor& x, const at::Tensor& w, const at::Ten
 }
 
 // x (M, K) float32 @ ((q - 8) * scale + zero).T with q packed (N, K/2) uint8, scale/zero bf16 (N, K/G)
-at::Tensor int4_gemv_f32(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, const at::Tensor& zero, int64_t G, const at::Tensor& xs) {
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0), W = lanes(), gs = xs.size(1);
+at::Tensor int4_gemv_f32(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, const at::Tensor& zero, int64_t G, const float* xsp, int64_t gs) {
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0), W = lanes();
   // x de-interleaved per block of 2W columns (the even columns, then the odd ones)
   at::Tensor xd = at::empty({M, K}, x.options());
   const float* xp = x.data_ptr<float>();
   float* xdp = xd.data_ptr<float>();
-  const float* xsp = xs.data_ptr<float>();
   for (int64_t m = 0; m < M; ++m)
     for (int64_t c = 0; c < K; c += 2 * W)
       for (int64_t j = 0; j < W; ++j) {
@@ -586,18 +585,28 @@ at::Tensor int4_gemv_f32(const at::Tensor& x, const at::Tensor& w, const at::Ten
 // columns then its odd ones), and each int32 lane's block scale (per_lane columns a lane: 4 for int8
 // codes, 8 for packed int4 codes)
 struct IntActivations {
-  at::Tensor codes, lane_scales;  // (M, KP) int8, (M, KP / per_lane) fp32
+  const int8_t* codes;        // (M, KP)
+  const float* lane_scales;   // (M, KP / per_lane)
 };
 
+// Scratch memory of the calling thread, reused from call to call (decoding makes dozens of these calls
+// a token: no allocation each time). The kernels only read it, within the call that filled it.
+template <typename T>
+T* scratch(std::vector<T>& buffer, int64_t n, bool zeroed) {
+  if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(n);
+  if (zeroed) std::fill(buffer.begin(), buffer.begin() + n, T{});
+  return buffer.data();
+}
+
 IntActivations int_activations(const at::Tensor& x, int64_t KP, int64_t per_lane, int64_t chunk_bytes) {
+  thread_local std::vector<int8_t> q_buf, codes_buf;
+  thread_local std::vector<float> sx_buf, lanes_buf;
   const int64_t M = x.size(0), K = x.size(1), blocks = K / kActBlock;
-  at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar)), sx = at::empty({M, blocks}, x.options());
-  IntActivations a{at::zeros({M, KP}, x.options().dtype(at::kChar)), at::zeros({M, KP / per_lane}, x.options())};
-  const int8_t* qp = q.data_ptr<int8_t>();
-  const float* sxp = sx.data_ptr<float>();
-  int8_t* cp = a.codes.data_ptr<int8_t>();
-  float* lp = a.lane_scales.data_ptr<float>();
-  quantize_activations(x.data_ptr<float>(), M, K, q.data_ptr<int8_t>(), sx.data_ptr<float>());
+  int8_t* qp = scratch(q_buf, M * K, false);
+  float* sxp = scratch(sx_buf, M * blocks, false);
+  int8_t* cp = scratch(codes_buf, M * KP, true);
+  float* lp = scratch(lanes_buf, M * (KP / per_lane), true);
+  quantize_activations(x.data_ptr<float>(), M, K, qp, sxp);
   const int64_t BW = chunk_bytes, CC = 2 * chunk_bytes;
   for (int64_t m = 0; m < M; ++m) {
     if (BW == 0) {
@@ -611,15 +620,15 @@ IntActivations int_activations(const at::Tensor& x, int64_t KP, int64_t per_lane
     }
     for (int64_t i = 0; i < K / per_lane; ++i) lp[m * (KP / per_lane) + i] = sxp[m * blocks + i / (kActBlock / per_lane)];
   }
-  return a;
+  return {cp, lp};
 }
 
 // the same with x quantized to int8 (blocks of kActBlock) and integer dot products
 at::Tensor int8_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale) {
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0), BW = int_bytes(), KP = (K + BW - 1) / BW * BW;
   const IntActivations a = int_activations(x, KP, 4, 0);
-  const int8_t* xpp = a.codes.data_ptr<int8_t>();
-  const float* xlp = a.lane_scales.data_ptr<float>();
+  const int8_t* xpp = a.codes;
+  const float* xlp = a.lane_scales;
   at::Tensor out = at::empty({M, N}, x.options());
   const int8_t* wp = w.data_ptr<int8_t>();
   const uint16_t* sp = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::BFloat16>());
@@ -636,13 +645,12 @@ at::Tensor int8_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Tens
   return out;
 }
 
-at::Tensor int4_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, const at::Tensor& zero, int64_t G, const at::Tensor& xs) {
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0), gs = xs.size(1), BW = int_bytes(), CC = 2 * BW;
+at::Tensor int4_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, const at::Tensor& zero, int64_t G, const float* xsp, int64_t gs) {
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0), BW = int_bytes(), CC = 2 * BW;
   const int64_t KP = (K + CC - 1) / CC * CC;
   const IntActivations a = int_activations(x, KP, 8, BW);
-  const int8_t* xdp = a.codes.data_ptr<int8_t>();
-  const float* xlp = a.lane_scales.data_ptr<float>();
-  const float* xsp = xs.data_ptr<float>();
+  const int8_t* xdp = a.codes;
+  const float* xlp = a.lane_scales;
   at::Tensor out = at::empty({M, N}, x.options());
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const uint16_t* sp = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::BFloat16>());
@@ -660,17 +668,32 @@ at::Tensor int4_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Tens
   return out;
 }
 
+// out (M, N) float32 += bias (N,) float32, in place (the layer's bias, without a call of its own)
+at::Tensor with_bias(at::Tensor out, const c10::optional<at::Tensor>& bias) {
+  if (!bias.has_value() || !bias->defined()) return out;
+  TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == out.size(1),
+              "quant_gemv: the bias must be contiguous float32 (N,)");
+  float* o = out.data_ptr<float>();
+  const float* b = bias->data_ptr<float>();
+  const int64_t M = out.size(0), N = out.size(1);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) o[m * N + n] += b[n];
+  return out;
+}
+
 // The entry points: int8 activations (the integer kernels) where asked and the shape allows, else fp32.
-at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, bool int8_activations) {
+at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, bool int8_activations,
+                     const c10::optional<at::Tensor>& bias) {
   check_common(x, w, scale);
   TORCH_CHECK(w.scalar_type() == at::kChar, "quant_gemv: int8 codes expected");
   const int64_t K = x.size(1), N = w.size(0);
   TORCH_CHECK(w.size(1) == K && scale.numel() == N, "quant_gemv: shapes do not match");
-  if (int8_activations && K % kActBlock == 0) return int8_gemv_q8(x, w, scale);
-  return int8_gemv_f32(x, w, scale);
+  if (int8_activations && K % kActBlock == 0) return with_bias(int8_gemv_q8(x, w, scale), bias);
+  return with_bias(int8_gemv_f32(x, w, scale), bias);
 }
 
-at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, const at::Tensor& zero, int64_t G, bool int8_activations) {
+at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, const at::Tensor& zero, int64_t G, bool int8_activations,
+                     const c10::optional<at::Tensor>& bias) {
   check_common(x, w, scale);
   TORCH_CHECK(w.scalar_type() == at::kByte, "quant_gemv: packed uint8 int4 codes expected");
   TORCH_CHECK(zero.scalar_type() == at::kBFloat16 && zero.is_contiguous(), "quant_gemv: zero points must be contiguous bfloat16");
@@ -679,17 +702,17 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   TORCH_CHECK(w.size(1) * 2 == K && scale.size(0) == N && scale.numel() == N * (K / G) && zero.sizes() == scale.sizes(),
               "quant_gemv: shapes do not match");
   const int64_t groups = K / G, gs = (groups + 15) / 16 * 16;
-  at::Tensor xs = at::zeros({M, gs}, x.options());  // the group sums of x, for the zero points (rows padded with zeros)
+  thread_local std::vector<float> xs_buf;
+  float* xsp = scratch(xs_buf, M * gs, true);  // the group sums of x, for the zero points (rows padded with zeros)
   const float* xp = x.data_ptr<float>();
-  float* xsp = xs.data_ptr<float>();
   for (int64_t m = 0; m < M; ++m)
     for (int64_t g = 0; g < groups; ++g) {
       float s = 0.f;
       for (int64_t j = 0; j < G; ++j) s += xp[m * K + g * G + j];
       xsp[m * gs + g] = s;
     }
-  if (int8_activations && G >= kActBlock && G <= 256) return int4_gemv_q8(x, w, scale, zero, G, xs);
-  return int4_gemv_f32(x, w, scale, zero, G, xs);
+  if (int8_activations && G >= kActBlock && G <= 256) return with_bias(int4_gemv_q8(x, w, scale, zero, G, xsp, gs), bias);
+  return with_bias(int4_gemv_f32(x, w, scale, zero, G, xsp, gs), bias);
 }
 
 std::string isa_name() {
@@ -701,10 +724,11 @@ std::string isa_name() {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("int8_gemv", &int8_gemv, "x (M, K) f32 @ (q int8 (N, K) * scale bf16 (N,)).T", py::arg("x"), py::arg("q"), py::arg("scale"),
-        py::arg("int8_activations") = false);
-  m.def("int4_gemv", &int4_gemv, "x (M, K) f32 @ ((q - 8) * scale + zero).T, q packed (N, K/2), groups of G", py::arg("x"),
-        py::arg("packed"), py::arg("scale"), py::arg("zero"), py::arg("group_size"), py::arg("int8_activations") = false);
+  m.def("int8_gemv", &int8_gemv, "x (M, K) f32 @ (q int8 (N, K) * scale bf16 (N,)).T (+ bias f32 (N,))", py::arg("x"), py::arg("q"), py::arg("scale"),
+        py::arg("int8_activations") = false, py::arg("bias") = py::none());
+  m.def("int4_gemv", &int4_gemv, "x (M, K) f32 @ ((q - 8) * scale + zero).T (+ bias), q packed (N, K/2), groups of G", py::arg("x"),
+        py::arg("packed"), py::arg("scale"), py::arg("zero"), py::arg("group_size"), py::arg("int8_activations") = false,
+        py::arg("bias") = py::none());
   m.def(
       "quantize_activations",
       [](const at::Tensor& x) {
