@@ -4,6 +4,7 @@ torch's weight-only kernels and fp32 ``F.linear``, with fp32 activations and wit
 activations quantized to int8 (integer dot products), on GPT-2-124M's layer shapes, in CPU time.
 
     python scripts/bench_quant_gemv.py --threads 1 --copies 24
+    python scripts/bench_quant_gemv.py --threads 2 --clock wall
 
 Each weight is held in ``--copies`` copies used in turn, so that the weights come from memory rather
 than the caches (``--copies 1`` measures them cache-hot). GB/s is the bytes of the codes and scales
@@ -22,16 +23,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 SHAPES = ((2304, 768), (768, 768), (3072, 768), (768, 3072), (50257, 768))  # (out, in): GPT-2's layers and LM head
 
 
+CLOCK = {"cpu": time.process_time, "wall": time.perf_counter}
+clock = CLOCK["cpu"]
+
+
 def best_cpu_time(calls, repeat: int) -> float:
-    """The best over ``repeat`` passes of the process CPU time per call, one pass calling each once."""
+    """The best over ``repeat`` passes of the time per call (``--clock``), one pass calling each once."""
     for f in calls:
         f()
     best = float("inf")
     for _ in range(repeat):
-        start = time.process_time()
+        start = clock()
         for f in calls:
             f()
-        best = min(best, (time.process_time() - start) / len(calls))
+        best = min(best, (clock() - start) / len(calls))
     return best
 
 
@@ -47,12 +52,17 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=1, help="activation rows (1: decoding)")
     p.add_argument("--copies", type=int, default=24, help="copies of each weight, used in turn (the LM head: at most 3)")
     p.add_argument("--repeat", type=int, default=20)
+    p.add_argument(
+        "--clock", choices=tuple(CLOCK), default="cpu", help="process CPU time, or wall clock (with several threads CPU time also counts OpenMP's waiting)"
+    )
     args = p.parse_args()
+    global clock
+    clock = CLOCK[args.clock]
     torch.set_num_threads(args.threads)
     own = cpu_kernels()
     if own is None:
         raise SystemExit("gencli's quantized CPU kernels cannot be built here")
-    print(f"threads {args.threads}, rows {args.rows}, copies {args.copies}, kernels {own.isa()} / {own.int_isa()} (ms per call, CPU time; GB/s)")
+    print(f"threads {args.threads}, rows {args.rows}, copies {args.copies}, kernels {own.isa()} / {own.int_isa()} (ms per call, {args.clock} time; GB/s)")
     for out_f, in_f in SHAPES:
         copies = min(3, args.copies) if out_f > 10000 else args.copies
         weights = [torch.randn(out_f, in_f) * 0.02 for _ in range(copies)]
