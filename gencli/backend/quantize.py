@@ -10,8 +10,8 @@ are read in place, no second copy of the weights) and, where those cannot be bui
 (``aten._weight_int8pack_mm``, ``aten._weight_int4pack_mm_for_cpu``, which torchao's CPU weight-only
 configs call too) with the activations in bf16 (those kernels are vectorised for bf16 activations
 only) and the result returned in the input's dtype (one row, one thread, GPT-2's layers with their
-weights in memory: torch's int8 kernel takes 1.0-1.7x the time of gencli's, its int4 kernel
-0.6-1.0x, from a repacked second copy of the codes and with bf16 activations). Both scale
+weights in memory: torch's int8 kernel takes 1.2-1.9x the CPU time of gencli's int8-activation
+kernels, its int4 kernel 1.0-1.4x, from a repacked second copy of the codes). Both scale
 linearly with the number of rows (no GEMM blocking): from ``DEQUANTIZE_MIN_ROWS[mode]`` rows (a
 prompt's prefill) the weight is dequantized to bf16 for that call and multiplied by
 :func:`gencli.backend.layers.linear` instead. Other devices dequantize on every call (correct
