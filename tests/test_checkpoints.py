@@ -80,6 +80,49 @@ def test_column_major_weights_when_converting(tmp_path, single):
     assert same.proj.weight.is_contiguous()
 
 
+def test_replaced_modules_are_built_one_at_a_time_from_private_reads(tmp_path):
+    """``replace`` hands each module's tensors to its builder as soon as they are read: the other
+    replaced modules are then still on meta (or replaced already), and a tied module loads as usual."""
+
+    class Stack(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(11, 8)
+            self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+            self.head = nn.Linear(8, 11, bias=False)
+            self.head.weight = self.embed.weight
+
+    torch.manual_seed(0)
+    state = {k: v for k, v in Stack().state_dict().items() if k != "head.weight"}
+    save_file(state, tmp_path / "model.safetensors")
+
+    class Halved(nn.Module):
+        def __init__(self, weight, bias):
+            super().__init__()
+            self.weight, self.bias = nn.Parameter(weight / 2), nn.Parameter(bias)
+
+    seen = []
+
+    def build(module, tensors):
+        others = [m for i, m in enumerate(model.layers) if m is not module]
+        assert all(isinstance(m, Halved) or m.weight.is_meta for m in others), "one dense layer at a time"
+        assert set(tensors) == {"weight", "bias"} and not tensors["weight"].is_meta
+        seen.append(module)
+        return Halved(tensors["weight"].double(), tensors["bias"])
+
+    model = build_on_meta(Stack)
+    replace = {f"layers.{i}": build for i in range(3)} | {"head": build}
+    from gencli.checkpoints.loader import load_state
+
+    with open_reader(tmp_path) as reader:
+        load_state(model, reader, replace=replace)
+    assert len(seen) == 3, "the tied head is not replaced"
+    for i in range(3):
+        layer = model.layers[i]
+        assert isinstance(layer, Halved) and torch.equal(layer.weight, state[f"layers.{i}.weight"].double() / 2)
+    assert model.head.weight is model.embed.weight and torch.equal(model.embed.weight, state["embed.weight"])
+
+
 def test_sharded_checkpoint(tmp_path):
     state = tiny_state(1)
     names = sorted(state)

@@ -121,14 +121,47 @@ def test_a_bf16_file_is_quantized_from_its_own_dtype_with_the_same_result(models
     reference = text.load_text_model(folder, device="cpu", dtype="float32", threads=1)
     quantize_linears(reference.model, QuantizationSpec.for_mode(mode))
     dtypes = []
-    real_load = loader.load_model
-    monkeypatch.setattr(loader, "load_model", lambda *a, **kw: dtypes.append(kw["dtype"]) or real_load(*a, **kw))
+    real_load = loader.load_state
+    monkeypatch.setattr(loader, "load_state", lambda *a, **kw: dtypes.append(kw["dtype"]) or real_load(*a, **kw))
     quant = text.load_text_model(folder, device="cpu", dtype="float32", threads=1, quantize=mode)
     assert dtypes == [torch.bfloat16]
     want, got = reference.model.state_dict(), quant.model.state_dict()
     assert want.keys() == got.keys()
     for name in want:
         assert want[name].dtype == got[name].dtype and torch.equal(want[name], got[name]), name
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2"])
+def test_quantizing_on_loading_quantizes_each_layer_as_it_is_read(models, family, monkeypatch):
+    """The layers are quantized inside the load, one at a time (the dense model never exists whole);
+    only a head tied to the embedding is quantized afterwards, from the loaded embedding."""
+    from gencli.backend import quantize as quant
+    from gencli.checkpoints import loader
+    from gencli.pipelines.text import load_text_model
+
+    in_load, after = [], []
+    real_state, real_from = loader.load_state, quant.QuantizedLinear.from_weight.__func__
+    loading = [False]
+
+    def load_state(*a, **kw):
+        loading[0] = True
+        try:
+            return real_state(*a, **kw)
+        finally:
+            loading[0] = False
+
+    def from_weight(cls, weight, bias, spec):
+        (in_load if loading[0] else after).append(tuple(weight.shape))
+        return real_from(cls, weight, bias, spec)
+
+    monkeypatch.setattr(loader, "load_state", load_state)
+    monkeypatch.setattr(quant.QuantizedLinear, "from_weight", classmethod(from_weight))
+    tm = load_text_model(models / family, device="cpu", threads=1, quantize="int8")
+    layers = [n for n, _ in quant.quantized_layers(tm.model)]
+    tied = family in ("gpt2", "qwen2")
+    assert len(in_load) == len(layers) - tied and len(after) == tied, (in_load, after)
+    if tied:
+        assert after == [tuple(tm.model.lm_head.weight.shape)]
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])

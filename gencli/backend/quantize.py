@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 import torch.nn as nn
 
+from gencli.backend.device import release_free_memory
 from gencli.backend.layers import get_activation, linear
 from gencli.backend.quant_kernels import cpu_kernels, int8_activations
 
@@ -105,9 +106,19 @@ _CHUNK_ROWS = 2048  # rows quantized at a time: the fp32 temporaries of a 50k-ro
 
 
 def _by_rows(fn: Callable[[torch.Tensor], tuple[torch.Tensor, ...]], weight: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """``fn`` applied to blocks of rows of ``weight``, the results concatenated along the rows."""
-    parts = [fn(weight[i : i + _CHUNK_ROWS]) for i in range(0, weight.shape[0], _CHUNK_ROWS)]
-    return tuple(torch.cat(p) for p in zip(*parts)) if len(parts) > 1 else parts[0]
+    """``fn`` applied to blocks of rows of ``weight``, the results written into tensors of all the
+    rows allocated once (no concatenation: the temporaries of every block are the same size and
+    reuse the same memory, and no long-lived part sits between them in the C allocator's heap)."""
+    rows = weight.shape[0]
+    first = fn(weight[:_CHUNK_ROWS])
+    outs = tuple(torch.empty((rows, *p.shape[1:]), dtype=p.dtype, device=p.device) for p in first)
+    for out, part in zip(outs, first):
+        out[: part.shape[0]] = part
+    del first
+    for i in range(_CHUNK_ROWS, rows, _CHUNK_ROWS):
+        for out, part in zip(outs, fn(weight[i : i + _CHUNK_ROWS])):
+            out[i : i + part.shape[0]] = part
+    return outs
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -294,23 +305,14 @@ def _dense_of(module: nn.Module) -> Optional[tuple[torch.Tensor, Optional[torch.
     return None
 
 
-def quantize_linears(
-    model: nn.Module,
-    spec: QuantizationSpec,
-    *,
-    include: Optional[Callable[[str], bool]] = None,
-    report: Optional[Callable[[str], None]] = None,
-) -> QuantizationSpec:
-    """Replace every linear layer of ``model`` (whose name ``include`` accepts, and that is not in
-    ``spec.modules_to_not_convert``) by a :class:`QuantizedLinear`, in place; tied weights are untied
-    (an LM head tied to the embedding gets its own quantized copy, the embedding keeps its dtype).
-
-    On a model built on the meta device the layers are empty, ready for a quantized checkpoint.
-    Returns the spec with the layers that could not be quantized (shapes the group size does not
-    divide) added to ``modules_to_not_convert``.
-    """
+def quantization_targets(
+    model: nn.Module, spec: QuantizationSpec, *, include: Optional[Callable[[str], bool]] = None
+) -> tuple[list[str], QuantizationSpec]:
+    """``(names, spec)``: the linear layers of ``model`` that ``spec`` quantizes (those ``include``
+    accepts, not in ``spec.modules_to_not_convert``), and the spec with the layers that cannot be
+    quantized (shapes the group size does not divide) added to ``modules_to_not_convert``."""
     skipped = list(spec.modules_to_not_convert)
-    targets = []
+    names = []
     for name, module in model.named_modules():
         dense = _dense_of(module) if name else None
         if dense is None or name in skipped or (include is not None and not include(name)):
@@ -318,14 +320,78 @@ def quantize_linears(
         if not QuantizedLinear.supports(tuple(dense[0].shape), spec):
             skipped.append(name)
             continue
-        targets.append((name, dense))
-    for name, (weight, bias) in targets:
+        names.append(name)
+    return names, QuantizationSpec(spec.mode, spec.group_size, tuple(skipped))
+
+
+class _Trimmer:
+    """Gives the C allocator's free memory back to the system (:func:`release_free_memory`) each time
+    another ``every`` bytes of dense weights have been quantized and dropped. glibc keeps freed blocks
+    of up to 32 MB in its heap, and the codes allocated between them pin the heap: without this the
+    peak of quantizing a model is near that of its dense weights. Not after every layer: each trim
+    costs milliseconds, and the pages it returns are faulted in again by the next layer."""
+
+    def __init__(self, every: int = 64 << 20):
+        self.every, self.pending = every, 0
+
+    def freed(self, nbytes: int) -> None:
+        self.pending += nbytes
+        if self.pending >= self.every:
+            release_free_memory()
+            self.pending = 0
+
+
+def quantizing_loader(spec: QuantizationSpec) -> Callable[[nn.Module, dict[str, torch.Tensor]], QuantizedLinear]:
+    """A builder for :func:`gencli.checkpoints.loader.load_state`'s ``replace``: the linear layer
+    ``module`` (on meta) given its loaded ``tensors`` becomes a :class:`QuantizedLinear`, so that a
+    model is quantized one layer at a time while it loads."""
+    trim = _Trimmer()
+
+    def build(module: nn.Module, tensors: dict[str, torch.Tensor]) -> QuantizedLinear:
+        for attr, tensor in tensors.items():
+            setattr(module, attr, nn.Parameter(tensor, requires_grad=False))
+        weight, bias = _dense_of(module)  # type: ignore[misc]
+        layer = QuantizedLinear.from_weight(weight, bias, spec)
+        weight_bytes = weight.numel() * weight.element_size()
+        del weight, bias
+        for attr, tensor in tensors.items():  # the dense tensors go now, not when the caller lets go
+            setattr(module, attr, nn.Parameter(tensor.to("meta"), requires_grad=False))
+        tensors.clear()
+        trim.freed(weight_bytes)
+        return layer
+
+    return build
+
+
+def quantize_linears(
+    model: nn.Module,
+    spec: QuantizationSpec,
+    *,
+    include: Optional[Callable[[str], bool]] = None,
+    report: Optional[Callable[[str], None]] = None,
+) -> QuantizationSpec:
+    """Replace every linear layer of ``model`` (see :func:`quantization_targets`) by a
+    :class:`QuantizedLinear`, in place; tied weights are untied (an LM head tied to the embedding
+    gets its own quantized copy, the embedding keeps its dtype). Each layer's dense weight is
+    released as soon as it is quantized (unless something else holds it).
+
+    On a model built on the meta device the layers are empty, ready for a quantized checkpoint.
+    Returns the spec with the layers that could not be quantized added to ``modules_to_not_convert``.
+    """
+    names, spec = quantization_targets(model, spec, include=include)
+    trim = _Trimmer()
+    if names:
+        release_free_memory()  # what loading left free (see quantizing_loader), before a large head
+    for name in names:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
+        weight, bias = _dense_of(getattr(parent, attr))  # type: ignore[misc]
         setattr(parent, attr, QuantizedLinear.from_weight(weight, bias, spec))
+        trim.freed(weight.numel() * weight.element_size())
+        del weight, bias
         if report is not None:
             report(name)
-    return QuantizationSpec(spec.mode, spec.group_size, tuple(skipped))
+    return spec
 
 
 def quantized_layers(model: nn.Module) -> Iterable[tuple[str, QuantizedLinear]]:
@@ -343,5 +409,7 @@ __all__ = [
     "unpack_int4",
     "dequantize",
     "quantize_linears",
+    "quantization_targets",
+    "quantizing_loader",
     "quantized_layers",
 ]

@@ -59,6 +59,7 @@ def load_state(
     what: Optional[str] = None,
     column_major: Iterable[str] = (),
     private: Optional[Callable[[str, torch.Tensor], bool]] = None,
+    replace: Optional[dict[str, Callable[[nn.Module, dict[str, torch.Tensor]], nn.Module]]] = None,
 ) -> M:
     """Fill ``model`` (usually built on meta) from ``reader`` through ``keymap``.
 
@@ -74,6 +75,13 @@ def load_state(
     matrix-vector products of decoding on a CPU (about 9% here); embedding lookups on such a weight
     gather strided rows and stay exact. Tensors that need no conversion stay zero-copy views of the
     memory-mapped file: a column-major copy would keep both in memory.
+
+    ``replace`` maps submodule names to builders ``(meta_module, tensors) -> module``: such a
+    module's tensors are read as private copies (in the target dtype, on the target device) and, as
+    soon as its last one is read, handed to its builder, whose module takes its place; the tensors
+    are then dropped. This is how a model is quantized while it loads: only one layer's dense
+    weights exist at a time, and the file's pages stay out of the process's memory. Modules with a
+    tied parameter are loaded as usual.
     """
     device = torch.device(device)
     where = f"'{reader.source.path}' does not fit {what or type(model).__name__}"
@@ -88,9 +96,12 @@ def load_state(
     fp32_rx = [re.compile(p) for p in keep_fp32]
     col_rx = [re.compile(p) for p in column_major]
     state: dict[str, torch.Tensor] = {}
+    replacing = _replaced(model, replace or {}, needed, plan, ties)
+    pending: dict[str, dict[str, torch.Tensor]] = {}
     for name in needed:
         if name not in plan:
             continue
+        owner, _, attr = name.rpartition(".")
         target = targets[name]
         source_dtype = reader.dtype(plan[name].sources[0]) if len(plan[name].sources) == 1 else None
         want = target.dtype
@@ -98,9 +109,18 @@ def load_state(
             want = torch.float32 if any(r.search(name) for r in fp32_rx) else (dtype or target.dtype)
         # a read that is converted anyway, or that the caller will modify in place, is a private copy
         private_read = device.type != "cpu" or (source_dtype is not None and source_dtype != want) or bool(private and private(name, target))
+        private_read = private_read or owner in replacing
         tensor = _read(plan, name, _PrivateReads(reader) if private_read else reader, target, where)
         if not tensor.is_floating_point():
             want = target.dtype
+        if owner in replacing:
+            got = pending.setdefault(owner, {})
+            got[attr] = tensor.to(device=device, dtype=want)
+            del tensor
+            if len(got) == replacing[owner]:
+                module = model.get_submodule(owner)
+                _set_attr(model, owner, replace[owner](module, pending.pop(owner)))  # type: ignore[index]
+            continue
         column = any(r.search(n) for r in col_rx for n in ties.names_of.get(name, [name]))
         state[name] = _place(tensor, device, want, column_major=column)
         del tensor
@@ -116,6 +136,23 @@ def load_state(
     if left:
         raise CheckpointError(f"{where}: tensor '{left[0]}' was not loaded{_more(left)}")
     return model.eval()
+
+
+def _replaced(model: nn.Module, replace: dict, needed: list[str], plan: dict, ties: "_Ties") -> dict[str, int]:
+    """The modules of ``replace`` that are replaced while loading, each with the number of its tensors
+    read from the checkpoint (all of them: a module missing one, or with a tied one, loads as usual)."""
+    counts: dict[str, int] = {}
+    for owner in replace:
+        if not owner:
+            raise ValueError("replace names submodules, not the model itself")
+        module = model.get_submodule(owner)
+        names = [f"{owner}.{n}" for n, _ in module.named_parameters(recurse=False)]
+        names += [f"{owner}.{n}" for n, _ in module.named_buffers(recurse=False)]
+        children = any(True for _ in module.children())
+        if children or not names or any(n not in plan or n not in needed or len(ties.names_of.get(n, [n])) > 1 for n in names):
+            continue
+        counts[owner] = len(names)
+    return counts
 
 
 class _PrivateReads:
@@ -149,7 +186,7 @@ class _Ties:
 
     def retie(self, model: nn.Module) -> None:
         for alias, canonical in self.alias_of.items():
-            _set_param(model, alias, model.get_parameter(canonical))
+            _set_attr(model, alias, model.get_parameter(canonical))
 
 
 def _check_names(needed: list[str], targets: dict, plan: dict, optional: list[re.Pattern], where: str) -> None:
@@ -189,16 +226,17 @@ def _place(tensor: torch.Tensor, device: torch.device, dtype: torch.dtype, *, co
     return tensor.to(device=device, dtype=dtype)
 
 
-def _set_param(model: nn.Module, dotted: str, param: nn.Parameter) -> None:
+def _set_attr(model: nn.Module, dotted: str, value: nn.Module | nn.Parameter) -> None:
+    """Set a submodule or parameter by its dotted name."""
     module_name, _, attr = dotted.rpartition(".")
     module = model.get_submodule(module_name) if module_name else model
-    setattr(module, attr, param)
+    setattr(module, attr, value)
 
 
 def load_model(factory: Callable[[], M], reader: TensorReader, keymap: KeyMap = IDENTITY, **options: Any) -> M:
     """Build ``factory()`` on the meta device and load it from ``reader``; ``options`` are
     :func:`load_state`'s (``device``, ``dtype``, ``keep_fp32``, ``optional``, ``config``, ``what``,
-    ``column_major``, ``private``)."""
+    ``column_major``, ``private``, ``replace``)."""
     return load_state(build_on_meta(factory), reader, keymap, **options)
 
 

@@ -120,9 +120,9 @@ def load_text_model(
     """Load a text model with its tokenizer. ``quantize`` ("int8" | "int4") quantizes the linear
     layers (LM head included) on loading, see :mod:`gencli.backend.quantize`; a checkpoint written by
     ``gencli quantize`` loads quantized as it was saved (``quantize`` may then name the same mode)."""
-    from gencli.backend.quantize import quantize_linears
+    from gencli.backend.quantize import quantization_targets, quantize_linears, quantizing_loader
     from gencli.checkpoints.formats import command_for, detect_architecture, open_source, shard_index, wrong_family
-    from gencli.checkpoints.loader import build_on_meta, load_model, load_state
+    from gencli.checkpoints.loader import build_on_meta, load_state
     from gencli.checkpoints.reader import open_reader
     from gencli.models import gpt2, llama
 
@@ -163,17 +163,23 @@ def load_text_model(
             if spec is not None and not src.is_pickle:
                 narrow = _narrow_source_dtype(src, placement.dtype)
                 load_dtype = narrow or placement.dtype
-            model = load_model(
-                lambda: model_class(cfg),
+            model = build_on_meta(lambda: model_class(cfg))
+            replace = {}
+            if spec is not None:  # each linear layer quantized as soon as it is read (see load_state)
+                names, spec = quantization_targets(model, spec)
+                replace = dict.fromkeys(names, quantizing_loader(spec))
+            model = load_state(
+                model,
                 reader,
                 module.HF_KEYMAP,
                 device=placement.device,
                 dtype=load_dtype,
                 config=src.config,
                 column_major=module.CPU_COLUMN_MAJOR if fast_layout else (),
+                replace=replace,
             )
             if spec is not None:
-                spec = quantize_linears(model, spec)
+                spec = quantize_linears(model, spec)  # the rest: a head tied to the embedding
                 if load_dtype != placement.dtype:
                     _convert_unquantized(model, placement.dtype)
     finally:
