@@ -131,8 +131,28 @@ def test_the_bias_is_added_in_the_call(int8_activations):
     packed, scale, zero = quantize_int4(torch.randn(40, 128), 32)
     plain = kernels.int4_gemv(x, packed, scale, zero, 32, int8_activations)
     assert torch.equal(kernels.int4_gemv(x, packed, scale, zero, 32, int8_activations, bias), plain + bias)
+    # the layer's tensors are passed as they are: another dtype is converted, a wrong length refused
+    assert torch.equal(kernels.int8_gemv(x, q, scale_8 := quantize_int8(torch.randn(40, 128))[1], int8_activations, bias.double()),
+                       kernels.int8_gemv(x, q, scale_8, int8_activations, bias))
     with pytest.raises(RuntimeError, match="bias"):
-        kernels.int8_gemv(x, q, quantize_int8(torch.randn(40, 128))[1], int8_activations, bias.double())
+        kernels.int8_gemv(x, q, scale_8, int8_activations, bias[:30])
+
+
+@needs_kernels
+@pytest.mark.parametrize("int8_activations", [False, True])
+def test_the_kernels_take_activations_of_any_shape_and_layout(int8_activations):
+    """x (..., K) as a decoding step has it, strided or not; the result (..., N); float32 scales are
+    converted to the bf16 the kernels read."""
+    torch.manual_seed(5)
+    x = torch.randn(2, 3, 256)[..., ::2]  # (2, 3, 128), not contiguous
+    q, scale = quantize_int8(torch.randn(40, 128))
+    flat = kernels.int8_gemv(x.reshape(6, 128).contiguous(), q, scale, int8_activations)
+    got = kernels.int8_gemv(x, q, scale.float(), int8_activations)
+    assert got.shape == (2, 3, 40) and torch.equal(got.reshape(6, 40), flat)
+    packed, scale, zero = quantize_int4(torch.randn(40, 128), 32)
+    flat = kernels.int4_gemv(x.reshape(6, 128).contiguous(), packed, scale, zero, 32, int8_activations)
+    got = kernels.int4_gemv(x, packed, scale.float(), zero.float(), 32, int8_activations)
+    assert got.shape == (2, 3, 40) and torch.equal(got.reshape(6, 40), flat)
 
 
 @needs_kernels

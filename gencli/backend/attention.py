@@ -168,6 +168,26 @@ def reference_attention(
     return torch.matmul(weights, v).to(q.dtype), weights
 
 
+def _decode_attention(q, k, v, key_padding_mask, scale) -> Optional[torch.Tensor]:
+    """One query position per sequence (decoding; the causal rule then allows every cached key) by
+    the CPU kernel of ``csrc/decode_attention.cpp``: torch's CPU flash kernel spends most of its
+    ~30 us a call on fixed costs at this size. Only where the compiled CPU extension is loaded
+    already (quantized decoding, :func:`gencli.backend.quant_kernels.loaded_kernels`), for fp32
+    tensors on a CPU outside autograd; else None (torch's kernel runs)."""
+    if q.device.type != "cpu" or q.dtype != torch.float32 or k.dtype != torch.float32 or v.dtype != torch.float32:
+        return None
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return None
+    from gencli.backend.quant_kernels import loaded_kernels
+
+    kernels = loaded_kernels()
+    if kernels is None or q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        return None
+    if key_padding_mask is not None and (key_padding_mask.dtype != torch.bool or tuple(key_padding_mask.shape) != (q.shape[0], k.shape[2])):
+        return None  # (build_mask says what is wrong with a mask of another shape)
+    return kernels.decode_attention(q, k, v, q.shape[-1] ** -0.5 if scale is None else scale, key_padding_mask)
+
+
 def scaled_dot_product_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -207,6 +227,10 @@ def scaled_dot_product_attention(
             raise ValueError("return_weights is for inference; dropout is not applied on that path")
         return out, weights
 
+    if q_len == 1 and attn_mask is None and dropout_p == 0.0:
+        out = _decode_attention(q, k, v, key_padding_mask, scale)
+        if out is not None:
+            return out
     # Fast path: plain causal self attention over the whole sequence uses the kernel's own flag.
     use_flag = causal and q_len == k_len and key_padding_mask is None and attn_mask is None
     mask = None if use_flag else build_mask(q_len, k_len, causal=causal, key_padding_mask=key_padding_mask, attn_mask=attn_mask, device=q.device)

@@ -124,9 +124,11 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x (B, H, L, D)`` by the tables ``cos, sin (B, L, D)`` (half-split layout)."""
-    cos = cos.unsqueeze(1)
-    sin = sin.unsqueeze(1)
+    """Rotate ``x (B, H, L, D)`` by the tables ``cos, sin (B, L, D)`` (half-split layout), or by
+    tables already shaped ``(B, 1, L, D)`` (a model rotating every layer's queries and keys by the
+    same tables unsqueezes them once)."""
+    if cos.dim() == 3:
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     return x * cos + rotate_half(x) * sin
 
 

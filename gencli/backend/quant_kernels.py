@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 SOURCE = Path(__file__).with_name("csrc") / "quant_gemv.cpp"
+SOURCES = (SOURCE, SOURCE.with_name("decode_attention.cpp"))  # one extension
 ENV_SWITCH = "GENCLI_QUANT_KERNELS"
 ENV_ACTIVATIONS = "GENCLI_QUANT_ACTIVATIONS"
 ACTIVATIONS = ("int8", "fp32")
@@ -55,12 +56,12 @@ def _build() -> Optional[Any]:
         from torch.utils.cpp_extension import load
 
         # the name carries the source's hash: an edited source is a new extension, never a stale one
-        digest = hashlib.sha256(SOURCE.read_bytes() + _BUILD_FLAGS_TAG).hexdigest()[:12]
+        digest = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCES) + _BUILD_FLAGS_TAG).hexdigest()[:12]
         name = f"gencli_quant_gemv_{digest}"
         _announce_first_build(name)
         # -fopenmp: at::parallel_for is inline OpenMP in the headers; without it the rows run on one
         # thread. The library it links is libgomp.so.1, already loaded by torch: one thread pool.
-        module = load(name=name, sources=[str(SOURCE)], extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+        module = load(name=name, sources=[str(f) for f in SOURCES], extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
         if not module.isa():
             _log.debug("quantized CPU kernels: this CPU has neither AVX-512 nor AVX2, using torch's")
             return None
@@ -102,4 +103,14 @@ def cpu_kernels() -> Optional[Any]:
     return _build() if enabled() else None
 
 
-__all__ = ["SOURCE", "ENV_SWITCH", "ENV_ACTIVATIONS", "enabled", "int8_activations", "cpu_kernels"]
+def loaded_kernels() -> Optional[Any]:
+    """The extension if this process has built or loaded it already (a quantized layer asked for it),
+    else None: never a build. The decode attention (:func:`gencli.backend.attention.scaled_dot_product_attention`)
+    uses it then; unquantized decoding, where attention is a small part of a token's time, does not
+    pay for a compilation."""
+    if not enabled() or _build.cache_info().currsize == 0:
+        return None
+    return _build()
+
+
+__all__ = ["SOURCE", "SOURCES", "loaded_kernels", "ENV_SWITCH", "ENV_ACTIVATIONS", "enabled", "int8_activations", "cpu_kernels"]

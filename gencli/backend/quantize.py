@@ -241,35 +241,35 @@ class QuantizedLinear(nn.Module):
                 self._kernel = (packed, scale_zero.transpose(0, 1).contiguous())  # (groups, out, 2)
         return self._kernel
 
-    def _few_rows_on_cpu(self, flat: torch.Tensor) -> Optional[tuple[torch.Tensor, bool]]:
-        """``(flat @ W.T, whether the bias is added)`` for a few rows on a CPU by a quantized kernel:
-        gencli's own (the stored codes read in place; int8 activations by default, fp32 with
-        ``GENCLI_QUANT_ACTIVATIONS=fp32``; the bias added in the call) or else torch's (bf16
-        activations); None when neither is available."""
+    def _few_rows_on_cpu(self, x: torch.Tensor) -> Optional[tuple[torch.Tensor, bool]]:
+        """``(x @ W.T, whether the bias is added)`` for a few rows of ``x (..., in)`` on a CPU by a
+        quantized kernel: gencli's own (the stored codes read in place; int8 activations by default,
+        fp32 with ``GENCLI_QUANT_ACTIVATIONS=fp32``; the bias added in the call; one call from
+        Python, which decoding makes for every layer and token) or else torch's (bf16 activations);
+        None when neither is available."""
         own = cpu_kernels()
         if own is not None:
-            flat, scale = flat.float().contiguous(), self.weight_scale.to(_SCALE_DTYPE)  # (no-ops unless cast)
-            bias = None if self.bias is None else self.bias.float()
-            act8 = int8_activations()
+            x = x if x.dtype == torch.float32 else x.float()
             if self.mode == "int8":
-                return own.int8_gemv(flat, self.weight, scale, act8, bias), True
-            return own.int4_gemv(flat, self.weight, scale, self.weight_zero.to(_SCALE_DTYPE), self.group_size, act8, bias), True
+                return own.int8_gemv(x, self.weight, self.weight_scale, int8_activations(), self.bias), True
+            return own.int4_gemv(x, self.weight, self.weight_scale, self.weight_zero, self.group_size, int8_activations(), self.bias), True
         if not _cpu_kernel(self.mode):
             return None
-        flat = flat.to(torch.bfloat16)
+        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
         weight, scales = self._cpu_operands()
         if self.mode == "int8":
-            return torch.ops.aten._weight_int8pack_mm(flat, weight, scales), False
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(flat, weight, self.group_size, scales)[:, : self.out_features], False
+            out = torch.ops.aten._weight_int8pack_mm(flat, weight, scales)
+        else:
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, weight, self.group_size, scales)[:, : self.out_features]
+        return out.reshape(*x.shape[:-1], self.out_features), False
 
     def forward(self, x: torch.Tensor, activation: Optional[str] = None) -> torch.Tensor:
-        rows = x.numel() // max(1, self.in_features)
         on_cpu = x.device.type == "cpu"
-        if on_cpu and rows < DEQUANTIZE_MIN_ROWS[self.mode]:
-            done = self._few_rows_on_cpu(x.reshape(-1, self.in_features))
+        if on_cpu and x.numel() < DEQUANTIZE_MIN_ROWS[self.mode] * self.in_features:
+            done = self._few_rows_on_cpu(x)
             if done is not None:
                 out, biased = done
-                return self._finish(out.to(x.dtype).reshape(*x.shape[:-1], self.out_features), activation, bias=not biased)
+                return self._finish(out if out.dtype == x.dtype else out.to(x.dtype), activation, bias=not biased)
         dtype = torch.bfloat16 if on_cpu and x.dtype == torch.float32 else x.dtype
         if self.mode == "int8":  # one scale per output channel: it scales the product's columns
             out = linear(x.to(dtype), self.weight.to(dtype)).mul_(self.weight_scale.to(dtype))

@@ -238,6 +238,7 @@ class LlamaForCausalLM(CausalLM):
     def backbone(self, input_ids, position_ids, key_mask, kv_cache):
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.model.rotary_emb(position_ids, x.dtype)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, L, D): broadcast over the heads, once
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, kv_cache[i] if kv_cache is not None else None, key_mask)
         return x

@@ -482,9 +482,8 @@ int64_t grain(int64_t K) { return std::max<int64_t>(1, (int64_t{1} << 16) / std:
 void check_common(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale) {
   TORCH_CHECK(isa() != Isa::none, "quant_gemv: this CPU has neither AVX-512 nor AVX2");
   TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "quant_gemv: CPU tensors only");
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "quant_gemv: x must be contiguous float32 (M, K)");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "quant_gemv: x must be float32 (M, K)");
   TORCH_CHECK(w.dim() == 2 && w.is_contiguous(), "quant_gemv: the codes must be contiguous (N, K or K/2)");
-  TORCH_CHECK(scale.scalar_type() == at::kBFloat16 && scale.is_contiguous(), "quant_gemv: scales must be contiguous bfloat16");
 }
 
 // Runs tile<MT>(row pointer offset m0, ...) over the activation rows in tiles of at most kMaxRows.
@@ -669,34 +668,51 @@ at::Tensor int4_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Tens
 }
 
 // out (M, N) float32 += bias (N,) float32, in place (the layer's bias, without a call of its own)
-at::Tensor with_bias(at::Tensor out, const c10::optional<at::Tensor>& bias) {
-  if (!bias.has_value() || !bias->defined()) return out;
-  TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == out.size(1),
-              "quant_gemv: the bias must be contiguous float32 (N,)");
+at::Tensor with_bias(at::Tensor out, const c10::optional<at::Tensor>& bias_in) {
+  if (!bias_in.has_value() || !bias_in->defined()) return out;
+  const at::Tensor bias = bias_in->to(at::kFloat).contiguous();  // (no copy when it is already)
+  TORCH_CHECK(bias.numel() == out.size(1), "quant_gemv: the bias must have N values");
   float* o = out.data_ptr<float>();
-  const float* b = bias->data_ptr<float>();
+  const float* b = bias.data_ptr<float>();
   const int64_t M = out.size(0), N = out.size(1);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n) o[m * N + n] += b[n];
   return out;
 }
 
-// The entry points: int8 activations (the integer kernels) where asked and the shape allows, else fp32.
-at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, bool int8_activations,
+// The entry points: x (..., K) float32, any layout (a decoding step's (B, n, K) activations as they come);
+// the result (..., N). int8 activations (the integer kernels) where asked and the shape allows, else fp32.
+// The scales and the bias are taken in any floating dtype (converted here, a no-op when they are bf16 /
+// fp32 already): the Python side passes the layer's tensors as they are, one call a layer.
+namespace {
+at::Tensor as_rows(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == at::kFloat, "quant_gemv: x must be float32 (..., K)");
+  return x.reshape({-1, x.size(-1)}).contiguous();
+}
+at::Tensor as_bf16(const at::Tensor& t) { return t.to(at::kBFloat16).contiguous(); }
+at::Tensor shaped_like(const at::Tensor& out, const at::Tensor& x) {
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = out.size(1);
+  return out.view(shape);
+}
+}  // namespace
+
+at::Tensor int8_gemv(const at::Tensor& x_in, const at::Tensor& w, const at::Tensor& scale_in, bool int8_activations,
                      const c10::optional<at::Tensor>& bias) {
+  const at::Tensor x = as_rows(x_in), scale = as_bf16(scale_in);
   check_common(x, w, scale);
   TORCH_CHECK(w.scalar_type() == at::kChar, "quant_gemv: int8 codes expected");
   const int64_t K = x.size(1), N = w.size(0);
   TORCH_CHECK(w.size(1) == K && scale.numel() == N, "quant_gemv: shapes do not match");
-  if (int8_activations && K % kActBlock == 0) return with_bias(int8_gemv_q8(x, w, scale), bias);
-  return with_bias(int8_gemv_f32(x, w, scale), bias);
+  if (int8_activations && K % kActBlock == 0) return shaped_like(with_bias(int8_gemv_q8(x, w, scale), bias), x_in);
+  return shaped_like(with_bias(int8_gemv_f32(x, w, scale), bias), x_in);
 }
 
-at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, const at::Tensor& zero, int64_t G, bool int8_activations,
-                     const c10::optional<at::Tensor>& bias) {
+at::Tensor int4_gemv(const at::Tensor& x_in, const at::Tensor& w, const at::Tensor& scale_in, const at::Tensor& zero_in, int64_t G,
+                     bool int8_activations, const c10::optional<at::Tensor>& bias) {
+  const at::Tensor x = as_rows(x_in), scale = as_bf16(scale_in), zero = as_bf16(zero_in);
   check_common(x, w, scale);
   TORCH_CHECK(w.scalar_type() == at::kByte, "quant_gemv: packed uint8 int4 codes expected");
-  TORCH_CHECK(zero.scalar_type() == at::kBFloat16 && zero.is_contiguous(), "quant_gemv: zero points must be contiguous bfloat16");
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0), W = lanes();
   TORCH_CHECK(G > 0 && G % (2 * W) == 0 && G <= 32 * W && (G & (G - 1)) == 0 && K % G == 0, "quant_gemv: the group size must be a multiple of ", 2 * W, " dividing K");
   TORCH_CHECK(w.size(1) * 2 == K && scale.size(0) == N && scale.numel() == N * (K / G) && zero.sizes() == scale.sizes(),
@@ -711,8 +727,8 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
       for (int64_t j = 0; j < G; ++j) s += xp[m * K + g * G + j];
       xsp[m * gs + g] = s;
     }
-  if (int8_activations && G >= kActBlock && G <= 256) return with_bias(int4_gemv_q8(x, w, scale, zero, G, xsp, gs), bias);
-  return with_bias(int4_gemv_f32(x, w, scale, zero, G, xsp, gs), bias);
+  if (int8_activations && G >= kActBlock && G <= 256) return shaped_like(with_bias(int4_gemv_q8(x, w, scale, zero, G, xsp, gs), bias), x_in);
+  return shaped_like(with_bias(int4_gemv_f32(x, w, scale, zero, G, xsp, gs), bias), x_in);
 }
 
 std::string isa_name() {
@@ -723,10 +739,15 @@ std::string isa_name() {
   }
 }
 
+// decode_attention.cpp, built into the same extension
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                            const c10::optional<at::Tensor>& key_mask);
+bool use_attention_isa(const std::string& name);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("int8_gemv", &int8_gemv, "x (M, K) f32 @ (q int8 (N, K) * scale bf16 (N,)).T (+ bias f32 (N,))", py::arg("x"), py::arg("q"), py::arg("scale"),
+  m.def("int8_gemv", &int8_gemv, "x (..., K) f32 @ (q int8 (N, K) * scale bf16 (N,)).T (+ bias f32 (N,))", py::arg("x"), py::arg("q"), py::arg("scale"),
         py::arg("int8_activations") = false, py::arg("bias") = py::none());
-  m.def("int4_gemv", &int4_gemv, "x (M, K) f32 @ ((q - 8) * scale + zero).T (+ bias), q packed (N, K/2), groups of G", py::arg("x"),
+  m.def("int4_gemv", &int4_gemv, "x (..., K) f32 @ ((q - 8) * scale + zero).T (+ bias), q packed (N, K/2), groups of G", py::arg("x"),
         py::arg("packed"), py::arg("scale"), py::arg("zero"), py::arg("group_size"), py::arg("int8_activations") = false,
         py::arg("bias") = py::none());
   m.def(
@@ -750,5 +771,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return true;
       },
       "use 'avx512' or 'avx2' from now on (False, and no change, when the CPU lacks it)");
+  m.def("decode_attention", &decode_attention,
+        "softmax(q k^T * scale) v for one query position: q (B, H, 1, D), k, v (B, Hkv, L, D) float32, key_mask (B, L) bool",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("key_mask") = py::none());
+  m.def("use_attention_isa", &use_attention_isa, "decode_attention: use 'avx512', 'avx2' or 'scalar' from now on (False beyond the CPU)");
   m.def("isa", &isa_name, "the vector instruction set the kernels use ('' when none)");
 }

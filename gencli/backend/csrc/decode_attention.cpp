@@ -1,0 +1,272 @@
+// Attention of one query position per sequence over a KV cache, on a CPU (batch-1 decoding).
+//
+// torch's CPU flash-attention kernel takes about 30 us for one query over 64 cached positions of 12
+// heads (GPT-2's shape, one or two threads), most of it fixed cost (blocking, buffers); the work itself
+// is a few microseconds. Decoding calls it once per layer and token. This kernel does the same
+// softmax(q k^T * scale) v for each (sequence, head) in one pass over the cached keys and values:
+// fp32 throughout, grouped-query attention (query head h reads key/value head h / (H / Hkv)), an
+// optional boolean key mask (True = may attend; a row with no allowed key attends every key, as
+// gencli.backend.attention.build_mask makes it), the heads
+// spread over torch's threads.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define GENCLI_X86 1
+#endif
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// One (sequence, head): s (L) is scratch; o (D) receives softmax(q k^T * sc) v. m: may-attend flags or
+// null. The portable version; the vector ones below do the same with D a multiple of their width.
+void head_scalar(const float* q, const float* k, int64_t ks, const float* v, int64_t vs, const bool* m, int64_t L, int64_t D, float sc,
+                 float* s, float* o) {
+  float best = kNegInf;
+  for (int64_t j = 0; j < L; ++j) {
+    float d = 0.f;
+    for (int64_t i = 0; i < D; ++i) d += q[i] * k[j * ks + i];
+    s[j] = (m && !m[j]) ? kNegInf : d * sc;
+    best = std::max(best, s[j]);
+  }
+  float total = 0.f;
+  for (int64_t j = 0; j < L; ++j) total += (s[j] = std::exp(s[j] - best));
+  std::fill(o, o + D, 0.f);
+  for (int64_t j = 0; j < L; ++j)
+    if (s[j] != 0.f)
+      for (int64_t i = 0; i < D; ++i) o[i] += s[j] * v[j * vs + i];
+  for (int64_t i = 0; i < D; ++i) o[i] /= total;
+}
+
+}  // namespace
+
+// The vector version, written once against a small interface (V, W, zero, set1, load, store, fma, add,
+// sub, mul, hsum, vexp: e^x for x <= 0, exactly 0 below -87) and compiled for AVX-512 and AVX2:
+// scores four positions at a time, the exponentials W at a time, the output's D values kept in
+// registers (up to 8 vectors at a time) while the values stream past.
+#define GENCLI_ATTENTION_BODY                                                                               \
+  template <int NV>                                                                                         \
+  void weighted_sum(const float* s, const float* v, int64_t vs, int64_t L, float inv, float* o) {           \
+    V acc[NV];                                                                                              \
+    for (int i = 0; i < NV; ++i) acc[i] = zero();                                                           \
+    for (int64_t j = 0; j < L; ++j) {                                                                       \
+      if (s[j] == 0.f) continue;                                                                            \
+      const V p = set1(s[j]);                                                                               \
+      for (int i = 0; i < NV; ++i) acc[i] = fma(p, load(v + j * vs + i * W), acc[i]);                       \
+    }                                                                                                       \
+    for (int i = 0; i < NV; ++i) store(o + i * W, mul(acc[i], set1(inv)));                                  \
+  }                                                                                                         \
+  void head(const float* q, const float* k, int64_t ks, const float* v, int64_t vs, const bool* m, int64_t L, \
+            int64_t D, float sc, float* s, float* o) {                                                      \
+    int64_t j = 0;                                                                                          \
+    for (; j + 4 <= L; j += 4) {                                                                            \
+      V a0 = zero(), a1 = zero(), a2 = zero(), a3 = zero();                                                 \
+      const float* kj = k + j * ks;                                                                         \
+      for (int64_t d = 0; d < D; d += W) {                                                                  \
+        const V qv = load(q + d);                                                                           \
+        a0 = fma(qv, load(kj + d), a0);                                                                     \
+        a1 = fma(qv, load(kj + ks + d), a1);                                                                \
+        a2 = fma(qv, load(kj + 2 * ks + d), a2);                                                            \
+        a3 = fma(qv, load(kj + 3 * ks + d), a3);                                                            \
+      }                                                                                                     \
+      s[j] = hsum(a0) * sc, s[j + 1] = hsum(a1) * sc, s[j + 2] = hsum(a2) * sc, s[j + 3] = hsum(a3) * sc;   \
+    }                                                                                                       \
+    for (; j < L; ++j) {                                                                                    \
+      V a = zero();                                                                                         \
+      for (int64_t d = 0; d < D; d += W) a = fma(load(q + d), load(k + j * ks + d), a);                     \
+      s[j] = hsum(a) * sc;                                                                                  \
+    }                                                                                                       \
+    float best = kNegInf;                                                                                   \
+    for (j = 0; j < L; ++j) {                                                                               \
+      if (m && !m[j]) s[j] = kNegInf;                                                                       \
+      best = std::max(best, s[j]);                                                                          \
+    }                                                                                                       \
+    const V bv = set1(best);                                                                                \
+    V tv = zero();                                                                                          \
+    for (j = 0; j + W <= L; j += W) {                                                                       \
+      const V e = vexp(sub(load(s + j), bv));                                                               \
+      store(s + j, e);                                                                                      \
+      tv = add(tv, e);                                                                                      \
+    }                                                                                                       \
+    float total = hsum(tv);                                                                                 \
+    for (; j < L; ++j) total += (s[j] = std::exp(s[j] - best));                                             \
+    const float inv = 1.f / total;                                                                          \
+    for (int64_t d0 = 0; d0 < D; d0 += 8 * W) {                                                             \
+      switch (std::min<int64_t>(8, (D - d0) / W)) {                                                         \
+        case 8: weighted_sum<8>(s, v + d0, vs, L, inv, o + d0); break;                                      \
+        case 7: weighted_sum<7>(s, v + d0, vs, L, inv, o + d0); break;                                      \
+        case 6: weighted_sum<6>(s, v + d0, vs, L, inv, o + d0); break;                                      \
+        case 5: weighted_sum<5>(s, v + d0, vs, L, inv, o + d0); break;                                      \
+        case 4: weighted_sum<4>(s, v + d0, vs, L, inv, o + d0); break;                                      \
+        case 3: weighted_sum<3>(s, v + d0, vs, L, inv, o + d0); break;                                      \
+        case 2: weighted_sum<2>(s, v + d0, vs, L, inv, o + d0); break;                                      \
+        default: weighted_sum<1>(s, v + d0, vs, L, inv, o + d0); break;                                     \
+      }                                                                                                     \
+    }                                                                                                       \
+  }
+
+// e^x = 2^n * p(r), n = round(x / ln 2), r = x - n ln 2 (ln 2 in two parts), p Cephes' expf polynomial
+// (within 2 ulp); x clamped at -87 (2^n stays normal) and the result set to 0 below it
+#define GENCLI_EXP_CONSTANTS                                                                                \
+  constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;           \
+  constexpr float kP0 = 1.9875691500e-4f, kP1 = 1.3981999507e-3f, kP2 = 8.3334519073e-3f, kP3 = 4.1665795894e-2f, \
+                  kP4 = 1.6666665459e-1f, kP5 = 5.0000001201e-1f, kLow = -87.0f;                            \
+  inline V poly(V r) {                                                                                      \
+    V p = fma(set1(kP0), r, set1(kP1));                                                                     \
+    p = fma(p, r, set1(kP2));                                                                               \
+    p = fma(p, r, set1(kP3));                                                                               \
+    p = fma(p, r, set1(kP4));                                                                               \
+    p = fma(p, r, set1(kP5));                                                                               \
+    return fma(mul(p, r), r, add(r, set1(1.f)));                                                            \
+  }
+
+#ifdef GENCLI_X86
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,fma")
+namespace attn_avx512 {
+using V = __m512;
+constexpr int W = 16;
+inline V zero() { return _mm512_setzero_ps(); }
+inline V set1(float x) { return _mm512_set1_ps(x); }
+inline V load(const float* p) { return _mm512_loadu_ps(p); }
+inline void store(float* p, V x) { _mm512_storeu_ps(p, x); }
+inline V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+inline V add(V a, V b) { return _mm512_add_ps(a, b); }
+inline V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+inline V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+inline float hsum(V x) { return _mm512_reduce_add_ps(x); }
+GENCLI_EXP_CONSTANTS
+inline V vexp(V x) {
+  const __mmask16 low = _mm512_cmp_ps_mask(x, set1(kLow), _CMP_LT_OQ);
+  x = _mm512_max_ps(x, set1(kLow));
+  const V n = _mm512_roundscale_ps(mul(x, set1(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const V r = fma(n, set1(-kLn2Lo), fma(n, set1(-kLn2Hi), x));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~low), mul(poly(r), _mm512_castsi512_ps(e)));
+}
+GENCLI_ATTENTION_BODY
+}  // namespace attn_avx512
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace attn_avx2 {
+using V = __m256;
+constexpr int W = 8;
+inline V zero() { return _mm256_setzero_ps(); }
+inline V set1(float x) { return _mm256_set1_ps(x); }
+inline V load(const float* p) { return _mm256_loadu_ps(p); }
+inline void store(float* p, V x) { _mm256_storeu_ps(p, x); }
+inline V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+inline V add(V a, V b) { return _mm256_add_ps(a, b); }
+inline V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+inline V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+inline float hsum(V x) {
+  __m128 t = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+  t = _mm_add_ss(t, _mm_movehdup_ps(t));
+  return _mm_cvtss_f32(t);
+}
+GENCLI_EXP_CONSTANTS
+inline V vexp(V x) {
+  const V keep = _mm256_cmp_ps(x, set1(kLow), _CMP_GE_OQ);
+  x = _mm256_max_ps(x, set1(kLow));
+  const V n = _mm256_round_ps(mul(x, set1(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const V r = fma(n, set1(-kLn2Lo), fma(n, set1(-kLn2Hi), x));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(keep, mul(poly(r), _mm256_castsi256_ps(e)));
+}
+GENCLI_ATTENTION_BODY
+}  // namespace attn_avx2
+#pragma GCC pop_options
+#endif
+
+namespace {
+
+enum class AttnIsa { scalar, avx2, avx512 };
+
+AttnIsa best_attn_isa() {
+#ifdef GENCLI_X86
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) return AttnIsa::avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return AttnIsa::avx2;
+#endif
+  return AttnIsa::scalar;
+}
+
+AttnIsa g_attn_isa = best_attn_isa();
+
+}  // namespace
+
+// q (B, H, 1, D), k and v (B, Hkv, L, D), float32, the last dimension contiguous (any other strides:
+// cache views); key_mask (B, L) bool or undefined. Returns (B, H, 1, D) contiguous.
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                            const c10::optional<at::Tensor>& key_mask) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.size(2) == 1, "decode_attention: q (B, H, 1, D), k, v (B, Hkv, L, D)");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat, "decode_attention: float32 only");
+  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), "decode_attention: CPU tensors only");
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(3), Hkv = k.size(1), L = k.size(2);
+  TORCH_CHECK(k.size(0) == B && v.size(0) == B && v.size(1) == Hkv && v.size(2) == L && k.size(3) == D && v.size(3) == D,
+              "decode_attention: shapes do not match");
+  TORCH_CHECK(Hkv > 0 && H % Hkv == 0, "decode_attention: query heads must be a multiple of key/value heads");
+  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "decode_attention: the head dimension must be contiguous");
+  const bool* mp = nullptr;
+  at::Tensor mask;
+  if (key_mask.has_value() && key_mask->defined()) {
+    mask = key_mask->contiguous();
+    TORCH_CHECK(mask.scalar_type() == at::kBool && mask.dim() == 2 && mask.size(0) == B && mask.size(1) == L,
+                "decode_attention: key_mask must be bool (B, L)");
+    mp = mask.data_ptr<bool>();
+  }
+  at::Tensor out = at::empty({B, H, 1, D}, q.options());
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t rep = H / Hkv;
+  const float sc = static_cast<float>(scale);
+  const AttnIsa use = g_attn_isa;
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> scores;
+    if (static_cast<int64_t>(scores.size()) < L) scores.resize(L);
+    float* s = scores.data();
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / H, h = task % H, g = h / rep;
+      const float* qh = qp + b * q.stride(0) + h * q.stride(1);
+      const float* kh = kp + b * k.stride(0) + g * k.stride(1);
+      const float* vh = vp + b * v.stride(0) + g * v.stride(1);
+      const bool* mb = mp ? mp + b * L : nullptr;
+      // a row that may attend no key attends them all (as gencli's masks do: finite, and never used)
+      if (mb && std::none_of(mb, mb + L, [](bool x) { return x; })) mb = nullptr;
+      float* oh = op + (b * H + h) * D;
+      const int64_t ks = k.stride(2), vs = v.stride(2);
+#ifdef GENCLI_X86
+      if (use == AttnIsa::avx512 && D % 16 == 0) {
+        attn_avx512::head(qh, kh, ks, vh, vs, mb, L, D, sc, s, oh);
+        continue;
+      }
+      if (use != AttnIsa::scalar && D % 8 == 0) {
+        attn_avx2::head(qh, kh, ks, vh, vs, mb, L, D, sc, s, oh);
+        continue;
+      }
+#endif
+      head_scalar(qh, kh, ks, vh, vs, mb, L, D, sc, s, oh);
+    }
+  });
+  return out;
+}
+
+// for the tests: "avx512", "avx2" or "scalar" from now on (false, and no change, beyond what the CPU has)
+bool use_attention_isa(const std::string& name) {
+  const AttnIsa want = name == "avx512" ? AttnIsa::avx512 : name == "avx2" ? AttnIsa::avx2 : AttnIsa::scalar;
+  if (static_cast<int>(want) > static_cast<int>(best_attn_isa())) return false;
+  g_attn_isa = want;
+  return true;
+}
