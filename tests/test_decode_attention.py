@@ -124,7 +124,24 @@ def test_decoding_uses_the_kernel_once_the_extension_is_loaded(monkeypatch):
 
 
 def test_loaded_kernels_never_builds(monkeypatch):
+    """Unquantized decoding does not pay for a compilation: before anything built the extension,
+    the attention runs torch's kernel."""
     built = []
-    monkeypatch.setattr(quant_kernels, "_build", type("B", (), {"cache_info": lambda self: type("I", (), {"currsize": 0})(), "__call__": lambda self: built.append(1)})())
+
+    class NotBuilt:
+        def cache_info(self):
+            return functools_info(0)
+
+        def __call__(self):
+            built.append(1)
+
+    monkeypatch.setattr(quant_kernels, "_build", NotBuilt())
     assert quant_kernels.loaded_kernels() is None and not built
-    assert attention._decode_attention(torch.randn(1, 1, 1, 8), torch.randn(1, 1, 2, 8), torch.randn(1, 1, 2, 8), None, None) is None
+    q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 2, 8)
+    assert attention._decode_attention(q, k, k, None, None) is None and not built
+
+
+def functools_info(currsize: int):
+    from functools import _CacheInfo
+
+    return _CacheInfo(0, 0, None, currsize)

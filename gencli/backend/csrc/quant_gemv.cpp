@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -500,13 +501,25 @@ void by_row_tiles(int64_t M, F&& tile) {
 }
 
 // tile(MT, m0, n0, n1) for every tile of activation rows [m0, m0 + MT) and range of weight rows [n0, n1):
-// the weight rows spread over torch's threads (ranges of about 64 kB of codes), each range read once
-// per tile of up to kMaxRows activation rows
+// the weight rows cut into chunks of about 64 kB of codes (a multiple of 4 rows), which torch's threads
+// take in turn from a shared counter, each chunk read once per tile of up to kMaxRows activation rows.
+// Taken in turn rather than split in equal shares (at::parallel_for): on a shared machine one thread
+// is often held up, and with equal shares every product then waits for it.
 template <typename F>
 void for_tiles(int64_t M, int64_t N, int64_t row_bytes, F&& tile) {
-  at::parallel_for(0, N, grain(row_bytes), [&](int64_t n0, int64_t n1) {
+  const int64_t rows = (grain(row_bytes) + 3) / 4 * 4, chunks = (N + rows - 1) / rows;
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), chunks);
+  auto run = [&](int64_t c) {
+    const int64_t n0 = c * rows, n1 = std::min(N, n0 + rows);
     by_row_tiles(M, [&](auto mt, int64_t m0) { tile(mt, m0, n0, n1); });
-  });
+  };
+  if (threads <= 1 || at::in_parallel_region()) {
+    for (int64_t c = 0; c < chunks; ++c) run(c);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+#pragma omp parallel num_threads(static_cast<int>(threads))
+  for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks; c = next.fetch_add(1, std::memory_order_relaxed)) run(c);
 }
 
 // x's rows quantized to int8 in blocks of kActBlock columns: codes q (M, K) and one scale per block
