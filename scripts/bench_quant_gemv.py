@@ -5,15 +5,25 @@ activations quantized to int8 (integer dot products), on GPT-2-124M's layer shap
 
     python scripts/bench_quant_gemv.py --threads 1 --copies 24
     python scripts/bench_quant_gemv.py --threads 2 --clock wall
+    python scripts/bench_quant_gemv.py --threads 2 --stack       # a Llama-shaped stack, from memory
+    python scripts/bench_quant_gemv.py --threads 2 --attention   # decoding's attention kernel
 
 Each weight is held in ``--copies`` copies used in turn, so that the weights come from memory rather
-than the caches (``--copies 1`` measures them cache-hot). GB/s is the bytes of the codes and scales
-(fp32: of the weight) over the time.
+than the caches (``--copies 1`` measures them cache-hot; on a CPU with a large last-level cache, 24
+copies of GPT-2's smaller layers may still fit in it: ``--stack`` is the from-memory figure). GB/s is
+the bytes of the codes and scales (fp32: of the weight) over the time.
+
+``--stack``: the int8 and int4 layers of a Llama shape (16 layers of 1024x1024 x4, 2816x1024 x2,
+1024x2816; 196 / 122 MB of codes and scales), one row through all of them in turn, wall clock, next
+to a streaming read of 256 MB (``torch.max``): what decoding a model larger than the caches reads.
+``--attention``: the decode-attention kernel (one query over a KV cache) against torch's
+``F.scaled_dot_product_attention``, wall clock.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from pathlib import Path
@@ -55,13 +65,19 @@ def main() -> None:
     p.add_argument(
         "--clock", choices=tuple(CLOCK), default="cpu", help="process CPU time, or wall clock (with several threads CPU time also counts OpenMP's waiting)"
     )
+    p.add_argument("--stack", action="store_true", help="a Llama-shaped stack of layers read from memory (wall clock)")
+    p.add_argument("--attention", action="store_true", help="the decode-attention kernel against torch's (wall clock)")
     args = p.parse_args()
     global clock
-    clock = CLOCK[args.clock]
+    clock = CLOCK["wall" if args.stack or args.attention else args.clock]
     torch.set_num_threads(args.threads)
     own = cpu_kernels()
     if own is None:
         raise SystemExit("gencli's quantized CPU kernels cannot be built here")
+    if args.stack:
+        return stack(own, args)
+    if args.attention:
+        return attention(own, args)
     print(f"threads {args.threads}, rows {args.rows}, copies {args.copies}, kernels {own.isa()} / {own.int_isa()} (ms per call, {args.clock} time; GB/s)")
     for out_f, in_f in SHAPES:
         copies = min(3, args.copies) if out_f > 10000 else args.copies
@@ -87,6 +103,48 @@ def main() -> None:
                 f" torch {t_torch * 1e3:.3f} ({t_torch / t_q8:.2f}x int8-act's time)"
             )
         print(" | ".join(line), flush=True)
+
+
+def stack(own, args) -> None:
+    import torch
+
+    from gencli.backend.quantize import quantize_int4, quantize_int8
+
+    shapes = [(1024, 1024)] * 4 + [(2816, 1024)] * 2 + [(1024, 2816)]
+    layers = []
+    for _ in range(16):
+        for out_f, in_f in shapes:
+            w = torch.randn(out_f, in_f) * 0.02
+            layers.append((in_f, quantize_int8(w), quantize_int4(w, 32)))
+    x = {k: torch.randn(args.rows, k) for k in (1024, 2816)}
+    calls = {
+        "int8": ([lambda k=k, q=q: own.int8_gemv(x[k], q[0], q[1], True) for k, q, _ in layers], [t for _, q, _ in layers for t in q]),
+        "int4": ([lambda k=k, q=q: own.int4_gemv(x[k], q[0], q[1], q[2], 32, True) for k, _, q in layers], [t for _, _, q in layers for t in q]),
+    }
+    big = torch.randn(64 << 20)
+    print(f"threads {args.threads}, rows {args.rows}, kernels {own.int_isa()} (int8 activations), wall clock")
+    for name, (fns, tensors) in calls.items():
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        t = best_cpu_time([lambda fns=fns: [f() for f in fns]], args.repeat)
+        print(f"{name}: {nbytes / 2**20:.0f} MB in {t * 1e3:.1f} ms, {nbytes / t / 1e9:.1f} GB/s")
+    t = best_cpu_time([big.max], args.repeat)
+    print(f"streaming read (torch.max): {big.numel() * 4 / 2**20:.0f} MB in {t * 1e3:.1f} ms, {big.numel() * 4 / t / 1e9:.1f} GB/s")
+
+
+def attention(own, args) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    print(f"threads {args.threads}: one query over a KV cache (us per call, wall clock)")
+    for heads, kv_heads, dim, length in ((12, 12, 64, 64), (12, 12, 64, 300), (16, 4, 64, 64), (32, 8, 128, 500)):
+        q = torch.randn(1, 1, 3, heads, dim).permute(2, 0, 3, 1, 4)[0]  # a view into a fused projection
+        cache = torch.randn(2, 1, kv_heads, length + 32, dim)
+        k, v = cache[0].narrow(2, 0, length), cache[1].narrow(2, 0, length)
+        scale = dim**-0.5
+        theirs = functools.partial(F.scaled_dot_product_attention, q, k, v, scale=scale, enable_gqa=heads != kv_heads)
+        t_torch = best_cpu_time([theirs] * 200, args.repeat)
+        t_own = best_cpu_time([functools.partial(own.decode_attention, q, k, v, scale)] * 200, args.repeat)
+        print(f"heads {heads}/{kv_heads}, dim {dim}, {length} positions: torch {t_torch * 1e6:.1f}, gencli {t_own * 1e6:.1f} ({t_own / t_torch:.2f}x the time)")
 
 
 if __name__ == "__main__":

@@ -97,9 +97,10 @@ def int8_activations() -> bool:
 
 def cpu_kernels() -> Optional[Any]:
     """The compiled extension (functions ``int8_gemv(x, q, scale, int8_activations=False, bias=None)``,
-    ``int4_gemv(x, packed, scale, zero, group_size, int8_activations=False, bias=None)``,
-    ``quantize_activations(x)``, ``isa()`` and ``int_isa()``), or None where it cannot be had: built
-    once per process."""
+    ``int4_gemv(x, packed, scale, zero, group_size, int8_activations=False, bias=None)`` with ``x``
+    float32 ``(..., K)``, ``quantize_activations(x)``, ``decode_attention(q, k, v, scale, key_mask=None)``
+    (``csrc/decode_attention.cpp``), ``isa()`` and ``int_isa()``), or None where it cannot be had:
+    built once per process."""
     return _build() if enabled() else None
 
 
