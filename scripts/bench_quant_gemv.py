@@ -7,6 +7,7 @@ activations quantized to int8 (integer dot products), on GPT-2-124M's layer shap
     python scripts/bench_quant_gemv.py --threads 2 --clock wall
     python scripts/bench_quant_gemv.py --threads 2 --stack       # a Llama-shaped stack, from memory
     python scripts/bench_quant_gemv.py --threads 2 --attention   # decoding's attention kernel
+    python scripts/bench_quant_gemv.py --threads 2 --in-generate int4   # the products' share of a token
 
 Each weight is held in ``--copies`` copies used in turn, so that the weights come from memory rather
 than the caches (``--copies 1`` measures them cache-hot; on a CPU with a large last-level cache, 24
@@ -18,6 +19,9 @@ the bytes of the codes and scales (fp32: of the weight) over the time.
 to a streaming read of 256 MB (``torch.max``): what decoding a model larger than the caches reads.
 ``--attention``: the decode-attention kernel (one query over a KV cache) against torch's
 ``F.scaled_dot_product_attention``, wall clock.
+``--in-generate MODE``: greedy decoding of 64 tokens on the bench's random GPT-2-124M-shaped model
+quantized as MODE, every kernel call timed inside ``generate``: the products' share of the wall
+clock and their GB/s per layer shape.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_cases
 
 SHAPES = ((2304, 768), (768, 768), (3072, 768), (768, 3072), (50257, 768))  # (out, in): GPT-2's layers and LM head
 
@@ -67,9 +72,10 @@ def main() -> None:
     )
     p.add_argument("--stack", action="store_true", help="a Llama-shaped stack of layers read from memory (wall clock)")
     p.add_argument("--attention", action="store_true", help="the decode-attention kernel against torch's (wall clock)")
+    p.add_argument("--in-generate", choices=("int8", "int4"), help="time the kernel calls inside generate (GPT-2 shape, random weights)")
     args = p.parse_args()
     global clock
-    clock = CLOCK["wall" if args.stack or args.attention else args.clock]
+    clock = CLOCK["wall" if args.stack or args.attention or args.in_generate else args.clock]
     torch.set_num_threads(args.threads)
     own = cpu_kernels()
     if own is None:
@@ -78,6 +84,8 @@ def main() -> None:
         return stack(own, args)
     if args.attention:
         return attention(own, args)
+    if args.in_generate:
+        return in_generate(own, args)
     print(f"threads {args.threads}, rows {args.rows}, copies {args.copies}, kernels {own.isa()} / {own.int_isa()} (ms per call, {args.clock} time; GB/s)")
     for out_f, in_f in SHAPES:
         copies = min(3, args.copies) if out_f > 10000 else args.copies
@@ -129,6 +137,62 @@ def stack(own, args) -> None:
         print(f"{name}: {nbytes / 2**20:.0f} MB in {t * 1e3:.1f} ms, {nbytes / t / 1e9:.1f} GB/s")
     t = best_cpu_time([big.max], args.repeat)
     print(f"streaming read (torch.max): {big.numel() * 4 / 2**20:.0f} MB in {t * 1e3:.1f} ms, {big.numel() * 4 / t / 1e9:.1f} GB/s")
+
+
+def in_generate(own, args) -> None:
+    import json
+    import tempfile
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    import gencli.backend.quantize as quantize
+    from bench_cases import generate as case
+    from gencli.pipelines.sampling import SamplingParams
+    from gencli.pipelines.text import GenerationSettings, generate, load_text_model
+
+    spent: dict = defaultdict(lambda: [0.0, 0, 0])  # shape -> [seconds, calls, bytes a call]
+
+    class Timed:
+        def __getattr__(self, name):
+            return getattr(own, name)
+
+        def _timed(self, fn, codes, *rest):
+            start = time.perf_counter()
+            out = fn(*rest[:1], codes, *rest[1:])
+            entry = spent[tuple(codes.shape)]
+            entry[0] += time.perf_counter() - start
+            entry[1] += 1
+            entry[2] = codes.numel() + sum(t.numel() * t.element_size() for t in rest[1:3] if hasattr(t, "numel"))
+            return out
+
+        def int8_gemv(self, x, q, *rest):
+            return self._timed(own.int8_gemv, q, x, *rest)
+
+        def int4_gemv(self, x, q, *rest):
+            return self._timed(own.int4_gemv, q, x, *rest)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        setup = SimpleNamespace(arch="gpt2", layers=12, hidden=768, prompt_tokens=32, saved=False, llama_cpp=False)
+        case.setup(setup, work)
+        tm = load_text_model(work / "gpt2", device="cpu", threads=args.threads, quantize=args.in_generate)
+        prompt = json.loads((work / "prompt.json").read_text())
+        settings = GenerationSettings(max_new_tokens=65, sampling=SamplingParams(temperature=0.0), ignore_eos=True)
+        quantize.cpu_kernels = lambda: Timed()
+        best = None
+        for _ in range(args.repeat // 4 or 1):
+            spent.clear()
+            start = time.perf_counter()
+            generate(tm, [("", prompt)], settings)
+            wall = time.perf_counter() - start
+            if best is None or wall < best[0]:
+                best = (wall, {k: list(v) for k, v in spent.items()})
+    wall, shapes = best
+    products = sum(v[0] for v in shapes.values())
+    print(f"threads {args.threads}, {args.in_generate}, 65 tokens after a 32-token prompt: {wall * 1e3:.0f} ms, of which the kernels "
+          f"{products * 1e3:.0f} ms ({products / wall:.0%}; the 32-row prompt goes through them for int4, is dequantized for int8)")
+    for shape, (sec, calls, nbytes) in sorted(shapes.items()):
+        print(f"  codes {shape}: {calls} calls, {sec / calls * 1e6:.0f} us a call, {nbytes * calls / sec / 1e9:.1f} GB/s")
 
 
 def attention(own, args) -> None:
