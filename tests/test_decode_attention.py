@@ -145,3 +145,17 @@ def functools_info(currsize: int):
     from functools import _CacheInfo
 
     return _CacheInfo(0, 0, None, currsize)
+
+
+@needs_kernels
+def test_the_kernel_benchmark_compares_with_torch_side_by_side():
+    """``scripts/bench_quant_gemv.py --attention`` times both kernels on the same inputs and prints ratios."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_quant_gemv.py"
+    run = subprocess.run([sys.executable, str(script), "--attention", "--repeat", "1"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    lines = [line for line in run.stdout.splitlines() if "positions:" in line]
+    assert len(lines) == 4 and all("torch" in line and "x the time" in line for line in lines)
