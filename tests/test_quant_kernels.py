@@ -233,3 +233,59 @@ def test_first_build_is_announced_once_on_stderr(tmp_path, monkeypatch, capsys):
     (tmp_path / "gencli_quant_gemv_x.so").write_bytes(b"")  # cached: nothing to say
     quant_kernels._announce_first_build("gencli_quant_gemv_x")
     assert capsys.readouterr().err == ""
+
+
+@needs_kernels
+@pytest.mark.parametrize("int8_activations", [False, True])
+def test_several_weights_in_one_call_equal_one_call_each(int8_activations):
+    """``int*_gemv_many``: x's activations quantized once, every weight's rows in one pass; the same
+    results as a call per weight, biases (or None) per weight."""
+    torch.manual_seed(6)
+    x = torch.randn(1, 2, 256)
+    shapes, biases = (40, 24, 24), [torch.randn(40), None, torch.randn(24)]
+    eights = [quantize_int8(torch.randn(n, 256)) for n in shapes]
+    got = kernels.int8_gemv_many(x, [q for q, _ in eights], [s for _, s in eights], int8_activations, biases)
+    for out, (q, s), b in zip(got, eights, biases):
+        assert torch.equal(out, kernels.int8_gemv(x, q, s, int8_activations, b))
+    fours = [quantize_int4(torch.randn(n, 256), 64) for n in shapes]
+    got = kernels.int4_gemv_many(x, [f[0] for f in fours], [f[1] for f in fours], [f[2] for f in fours], 64, int8_activations, biases)
+    for out, (q, s, z), b in zip(got, fours, biases):
+        assert torch.equal(out, kernels.int4_gemv(x, q, s, z, 64, int8_activations, b))
+    with pytest.raises(RuntimeError, match="one scale"):
+        kernels.int8_gemv_many(x, [eights[0][0]], [], int8_activations, [None])
+
+
+@needs_kernels
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_projections_of_one_input_are_one_kernel_call(mode, monkeypatch):
+    """``project``: a quantized layer's q/k/v (or gate/up) decode in one call, with the same outputs as
+    the layers called one by one (the activation applied where asked); dense layers are called as usual."""
+    from gencli.backend.layers import Linear
+    from gencli.backend.quantize import project
+
+    torch.manual_seed(7)
+    spec = QuantizationSpec.for_mode(mode)
+    layers = tuple(QuantizedLinear.from_weight(torch.randn(n, 128) * 0.05, torch.randn(n) if n == 64 else None, spec) for n in (64, 32, 32))
+    x = torch.randn(1, 1, 128)
+    calls = []
+    real = getattr(kernels, f"{mode}_gemv_many")
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(kernels, name)
+
+    spy = Spy()
+    setattr(spy, f"{mode}_gemv_many", lambda *args: calls.append(len(args[1])) or real(*args))
+    from gencli.backend import quantize
+
+    monkeypatch.setattr(quantize, "cpu_kernels", lambda: spy)
+    got = project(x, layers, ("silu", None, None))
+    assert calls == [3]
+    want = (torch.nn.functional.silu(layers[0](x)), layers[1](x), layers[2](x))
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    dense = tuple(Linear(128, n) for n in (8, 4))
+    got = project(x, dense, ("gelu", None))
+    assert calls == [3] and torch.equal(got[0], dense[0](x, activation="gelu")) and torch.equal(got[1], dense[1](x))
+    project(torch.randn(1, 200, 128), layers)  # a prompt: each layer's own (dequantizing) path
+    assert calls == [3]

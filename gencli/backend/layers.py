@@ -366,7 +366,10 @@ class GatedMLP(nn.Module):
         self.act = act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.gate_proj(x, activation=self.act) * self.up_proj(x))
+        from gencli.backend.quantize import project  # (here: that module builds on this one)
+
+        gate, up = project(x, (self.gate_proj, self.up_proj), (self.act, None))  # one call when quantized
+        return self.down_proj(gate * up)
 
 
 class FeedForward(nn.Module):

@@ -293,6 +293,31 @@ class QuantizedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, mode={self.mode}{group}"
 
 
+def project(x: torch.Tensor, layers: tuple[nn.Module, ...], activations: Optional[tuple[Optional[str], ...]] = None) -> tuple[torch.Tensor, ...]:
+    """``tuple(layer(x, activation=a) for layer, a in zip(layers, activations))``: several projections
+    of the same ``x`` (a layer's query/key/value, a gated MLP's gate/up). When they are all
+    :class:`QuantizedLinear` of one mode decoding on a CPU with gencli's kernels, they are one call:
+    ``x``'s int8 activations are computed once and every weight's rows run in one parallel pass."""
+    acts = activations or (None,) * len(layers)
+    first = layers[0]
+    if (
+        isinstance(first, QuantizedLinear)
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and x.numel() < DEQUANTIZE_MIN_ROWS[first.mode] * first.in_features
+        and all(isinstance(m, QuantizedLinear) and (m.mode, m.group_size, m.in_features) == (first.mode, first.group_size, first.in_features) for m in layers)
+    ):
+        own = cpu_kernels()
+        if own is not None:
+            weights, scales, biases = [m.weight for m in layers], [m.weight_scale for m in layers], [m.bias for m in layers]
+            if first.mode == "int8":
+                outs = own.int8_gemv_many(x, weights, scales, int8_activations(), biases)
+            else:
+                outs = own.int4_gemv_many(x, weights, scales, [m.weight_zero for m in layers], first.group_size, int8_activations(), biases)
+            return tuple(out if a is None else get_activation(a)(out) for out, a in zip(outs, acts))
+    return tuple(m(x) if a is None else m(x, activation=a) for m, a in zip(layers, acts))
+
+
 # -- quantizing a model ----------------------------------------------------------------------------------
 def _dense_of(module: nn.Module) -> Optional[tuple[torch.Tensor, Optional[torch.Tensor]]]:
     """``(weight (out, in), bias)`` of a linear layer: ``nn.Linear`` (and its subclasses) or any module
@@ -409,6 +434,7 @@ __all__ = [
     "unpack_int4",
     "dequantize",
     "quantize_linears",
+    "project",
     "quantization_targets",
     "quantizing_loader",
     "quantized_layers",

@@ -21,6 +21,7 @@ import torch.nn as nn
 from gencli.backend.attention import LayerKVCache, scaled_dot_product_attention
 from gencli.backend.layers import GatedMLP, RMSNorm
 from gencli.backend.positional import RotaryEmbedding, apply_rotary
+from gencli.backend.quantize import project
 from gencli.checkpoints.keymap import Drop, KeyMap
 from gencli.errors import CheckpointError
 from gencli.models.causal_lm import CausalLM
@@ -185,9 +186,10 @@ class LlamaAttention(nn.Module):
         key_padding_mask: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         b, n, _ = x.shape
-        q = self.q_proj(x).view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = project(x, (self.q_proj, self.k_proj, self.v_proj))  # one call when quantized
+        q = q.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q = apply_rotary(q, cos, sin)
         k = apply_rotary(k, cos, sin)
         out = scaled_dot_product_attention(q, k, v, causal=True, key_padding_mask=key_padding_mask, kv_cache=kv_cache)

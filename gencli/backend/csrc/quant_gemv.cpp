@@ -500,26 +500,40 @@ void by_row_tiles(int64_t M, F&& tile) {
   }
 }
 
-// tile(MT, m0, n0, n1) for every tile of activation rows [m0, m0 + MT) and range of weight rows [n0, n1):
-// the weight rows cut into chunks of about 64 kB of codes (a multiple of 4 rows), which torch's threads
-// take in turn from a shared counter, each chunk read once per tile of up to kMaxRows activation rows.
-// Taken in turn rather than split in equal shares (at::parallel_for): on a shared machine one thread
-// is often held up, and with equal shares every product then waits for it.
+// fn(c) for c in [0, count), the chunks taken in turn by torch's threads from a shared counter rather
+// than split in equal shares (at::parallel_for): on a shared machine one thread is often held up, and
+// with equal shares every product then waits for it.
 template <typename F>
-void for_tiles(int64_t M, int64_t N, int64_t row_bytes, F&& tile) {
-  const int64_t rows = (grain(row_bytes) + 3) / 4 * 4, chunks = (N + rows - 1) / rows;
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), chunks);
-  auto run = [&](int64_t c) {
-    const int64_t n0 = c * rows, n1 = std::min(N, n0 + rows);
-    by_row_tiles(M, [&](auto mt, int64_t m0) { tile(mt, m0, n0, n1); });
-  };
+void parallel_chunks(int64_t count, F&& fn) {
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), count);
   if (threads <= 1 || at::in_parallel_region()) {
-    for (int64_t c = 0; c < chunks; ++c) run(c);
+    for (int64_t c = 0; c < count; ++c) fn(c);
     return;
   }
   std::atomic<int64_t> next{0};
 #pragma omp parallel num_threads(static_cast<int>(threads))
-  for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks; c = next.fetch_add(1, std::memory_order_relaxed)) run(c);
+  for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < count; c = next.fetch_add(1, std::memory_order_relaxed)) fn(c);
+}
+
+// tile(i, MT, m0, n0, n1) for every weight i of Ns (rows Ns[i]), tile of activation rows [m0, m0 + MT)
+// and range of weight rows [n0, n1): each weight's rows cut into chunks of about 64 kB of codes (a
+// multiple of 4 rows), all the weights' chunks in one parallel pass, each chunk read once per tile of up
+// to kMaxRows activation rows
+template <typename F>
+void for_tiles(int64_t M, const std::vector<int64_t>& Ns, int64_t row_bytes, F&& tile) {
+  const int64_t rows = (grain(row_bytes) + 3) / 4 * 4;
+  std::vector<std::pair<int64_t, int64_t>> chunks;  // (weight, first row)
+  for (int64_t i = 0; i < static_cast<int64_t>(Ns.size()); ++i)
+    for (int64_t n0 = 0; n0 < Ns[i]; n0 += rows) chunks.emplace_back(i, n0);
+  parallel_chunks(static_cast<int64_t>(chunks.size()), [&](int64_t c) {
+    const int64_t i = chunks[c].first, n0 = chunks[c].second, n1 = std::min(Ns[i], n0 + rows);
+    by_row_tiles(M, [&](auto mt, int64_t m0) { tile(i, mt, m0, n0, n1); });
+  });
+}
+
+template <typename F>
+void for_tiles(int64_t M, int64_t N, int64_t row_bytes, F&& tile) {
+  for_tiles(M, std::vector<int64_t>{N}, row_bytes, [&](int64_t, auto mt, int64_t m0, int64_t n0, int64_t n1) { tile(mt, m0, n0, n1); });
 }
 
 // x's rows quantized to int8 in blocks of kActBlock columns: codes q (M, K) and one scale per block
@@ -635,49 +649,62 @@ IntActivations int_activations(const at::Tensor& x, int64_t KP, int64_t per_lane
   return {cp, lp};
 }
 
-// the same with x quantized to int8 (blocks of kActBlock) and integer dot products
-at::Tensor int8_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale) {
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0), BW = int_bytes(), KP = (K + BW - 1) / BW * BW;
+// the same with x quantized to int8 (blocks of kActBlock) and integer dot products, for several weights
+// multiplying the same x (a layer's query/key/value or gate/up projections): x quantized once, every
+// weight's rows in one parallel pass
+std::vector<at::Tensor> int8_gemv_q8(const at::Tensor& x, const std::vector<at::Tensor>& ws, const std::vector<at::Tensor>& scales) {
+  const int64_t M = x.size(0), K = x.size(1), BW = int_bytes(), KP = (K + BW - 1) / BW * BW;
   const IntActivations a = int_activations(x, KP, 4, 0);
   const int8_t* xpp = a.codes;
   const float* xlp = a.lane_scales;
-  at::Tensor out = at::empty({M, N}, x.options());
-  const int8_t* wp = w.data_ptr<int8_t>();
-  const uint16_t* sp = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::BFloat16>());
-  float* op = out.data_ptr<float>();
-  for_tiles(M, N, K, [&](auto mt, int64_t m0, int64_t n0, int64_t n1) {
+  std::vector<at::Tensor> outs;
+  std::vector<int64_t> Ns;
+  for (const auto& w : ws) {
+    Ns.push_back(w.size(0));
+    outs.push_back(at::empty({M, w.size(0)}, x.options()));
+  }
+  for_tiles(M, Ns, K, [&](int64_t i, auto mt, int64_t m0, int64_t n0, int64_t n1) {
     constexpr int MT = decltype(mt)::value;
+    const int8_t* wp = ws[i].data_ptr<int8_t>();
+    const uint16_t* sp = reinterpret_cast<const uint16_t*>(scales[i].data_ptr<at::BFloat16>());
+    float* op = outs[i].data_ptr<float>() + m0 * Ns[i];
 #ifdef GENCLI_X86
     if (use_vnni())
-      avx512vnni::q8_int8_tile<MT>(xpp + m0 * KP, xlp + m0 * (KP / 4), KP, K, wp, sp, op + m0 * N, N, n0, n1);
+      avx512vnni::q8_int8_tile<MT>(xpp + m0 * KP, xlp + m0 * (KP / 4), KP, K, wp, sp, op, Ns[i], n0, n1);
     else
-      avx2::q8_int8_tile<MT>(xpp + m0 * KP, xlp + m0 * (KP / 4), KP, K, wp, sp, op + m0 * N, N, n0, n1);
+      avx2::q8_int8_tile<MT>(xpp + m0 * KP, xlp + m0 * (KP / 4), KP, K, wp, sp, op, Ns[i], n0, n1);
 #endif
   });
-  return out;
+  return outs;
 }
 
-at::Tensor int4_gemv_q8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, const at::Tensor& zero, int64_t G, const float* xsp, int64_t gs) {
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0), BW = int_bytes(), CC = 2 * BW;
+std::vector<at::Tensor> int4_gemv_q8(const at::Tensor& x, const std::vector<at::Tensor>& ws, const std::vector<at::Tensor>& scales,
+                                     const std::vector<at::Tensor>& zeros, int64_t G, const float* xsp, int64_t gs) {
+  const int64_t M = x.size(0), K = x.size(1), BW = int_bytes(), CC = 2 * BW;
   const int64_t KP = (K + CC - 1) / CC * CC;
   const IntActivations a = int_activations(x, KP, 8, BW);
   const int8_t* xdp = a.codes;
   const float* xlp = a.lane_scales;
-  at::Tensor out = at::empty({M, N}, x.options());
-  const uint8_t* wp = w.data_ptr<uint8_t>();
-  const uint16_t* sp = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::BFloat16>());
-  const uint16_t* zp = reinterpret_cast<const uint16_t*>(zero.data_ptr<at::BFloat16>());
-  float* op = out.data_ptr<float>();
-  for_tiles(M, N, K / 2, [&](auto mt, int64_t m0, int64_t n0, int64_t n1) {
+  std::vector<at::Tensor> outs;
+  std::vector<int64_t> Ns;
+  for (const auto& w : ws) {
+    Ns.push_back(w.size(0));
+    outs.push_back(at::empty({M, w.size(0)}, x.options()));
+  }
+  for_tiles(M, Ns, K / 2, [&](int64_t i, auto mt, int64_t m0, int64_t n0, int64_t n1) {
     constexpr int MT = decltype(mt)::value;
+    const uint8_t* wp = ws[i].data_ptr<uint8_t>();
+    const uint16_t* sp = reinterpret_cast<const uint16_t*>(scales[i].data_ptr<at::BFloat16>());
+    const uint16_t* zp = reinterpret_cast<const uint16_t*>(zeros[i].data_ptr<at::BFloat16>());
+    float* op = outs[i].data_ptr<float>() + m0 * Ns[i];
 #ifdef GENCLI_X86
     if (use_vnni())
-      avx512vnni::q8_int4_tile_g<MT>(G, xdp + m0 * KP, xlp + m0 * (KP / 8), KP, xsp + m0 * gs, gs, K, wp, sp, zp, op + m0 * N, N, n0, n1);
+      avx512vnni::q8_int4_tile_g<MT>(G, xdp + m0 * KP, xlp + m0 * (KP / 8), KP, xsp + m0 * gs, gs, K, wp, sp, zp, op, Ns[i], n0, n1);
     else
-      avx2::q8_int4_tile_g<MT>(G, xdp + m0 * KP, xlp + m0 * (KP / 8), KP, xsp + m0 * gs, gs, K, wp, sp, zp, op + m0 * N, N, n0, n1);
+      avx2::q8_int4_tile_g<MT>(G, xdp + m0 * KP, xlp + m0 * (KP / 8), KP, xsp + m0 * gs, gs, K, wp, sp, zp, op, Ns[i], n0, n1);
 #endif
   });
-  return out;
+  return outs;
 }
 
 // out (M, N) float32 += bias (N,) float32, in place (the layer's bias, without a call of its own)
@@ -710,26 +737,51 @@ at::Tensor shaped_like(const at::Tensor& out, const at::Tensor& x) {
 }
 }  // namespace
 
-at::Tensor int8_gemv(const at::Tensor& x_in, const at::Tensor& w, const at::Tensor& scale_in, bool int8_activations,
-                     const c10::optional<at::Tensor>& bias) {
-  const at::Tensor x = as_rows(x_in), scale = as_bf16(scale_in);
-  check_common(x, w, scale);
-  TORCH_CHECK(w.scalar_type() == at::kChar, "quant_gemv: int8 codes expected");
-  const int64_t K = x.size(1), N = w.size(0);
-  TORCH_CHECK(w.size(1) == K && scale.numel() == N, "quant_gemv: shapes do not match");
-  if (int8_activations && K % kActBlock == 0) return shaped_like(with_bias(int8_gemv_q8(x, w, scale), bias), x_in);
-  return shaped_like(with_bias(int8_gemv_f32(x, w, scale), bias), x_in);
+using Biases = std::vector<c10::optional<at::Tensor>>;
+
+// x (..., K) times each of the int8 weights ws (N_i, K): the list of (..., N_i) results
+std::vector<at::Tensor> int8_gemv_many(const at::Tensor& x_in, const std::vector<at::Tensor>& ws, const std::vector<at::Tensor>& scales_in,
+                                       bool int8_activations, const Biases& biases) {
+  const at::Tensor x = as_rows(x_in);
+  const int64_t K = x.size(1), count = static_cast<int64_t>(ws.size());
+  TORCH_CHECK(count > 0 && static_cast<int64_t>(scales_in.size()) == count && static_cast<int64_t>(biases.size()) == count,
+              "quant_gemv: one scale and one bias (or None) a weight");
+  std::vector<at::Tensor> scales;
+  for (int64_t i = 0; i < count; ++i) {
+    scales.push_back(as_bf16(scales_in[i]));
+    check_common(x, ws[i], scales[i]);
+    TORCH_CHECK(ws[i].scalar_type() == at::kChar, "quant_gemv: int8 codes expected");
+    TORCH_CHECK(ws[i].size(1) == K && scales[i].numel() == ws[i].size(0), "quant_gemv: shapes do not match");
+  }
+  std::vector<at::Tensor> outs;
+  if (int8_activations && K % kActBlock == 0) {
+    outs = int8_gemv_q8(x, ws, scales);
+  } else {
+    for (int64_t i = 0; i < count; ++i) outs.push_back(int8_gemv_f32(x, ws[i], scales[i]));
+  }
+  for (int64_t i = 0; i < count; ++i) outs[i] = shaped_like(with_bias(outs[i], biases[i]), x_in);
+  return outs;
 }
 
-at::Tensor int4_gemv(const at::Tensor& x_in, const at::Tensor& w, const at::Tensor& scale_in, const at::Tensor& zero_in, int64_t G,
-                     bool int8_activations, const c10::optional<at::Tensor>& bias) {
-  const at::Tensor x = as_rows(x_in), scale = as_bf16(scale_in), zero = as_bf16(zero_in);
-  check_common(x, w, scale);
-  TORCH_CHECK(w.scalar_type() == at::kByte, "quant_gemv: packed uint8 int4 codes expected");
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0), W = lanes();
+// x (..., K) times each of the int4 weights ws (N_i, K/2 packed), all with groups of G
+std::vector<at::Tensor> int4_gemv_many(const at::Tensor& x_in, const std::vector<at::Tensor>& ws, const std::vector<at::Tensor>& scales_in,
+                                       const std::vector<at::Tensor>& zeros_in, int64_t G, bool int8_activations, const Biases& biases) {
+  const at::Tensor x = as_rows(x_in);
+  const int64_t M = x.size(0), K = x.size(1), W = lanes(), count = static_cast<int64_t>(ws.size());
+  TORCH_CHECK(count > 0 && static_cast<int64_t>(scales_in.size()) == count && static_cast<int64_t>(zeros_in.size()) == count &&
+                  static_cast<int64_t>(biases.size()) == count,
+              "quant_gemv: one scale, one zero point and one bias (or None) a weight");
   TORCH_CHECK(G > 0 && G % (2 * W) == 0 && G <= 32 * W && (G & (G - 1)) == 0 && K % G == 0, "quant_gemv: the group size must be a multiple of ", 2 * W, " dividing K");
-  TORCH_CHECK(w.size(1) * 2 == K && scale.size(0) == N && scale.numel() == N * (K / G) && zero.sizes() == scale.sizes(),
-              "quant_gemv: shapes do not match");
+  std::vector<at::Tensor> scales, zeros;
+  for (int64_t i = 0; i < count; ++i) {
+    scales.push_back(as_bf16(scales_in[i]));
+    zeros.push_back(as_bf16(zeros_in[i]));
+    check_common(x, ws[i], scales[i]);
+    TORCH_CHECK(ws[i].scalar_type() == at::kByte, "quant_gemv: packed uint8 int4 codes expected");
+    const int64_t N = ws[i].size(0);
+    TORCH_CHECK(ws[i].size(1) * 2 == K && scales[i].size(0) == N && scales[i].numel() == N * (K / G) && zeros[i].sizes() == scales[i].sizes(),
+                "quant_gemv: shapes do not match");
+  }
   const int64_t groups = K / G, gs = (groups + 15) / 16 * 16;
   thread_local std::vector<float> xs_buf;
   float* xsp = scratch(xs_buf, M * gs, true);  // the group sums of x, for the zero points (rows padded with zeros)
@@ -740,8 +792,24 @@ at::Tensor int4_gemv(const at::Tensor& x_in, const at::Tensor& w, const at::Tens
       for (int64_t j = 0; j < G; ++j) s += xp[m * K + g * G + j];
       xsp[m * gs + g] = s;
     }
-  if (int8_activations && G >= kActBlock && G <= 256) return shaped_like(with_bias(int4_gemv_q8(x, w, scale, zero, G, xsp, gs), bias), x_in);
-  return shaped_like(with_bias(int4_gemv_f32(x, w, scale, zero, G, xsp, gs), bias), x_in);
+  std::vector<at::Tensor> outs;
+  if (int8_activations && G >= kActBlock && G <= 256) {
+    outs = int4_gemv_q8(x, ws, scales, zeros, G, xsp, gs);
+  } else {
+    for (int64_t i = 0; i < count; ++i) outs.push_back(int4_gemv_f32(x, ws[i], scales[i], zeros[i], G, xsp, gs));
+  }
+  for (int64_t i = 0; i < count; ++i) outs[i] = shaped_like(with_bias(outs[i], biases[i]), x_in);
+  return outs;
+}
+
+at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, bool int8_activations,
+                     const c10::optional<at::Tensor>& bias) {
+  return int8_gemv_many(x, {w}, {scale}, int8_activations, {bias})[0];
+}
+
+at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, const at::Tensor& zero, int64_t G, bool int8_activations,
+                     const c10::optional<at::Tensor>& bias) {
+  return int4_gemv_many(x, {w}, {scale}, {zero}, G, int8_activations, {bias})[0];
 }
 
 std::string isa_name() {
@@ -763,6 +831,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_gemv", &int4_gemv, "x (..., K) f32 @ ((q - 8) * scale + zero).T (+ bias), q packed (N, K/2), groups of G", py::arg("x"),
         py::arg("packed"), py::arg("scale"), py::arg("zero"), py::arg("group_size"), py::arg("int8_activations") = false,
         py::arg("bias") = py::none());
+  m.def("int8_gemv_many", &int8_gemv_many, "[x @ (q_i * scale_i).T (+ bias_i)] for several int8 weights and one x (quantized once)",
+        py::arg("x"), py::arg("qs"), py::arg("scales"), py::arg("int8_activations"), py::arg("biases"));
+  m.def("int4_gemv_many", &int4_gemv_many, "[x @ ((q_i - 8) * scale_i + zero_i).T (+ bias_i)] for several int4 weights and one x",
+        py::arg("x"), py::arg("packed"), py::arg("scales"), py::arg("zeros"), py::arg("group_size"), py::arg("int8_activations"),
+        py::arg("biases"));
   m.def(
       "quantize_activations",
       [](const at::Tensor& x) {
