@@ -8,6 +8,7 @@ activations quantized to int8 (integer dot products), on GPT-2-124M's layer shap
     python scripts/bench_quant_gemv.py --threads 2 --stack       # a Llama-shaped stack, from memory
     python scripts/bench_quant_gemv.py --threads 2 --attention   # decoding's attention kernel
     python scripts/bench_quant_gemv.py --threads 2 --in-generate int4   # the products' share of a token
+    python scripts/bench_quant_gemv.py --threads 2 --projections int4   # fused q/k/v, gate/up vs one by one
 
 Each weight is held in ``--copies`` copies used in turn, so that the weights come from memory rather
 than the caches (``--copies 1`` measures them cache-hot; on a CPU with a large last-level cache, 24
@@ -22,6 +23,10 @@ to a streaming read of 256 MB (``torch.max``): what decoding a model larger than
 ``--in-generate MODE``: greedy decoding of 64 tokens on the bench's random GPT-2-124M-shaped model
 quantized as MODE, every kernel call timed inside ``generate``: the products' share of the wall
 clock and their GB/s per layer shape.
+``--projections MODE``: the bench's random Llama shape (16 layers, hidden 1024) quantized as MODE,
+decoding 32 tokens with a layer's q/k/v (and gate/up) projections in one kernel call
+(:func:`gencli.backend.quantize.project`) and with the layers called one by one, alternating in one
+process: ms a token, best and median of ``--repeat`` / 4 rounds each.
 """
 
 from __future__ import annotations
@@ -73,9 +78,10 @@ def main() -> None:
     p.add_argument("--stack", action="store_true", help="a Llama-shaped stack of layers read from memory (wall clock)")
     p.add_argument("--attention", action="store_true", help="the decode-attention kernel against torch's (wall clock)")
     p.add_argument("--in-generate", choices=("int8", "int4"), help="time the kernel calls inside generate (GPT-2 shape, random weights)")
+    p.add_argument("--projections", choices=("int8", "int4"), help="fused projections against one call a layer (Llama shape, random weights)")
     args = p.parse_args()
     global clock
-    clock = CLOCK["wall" if args.stack or args.attention or args.in_generate else args.clock]
+    clock = CLOCK["wall" if args.stack or args.attention or args.in_generate or args.projections else args.clock]
     torch.set_num_threads(args.threads)
     own = cpu_kernels()
     if own is None:
@@ -86,6 +92,8 @@ def main() -> None:
         return attention(own, args)
     if args.in_generate:
         return in_generate(own, args)
+    if args.projections:
+        return projections(args)
     print(f"threads {args.threads}, rows {args.rows}, copies {args.copies}, kernels {own.isa()} / {own.int_isa()} (ms per call, {args.clock} time; GB/s)")
     for out_f, in_f in SHAPES:
         copies = min(3, args.copies) if out_f > 10000 else args.copies
@@ -139,16 +147,66 @@ def stack(own, args) -> None:
     print(f"streaming read (torch.max): {big.numel() * 4 / 2**20:.0f} MB in {t * 1e3:.1f} ms, {big.numel() * 4 / t / 1e9:.1f} GB/s")
 
 
-def in_generate(own, args) -> None:
+def _bench_model(work: Path, arch: str, mode: str, threads: int):
+    """The generate bench case's random model (GPT-2-124M shape, or its Llama shape of 16 layers,
+    hidden 1024), written into ``work`` and loaded quantized; with its 32-token prompt."""
     import json
-    import tempfile
-    from collections import defaultdict
     from types import SimpleNamespace
 
-    import gencli.backend.quantize as quantize
     from bench_cases import generate as case
+    from gencli.pipelines.text import load_text_model
+
+    shape = dict(layers=12, hidden=768) if arch == "gpt2" else dict(layers=16, hidden=1024, intermediate=None, kv_heads=None, vocab=32000)
+    case.setup(SimpleNamespace(arch=arch, prompt_tokens=32, saved=False, llama_cpp=False, **shape), work)
+    tm = load_text_model(work / "gpt2", device="cpu", threads=threads, quantize=mode)
+    return tm, json.loads((work / "prompt.json").read_text())
+
+
+def projections(args) -> None:
+    import statistics
+    import tempfile
+
+    import gencli.backend.quantize as quantize
+    import gencli.models.llama as llama
     from gencli.pipelines.sampling import SamplingParams
-    from gencli.pipelines.text import GenerationSettings, generate, load_text_model
+    from gencli.pipelines.text import GenerationSettings, generate
+
+    fused = quantize.project
+
+    def one_by_one(x, layers, activations=None):
+        return tuple(m(x) if a is None else m(x, activation=a) for m, a in zip(layers, activations or (None,) * len(layers)))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tm, prompt = _bench_model(Path(tmp), "llama", args.projections, args.threads)
+
+        def run(n):
+            settings = GenerationSettings(max_new_tokens=n, sampling=SamplingParams(temperature=0.0), ignore_eos=True)
+            start = time.perf_counter()
+            generate(tm, [("", prompt)], settings)
+            return time.perf_counter() - start
+
+        times: dict = {"fused": [], "one by one": []}
+        run(33)
+        try:
+            for _ in range(max(1, args.repeat // 4)):
+                for name, fn in (("fused", fused), ("one by one", one_by_one)):
+                    quantize.project = llama.project = fn
+                    times[name].append((run(33) - run(1)) / 32)
+        finally:
+            quantize.project = llama.project = fused
+    print(f"threads {args.threads}, {args.projections}, Llama shape, 32 tokens a round (ms a token, wall clock)")
+    for name, t in times.items():
+        print(f"  {name}: best {min(t) * 1e3:.2f}, median {statistics.median(t) * 1e3:.2f}")
+    print(f"  fused / one by one: best {min(times['fused']) / min(times['one by one']):.2f}x the time")
+
+
+def in_generate(own, args) -> None:
+    import tempfile
+    from collections import defaultdict
+
+    import gencli.backend.quantize as quantize
+    from gencli.pipelines.sampling import SamplingParams
+    from gencli.pipelines.text import GenerationSettings, generate
 
     spent: dict = defaultdict(lambda: [0.0, 0, 0])  # shape -> [seconds, calls, bytes a call]
 
@@ -172,11 +230,7 @@ def in_generate(own, args) -> None:
             return self._timed(own.int4_gemv, q, x, *rest)
 
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        setup = SimpleNamespace(arch="gpt2", layers=12, hidden=768, prompt_tokens=32, saved=False, llama_cpp=False)
-        case.setup(setup, work)
-        tm = load_text_model(work / "gpt2", device="cpu", threads=args.threads, quantize=args.in_generate)
-        prompt = json.loads((work / "prompt.json").read_text())
+        tm, prompt = _bench_model(Path(tmp), "gpt2", args.in_generate, args.threads)
         settings = GenerationSettings(max_new_tokens=65, sampling=SamplingParams(temperature=0.0), ignore_eos=True)
         quantize.cpu_kernels = lambda: Timed()
         best = None
