@@ -649,6 +649,16 @@ IntActivations int_activations(const at::Tensor& x, int64_t KP, int64_t per_lane
   return {cp, lp};
 }
 
+// one (M, N_i) float32 result a weight, and the N_i
+std::vector<at::Tensor> outputs_for(const at::Tensor& x, const std::vector<at::Tensor>& ws, std::vector<int64_t>& Ns) {
+  std::vector<at::Tensor> outs;
+  for (const auto& w : ws) {
+    Ns.push_back(w.size(0));
+    outs.push_back(at::empty({x.size(0), w.size(0)}, x.options()));
+  }
+  return outs;
+}
+
 // the same with x quantized to int8 (blocks of kActBlock) and integer dot products, for several weights
 // multiplying the same x (a layer's query/key/value or gate/up projections): x quantized once, every
 // weight's rows in one parallel pass
@@ -657,12 +667,8 @@ std::vector<at::Tensor> int8_gemv_q8(const at::Tensor& x, const std::vector<at::
   const IntActivations a = int_activations(x, KP, 4, 0);
   const int8_t* xpp = a.codes;
   const float* xlp = a.lane_scales;
-  std::vector<at::Tensor> outs;
   std::vector<int64_t> Ns;
-  for (const auto& w : ws) {
-    Ns.push_back(w.size(0));
-    outs.push_back(at::empty({M, w.size(0)}, x.options()));
-  }
+  std::vector<at::Tensor> outs = outputs_for(x, ws, Ns);
   for_tiles(M, Ns, K, [&](int64_t i, auto mt, int64_t m0, int64_t n0, int64_t n1) {
     constexpr int MT = decltype(mt)::value;
     const int8_t* wp = ws[i].data_ptr<int8_t>();
@@ -685,12 +691,8 @@ std::vector<at::Tensor> int4_gemv_q8(const at::Tensor& x, const std::vector<at::
   const IntActivations a = int_activations(x, KP, 8, BW);
   const int8_t* xdp = a.codes;
   const float* xlp = a.lane_scales;
-  std::vector<at::Tensor> outs;
   std::vector<int64_t> Ns;
-  for (const auto& w : ws) {
-    Ns.push_back(w.size(0));
-    outs.push_back(at::empty({M, w.size(0)}, x.options()));
-  }
+  std::vector<at::Tensor> outs = outputs_for(x, ws, Ns);
   for_tiles(M, Ns, K / 2, [&](int64_t i, auto mt, int64_t m0, int64_t n0, int64_t n1) {
     constexpr int MT = decltype(mt)::value;
     const uint8_t* wp = ws[i].data_ptr<uint8_t>();
