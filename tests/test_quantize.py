@@ -224,3 +224,18 @@ def test_bad_quantization_input_is_one_line_and_exit_2(models, tmp_path):
     (folder / "config.json").write_text(json.dumps(config))
     r = cli("generate", "x", "-m", folder)
     assert r.exit_code == 2 and "'gptq' is not supported" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_allocator_is_trimmed_every_64_mb_of_dense_weights_quantized(monkeypatch):
+    """glibc's free memory is handed back as the dense weights go (else the peak is fp32's), but not
+    after every small layer: each trim costs milliseconds."""
+    from gencli.backend import quantize as quant
+
+    trims = []
+    monkeypatch.setattr(quant, "release_free_memory", lambda: trims.append(1))
+    trim = quant._Trimmer()
+    for _ in range(15):
+        trim.freed(5 << 20)  # 75 MB in layers of 5 MB: one trim, after the 13th
+    assert len(trims) == 1
+    trim.freed(60 << 20)
+    assert len(trims) == 2

@@ -34,6 +34,7 @@ from typing import Any, Optional
 
 SOURCE = Path(__file__).with_name("csrc") / "quant_gemv.cpp"
 SOURCES = (SOURCE, SOURCE.with_name("decode_attention.cpp"))  # one extension
+HEADERS = (SOURCE.with_name("simd_ops.h"),)  # included by the sources: part of the build's identity
 ENV_SWITCH = "GENCLI_QUANT_KERNELS"
 ENV_ACTIVATIONS = "GENCLI_QUANT_ACTIVATIONS"
 ACTIVATIONS = ("int8", "fp32")
@@ -56,7 +57,7 @@ def _build() -> Optional[Any]:
         from torch.utils.cpp_extension import load
 
         # the name carries the source's hash: an edited source is a new extension, never a stale one
-        digest = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCES) + _BUILD_FLAGS_TAG).hexdigest()[:12]
+        digest = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCES + HEADERS) + _BUILD_FLAGS_TAG).hexdigest()[:12]
         name = f"gencli_quant_gemv_{digest}"
         _announce_first_build(name)
         # -fopenmp: at::parallel_for is inline OpenMP in the headers; without it the rows run on one

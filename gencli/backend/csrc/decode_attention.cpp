@@ -20,6 +20,7 @@
 #include <immintrin.h>
 #define GENCLI_X86 1
 #endif
+#include "simd_ops.h"
 
 namespace {
 
@@ -133,14 +134,7 @@ void head_scalar(const float* q, const float* k, int64_t ks, const float* v, int
 namespace attn_avx512 {
 using V = __m512;
 constexpr int W = 16;
-inline V zero() { return _mm512_setzero_ps(); }
-inline V set1(float x) { return _mm512_set1_ps(x); }
-inline V load(const float* p) { return _mm512_loadu_ps(p); }
-inline void store(float* p, V x) { _mm512_storeu_ps(p, x); }
-inline V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-inline V add(V a, V b) { return _mm512_add_ps(a, b); }
-inline V sub(V a, V b) { return _mm512_sub_ps(a, b); }
-inline V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+GENCLI_FLOAT_OPS(_mm512)
 inline float hsum(V x) { return _mm512_reduce_add_ps(x); }
 GENCLI_EXP_CONSTANTS
 inline V vexp(V x) {
@@ -160,20 +154,8 @@ GENCLI_ATTENTION_BODY
 namespace attn_avx2 {
 using V = __m256;
 constexpr int W = 8;
-inline V zero() { return _mm256_setzero_ps(); }
-inline V set1(float x) { return _mm256_set1_ps(x); }
-inline V load(const float* p) { return _mm256_loadu_ps(p); }
-inline void store(float* p, V x) { _mm256_storeu_ps(p, x); }
-inline V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-inline V add(V a, V b) { return _mm256_add_ps(a, b); }
-inline V sub(V a, V b) { return _mm256_sub_ps(a, b); }
-inline V mul(V a, V b) { return _mm256_mul_ps(a, b); }
-inline float hsum(V x) {
-  __m128 t = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  t = _mm_add_ps(t, _mm_movehl_ps(t, t));
-  t = _mm_add_ss(t, _mm_movehdup_ps(t));
-  return _mm_cvtss_f32(t);
-}
+GENCLI_FLOAT_OPS(_mm256)
+GENCLI_AVX2_HSUM
 GENCLI_EXP_CONSTANTS
 inline V vexp(V x) {
   const V keep = _mm256_cmp_ps(x, set1(kLow), _CMP_GE_OQ);

@@ -31,6 +31,7 @@
 #include <immintrin.h>
 #define GENCLI_X86 1
 #endif
+#include "simd_ops.h"
 
 namespace {
 
@@ -312,16 +313,6 @@ inline float bf16_to_float(uint16_t v) {
   }
 
 #ifdef GENCLI_X86
-// the float operations both instruction sets spell alike (P: the intrinsics' prefix)
-#define GENCLI_FLOAT_OPS(P)                                          \
-  inline V zero() { return P##_setzero_ps(); }                       \
-  inline V set1(float v) { return P##_set1_ps(v); }                  \
-  inline V load(const float* p) { return P##_loadu_ps(p); }          \
-  inline void store(float* p, V v) { P##_storeu_ps(p, v); }          \
-  inline V fma(V a, V b, V c) { return P##_fmadd_ps(a, b, c); }      \
-  inline V add(V a, V b) { return P##_add_ps(a, b); }            \
-  inline V mul(V a, V b) { return P##_mul_ps(a, b); }
-
 // AVX-512's vector helpers (the float kernels' interface), shared by the two AVX-512 namespaces
 #define GENCLI_AVX512_BASE                                                                                 \
   using V = __m512;                                                                                        \
@@ -390,12 +381,7 @@ namespace avx2 {
 using V = __m256;
 constexpr int W = 8;
 GENCLI_FLOAT_OPS(_mm256)
-inline float hsum(V v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+GENCLI_AVX2_HSUM
 inline V i8(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
