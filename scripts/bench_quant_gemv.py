@@ -9,6 +9,7 @@ activations quantized to int8 (integer dot products), on GPT-2-124M's layer shap
     python scripts/bench_quant_gemv.py --threads 2 --attention   # decoding's attention kernel
     python scripts/bench_quant_gemv.py --threads 2 --in-generate int4   # the products' share of a token
     python scripts/bench_quant_gemv.py --threads 2 --projections int4   # fused q/k/v, gate/up vs one by one
+    python scripts/bench_quant_gemv.py --threads 2 --fused int8 --arch gpt2   # one native call a token vs layer by layer
 
 Each weight is held in ``--copies`` copies used in turn, so that the weights come from memory rather
 than the caches (``--copies 1`` measures them cache-hot; on a CPU with a large last-level cache, 24
@@ -27,12 +28,19 @@ clock and their GB/s per layer shape.
 decoding 32 tokens with a layer's q/k/v (and gate/up) projections in one kernel call
 (:func:`gencli.backend.quantize.project`) and with the layers called one by one, alternating in one
 process: ms a token, best and median of ``--repeat`` / 4 rounds each.
+``--in-generate`` and ``--projections`` time the layer-by-layer path (``GENCLI_FUSED_DECODE=0``: with
+the fused decoding step the products are inside one native call a token).
+``--fused MODE``: the bench's random model (``--arch gpt2``: GPT-2-124M shape, ``llama``: 16 layers,
+hidden 1024) quantized as MODE, decoding 32 tokens with the fused decoding step
+(:mod:`gencli.backend.decoder_step`) and layer by layer, alternating in one process: ms a token,
+best and median of ``--repeat`` / 4 rounds each.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 import time
 from pathlib import Path
@@ -79,9 +87,15 @@ def main() -> None:
     p.add_argument("--attention", action="store_true", help="the decode-attention kernel against torch's (wall clock)")
     p.add_argument("--in-generate", choices=("int8", "int4"), help="time the kernel calls inside generate (GPT-2 shape, random weights)")
     p.add_argument("--projections", choices=("int8", "int4"), help="fused projections against one call a layer (Llama shape, random weights)")
+    p.add_argument("--fused", choices=("int8", "int4"), help="the fused decoding step against layer by layer (--arch, random weights)")
+    p.add_argument("--arch", choices=("gpt2", "llama"), default="gpt2", help="--fused: the model shape")
     args = p.parse_args()
     global clock
-    clock = CLOCK["wall" if args.stack or args.attention or args.in_generate or args.projections else args.clock]
+    clock = CLOCK["wall" if args.stack or args.attention or args.in_generate or args.projections or args.fused else args.clock]
+    if args.in_generate or args.projections:
+        from gencli.backend.decoder_step import ENV_SWITCH
+
+        os.environ[ENV_SWITCH] = "0"  # the layer-by-layer path, whose calls these modes time
     torch.set_num_threads(args.threads)
     own = cpu_kernels()
     if own is None:
@@ -94,6 +108,8 @@ def main() -> None:
         return in_generate(own, args)
     if args.projections:
         return projections(args)
+    if args.fused:
+        return fused_step(args)
     print(f"threads {args.threads}, rows {args.rows}, copies {args.copies}, kernels {own.isa()} / {own.int_isa()} (ms per call, {args.clock} time; GB/s)")
     for out_f, in_f in SHAPES:
         copies = min(3, args.copies) if out_f > 10000 else args.copies
@@ -163,41 +179,79 @@ def _bench_model(work: Path, arch: str, mode: str, threads: int):
 
 
 def projections(args) -> None:
-    import statistics
     import tempfile
 
     import gencli.backend.quantize as quantize
     import gencli.models.llama as llama
-    from gencli.pipelines.sampling import SamplingParams
-    from gencli.pipelines.text import GenerationSettings, generate
 
     fused = quantize.project
 
     def one_by_one(x, layers, activations=None):
         return tuple(m(x) if a is None else m(x, activation=a) for m, a in zip(layers, activations or (None,) * len(layers)))
 
+    def use(fn):
+        def setup():
+            quantize.project = llama.project = fn
+
+        return setup
+
     with tempfile.TemporaryDirectory() as tmp:
         tm, prompt = _bench_model(Path(tmp), "llama", args.projections, args.threads)
-
-        def run(n):
-            settings = GenerationSettings(max_new_tokens=n, sampling=SamplingParams(temperature=0.0), ignore_eos=True)
-            start = time.perf_counter()
-            generate(tm, [("", prompt)], settings)
-            return time.perf_counter() - start
-
-        times: dict = {"fused": [], "one by one": []}
-        run(33)
         try:
-            for _ in range(max(1, args.repeat // 4)):
-                for name, fn in (("fused", fused), ("one by one", one_by_one)):
-                    quantize.project = llama.project = fn
-                    times[name].append((run(33) - run(1)) / 32)
+            times = _timed_runs(tm, prompt, [("fused", use(fused)), ("one by one", use(one_by_one))], max(1, args.repeat // 4))
         finally:
             quantize.project = llama.project = fused
-    print(f"threads {args.threads}, {args.projections}, Llama shape, 32 tokens a round (ms a token, wall clock)")
+    _report(times, f"threads {args.threads}, {args.projections}, Llama shape, 32 tokens a round (ms a token, wall clock)")
+
+
+def _timed_runs(tm, prompt, variants, rounds: int) -> dict:
+    """ms a token of 32 greedy decoding steps for each (name, setup) of ``variants``, alternating,
+    ``rounds`` each (the prompt and the first token subtracted)."""
+    from gencli.pipelines.sampling import SamplingParams
+    from gencli.pipelines.text import GenerationSettings, generate
+
+    def run(n):
+        settings = GenerationSettings(max_new_tokens=n, sampling=SamplingParams(temperature=0.0), ignore_eos=True)
+        start = time.perf_counter()
+        generate(tm, [("", prompt)], settings)
+        return time.perf_counter() - start
+
+    times: dict = {name: [] for name, _ in variants}
+    for _ in range(rounds):
+        for name, setup in variants:
+            setup()
+            run(2)
+            times[name].append((run(33) - run(1)) / 32)
+    return times
+
+
+def _report(times: dict, title: str) -> None:
+    import statistics
+
+    print(title)
     for name, t in times.items():
         print(f"  {name}: best {min(t) * 1e3:.2f}, median {statistics.median(t) * 1e3:.2f}")
-    print(f"  fused / one by one: best {min(times['fused']) / min(times['one by one']):.2f}x the time")
+    (a, ta), (b, tb) = list(times.items())[:2]
+    print(f"  {a} / {b}: best {min(ta) / min(tb):.2f}x the time, median {statistics.median(ta) / statistics.median(tb):.2f}x")
+
+
+def fused_step(args) -> None:
+    import tempfile
+
+    from gencli.backend.decoder_step import ENV_SWITCH
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tm, prompt = _bench_model(Path(tmp), args.arch, args.fused, args.threads)
+
+        def switch(value):
+            def setup():
+                os.environ[ENV_SWITCH] = value
+                tm.model.forget_fused_decoder()  # rebuilt (or not) on the next step
+
+            return setup
+
+        times = _timed_runs(tm, prompt, [("fused step", switch("1")), ("layer by layer", switch("0"))], max(1, args.repeat // 4))
+    _report(times, f"threads {args.threads}, {args.fused}, {args.arch} shape, 32 tokens a round (ms a token, wall clock)")
 
 
 def in_generate(own, args) -> None:

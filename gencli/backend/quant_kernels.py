@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 SOURCE = Path(__file__).with_name("csrc") / "quant_gemv.cpp"
-SOURCES = (SOURCE, SOURCE.with_name("decode_attention.cpp"))  # one extension
-HEADERS = (SOURCE.with_name("simd_ops.h"),)  # included by the sources: part of the build's identity
+SOURCES = (SOURCE, SOURCE.with_name("decode_attention.cpp"), SOURCE.with_name("decoder_step.cpp"))  # one extension
+HEADERS = (SOURCE.with_name("simd_ops.h"), SOURCE.with_name("kernels.h"))  # included by the sources: part of the build's identity
 ENV_SWITCH = "GENCLI_QUANT_KERNELS"
 ENV_ACTIVATIONS = "GENCLI_QUANT_ACTIVATIONS"
 ACTIVATIONS = ("int8", "fp32")

@@ -416,6 +416,9 @@ def quantize_linears(
         del weight, bias
         if report is not None:
             report(name)
+    forget = getattr(model, "forget_fused_decoder", None)  # (a model's fused decoding step points at the old layers)
+    if callable(forget):
+        forget()
     return spec
 
 

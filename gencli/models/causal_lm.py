@@ -14,6 +14,9 @@ import torch
 import torch.nn as nn
 
 from gencli.backend.attention import KVCache
+from gencli.backend.decoder_step import DecoderStackParts, FusedDecoder
+
+_UNSET = object()
 
 
 class CausalLM(nn.Module):
@@ -33,6 +36,32 @@ class CausalLM(nn.Module):
 
     def get_input_embeddings(self) -> nn.Embedding:
         raise NotImplementedError
+
+    def fused_decoder_parts(self) -> Optional[DecoderStackParts]:
+        """The decoder layers as :class:`gencli.backend.decoder_step.FusedDecoder` reads them (None:
+        this model always decodes layer by layer)."""
+        return None
+
+    def fused_decoder(self, x: torch.Tensor, kv_cache: Optional[KVCache]) -> Optional[FusedDecoder]:
+        """The one-call decoding step for the embeddings ``x`` of one new position per sequence, where
+        it applies (quantized layers on a CPU: see :mod:`gencli.backend.decoder_step`), else None.
+        Built on the first decoding step and kept until the model is moved or re-quantized."""
+        if kv_cache is None or not FusedDecoder.applies(x, kv_cache):
+            return None
+        fused = self.__dict__.get("_fused_decoder", _UNSET)
+        if fused is _UNSET:
+            parts = self.fused_decoder_parts()
+            fused = FusedDecoder.build(parts) if parts is not None else None
+            self.__dict__["_fused_decoder"] = fused
+        return fused
+
+    def forget_fused_decoder(self) -> None:
+        """Drop the fused step (its layers were replaced or moved): the next decoding step rebuilds it."""
+        self.__dict__.pop("_fused_decoder", None)
+
+    def _apply(self, fn, recurse=True):  # type: ignore[override]
+        self.forget_fused_decoder()
+        return super()._apply(fn, recurse)
 
     def backbone(self, input_ids: torch.Tensor, position_ids: torch.Tensor, key_mask: Optional[torch.Tensor], kv_cache: Optional[KVCache]) -> torch.Tensor:
         """Embeddings and decoder blocks: hidden states before the final norm."""

@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 
 from gencli.backend.attention import LayerKVCache, scaled_dot_product_attention
+from gencli.backend.decoder_step import DecoderLayerParts, DecoderStackParts
 from gencli.backend.layers import LayerNorm, get_activation
 from gencli.checkpoints.keymap import Drop, KeyMap, Rename
 from gencli.errors import CheckpointError
@@ -172,12 +173,22 @@ class GPT2LMHeadModel(CausalLM):
     def backbone(self, input_ids, position_ids, key_mask, kv_cache):
         t = self.transformer
         x = t.wte(input_ids) + t.wpe(position_ids)
+        fused = self.fused_decoder(x, kv_cache)
+        if fused is not None:
+            return fused(x, kv_cache, key_mask)
         for i, block in enumerate(t.h):
             x = block(x, kv_cache[i] if kv_cache is not None else None, key_mask)
         return x
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.transformer.ln_f(hidden)
+
+    def fused_decoder_parts(self) -> DecoderStackParts:
+        layers = tuple(
+            DecoderLayerParts(b.ln_1, (b.attn.c_attn,), b.attn.c_proj, b.ln_2, (b.mlp.c_fc,), b.mlp.c_proj, b.attn.scale) for b in self.transformer.h
+        )
+        cfg = self.config
+        return DecoderStackParts(layers, cfg.n_head, cfg.n_head, self.head_dim, cfg.activation_function, rotary=False)
 
 
 # transformers' checkpoints: the causal-mask buffers of old exports are dropped; the files saved from

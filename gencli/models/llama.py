@@ -19,6 +19,7 @@ import torch
 import torch.nn as nn
 
 from gencli.backend.attention import LayerKVCache, scaled_dot_product_attention
+from gencli.backend.decoder_step import DecoderLayerParts, DecoderStackParts
 from gencli.backend.layers import GatedMLP, RMSNorm
 from gencli.backend.positional import RotaryEmbedding, apply_rotary
 from gencli.backend.quantize import project
@@ -240,6 +241,9 @@ class LlamaForCausalLM(CausalLM):
     def backbone(self, input_ids, position_ids, key_mask, kv_cache):
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.model.rotary_emb(position_ids, x.dtype)
+        fused = self.fused_decoder(x, kv_cache)
+        if fused is not None:
+            return fused(x, kv_cache, key_mask, cos, sin)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, L, D): broadcast over the heads, once
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, kv_cache[i] if kv_cache is not None else None, key_mask)
@@ -247,6 +251,22 @@ class LlamaForCausalLM(CausalLM):
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.norm(hidden)
+
+    def fused_decoder_parts(self) -> DecoderStackParts:
+        cfg = self.config
+        layers = tuple(
+            DecoderLayerParts(
+                layer.input_layernorm,
+                (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
+                layer.self_attn.o_proj,
+                layer.post_attention_layernorm,
+                (layer.mlp.gate_proj, layer.mlp.up_proj),
+                layer.mlp.down_proj,
+                cfg.head_dim**-0.5,
+            )
+            for layer in self.model.layers
+        )
+        return DecoderStackParts(layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_act, rotary=True)
 
 
 # transformers' checkpoints map onto this module unchanged; some exports carry the rotary table,

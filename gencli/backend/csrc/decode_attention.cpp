@@ -21,6 +21,7 @@
 #define GENCLI_X86 1
 #endif
 #include "simd_ops.h"
+#include "kernels.h"
 
 namespace {
 
@@ -113,21 +114,6 @@ void head_scalar(const float* q, const float* k, int64_t ks, const float* v, int
     }                                                                                                       \
   }
 
-// e^x = 2^n * p(r), n = round(x / ln 2), r = x - n ln 2 (ln 2 in two parts), p Cephes' expf polynomial
-// (within 2 ulp); x clamped at -87 (2^n stays normal) and the result set to 0 below it
-#define GENCLI_EXP_CONSTANTS                                                                                \
-  constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;           \
-  constexpr float kP0 = 1.9875691500e-4f, kP1 = 1.3981999507e-3f, kP2 = 8.3334519073e-3f, kP3 = 4.1665795894e-2f, \
-                  kP4 = 1.6666665459e-1f, kP5 = 5.0000001201e-1f, kLow = -87.0f;                            \
-  inline V poly(V r) {                                                                                      \
-    V p = fma(set1(kP0), r, set1(kP1));                                                                     \
-    p = fma(p, r, set1(kP2));                                                                               \
-    p = fma(p, r, set1(kP3));                                                                               \
-    p = fma(p, r, set1(kP4));                                                                               \
-    p = fma(p, r, set1(kP5));                                                                               \
-    return fma(mul(p, r), r, add(r, set1(1.f)));                                                            \
-  }
-
 #ifdef GENCLI_X86
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512dq,fma")
@@ -136,15 +122,7 @@ using V = __m512;
 constexpr int W = 16;
 GENCLI_FLOAT_OPS(_mm512)
 inline float hsum(V x) { return _mm512_reduce_add_ps(x); }
-GENCLI_EXP_CONSTANTS
-inline V vexp(V x) {
-  const __mmask16 low = _mm512_cmp_ps_mask(x, set1(kLow), _CMP_LT_OQ);
-  x = _mm512_max_ps(x, set1(kLow));
-  const V n = _mm512_roundscale_ps(mul(x, set1(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const V r = fma(n, set1(-kLn2Lo), fma(n, set1(-kLn2Hi), x));
-  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~low), mul(poly(r), _mm512_castsi512_ps(e)));
-}
+GENCLI_AVX512_EXP
 GENCLI_ATTENTION_BODY
 }  // namespace attn_avx512
 #pragma GCC pop_options
@@ -156,15 +134,7 @@ using V = __m256;
 constexpr int W = 8;
 GENCLI_FLOAT_OPS(_mm256)
 GENCLI_AVX2_HSUM
-GENCLI_EXP_CONSTANTS
-inline V vexp(V x) {
-  const V keep = _mm256_cmp_ps(x, set1(kLow), _CMP_GE_OQ);
-  x = _mm256_max_ps(x, set1(kLow));
-  const V n = _mm256_round_ps(mul(x, set1(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const V r = fma(n, set1(-kLn2Lo), fma(n, set1(-kLn2Hi), x));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(keep, mul(poly(r), _mm256_castsi256_ps(e)));
-}
+GENCLI_AVX2_EXP
 GENCLI_ATTENTION_BODY
 }  // namespace attn_avx2
 #pragma GCC pop_options
@@ -187,6 +157,42 @@ AttnIsa g_attn_isa = best_attn_isa();
 
 }  // namespace
 
+namespace gencli {
+
+void attend_one_query(const KVView& q, const KVView& k, const KVView& v, const bool* mp, int64_t B, int64_t H, int64_t Hkv, int64_t L,
+                      int64_t D, float sc, float* op) {
+  const int64_t rep = H / Hkv;
+  const AttnIsa use = g_attn_isa;
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> scores;
+    if (static_cast<int64_t>(scores.size()) < L) scores.resize(L);
+    float* s = scores.data();
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / H, h = task % H, g = h / rep;
+      const float* qh = q.data + b * q.s_b + h * q.s_h;
+      const float* kh = k.data + b * k.s_b + g * k.s_h;
+      const float* vh = v.data + b * v.s_b + g * v.s_h;
+      const bool* mb = mp ? mp + b * L : nullptr;
+      // a row that may attend no key attends them all (as gencli's masks do: finite, and never used)
+      if (mb && std::none_of(mb, mb + L, [](bool x) { return x; })) mb = nullptr;
+      float* oh = op + (b * H + h) * D;
+#ifdef GENCLI_X86
+      if (use == AttnIsa::avx512 && D % 16 == 0) {
+        attn_avx512::head(qh, kh, k.s_l, vh, v.s_l, mb, L, D, sc, s, oh);
+        continue;
+      }
+      if (use != AttnIsa::scalar && D % 8 == 0) {
+        attn_avx2::head(qh, kh, k.s_l, vh, v.s_l, mb, L, D, sc, s, oh);
+        continue;
+      }
+#endif
+      head_scalar(qh, kh, k.s_l, vh, v.s_l, mb, L, D, sc, s, oh);
+    }
+  });
+}
+
+}  // namespace gencli
+
 // q (B, H, 1, D), k and v (B, Hkv, L, D), float32, the last dimension contiguous (any other strides:
 // cache views); key_mask (B, L) bool or undefined. Returns (B, H, 1, D) contiguous.
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
@@ -208,40 +214,9 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
     mp = mask.data_ptr<bool>();
   }
   at::Tensor out = at::empty({B, H, 1, D}, q.options());
-  const float* qp = q.data_ptr<float>();
-  const float* kp = k.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const int64_t rep = H / Hkv;
-  const float sc = static_cast<float>(scale);
-  const AttnIsa use = g_attn_isa;
-  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    thread_local std::vector<float> scores;
-    if (static_cast<int64_t>(scores.size()) < L) scores.resize(L);
-    float* s = scores.data();
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / H, h = task % H, g = h / rep;
-      const float* qh = qp + b * q.stride(0) + h * q.stride(1);
-      const float* kh = kp + b * k.stride(0) + g * k.stride(1);
-      const float* vh = vp + b * v.stride(0) + g * v.stride(1);
-      const bool* mb = mp ? mp + b * L : nullptr;
-      // a row that may attend no key attends them all (as gencli's masks do: finite, and never used)
-      if (mb && std::none_of(mb, mb + L, [](bool x) { return x; })) mb = nullptr;
-      float* oh = op + (b * H + h) * D;
-      const int64_t ks = k.stride(2), vs = v.stride(2);
-#ifdef GENCLI_X86
-      if (use == AttnIsa::avx512 && D % 16 == 0) {
-        attn_avx512::head(qh, kh, ks, vh, vs, mb, L, D, sc, s, oh);
-        continue;
-      }
-      if (use != AttnIsa::scalar && D % 8 == 0) {
-        attn_avx2::head(qh, kh, ks, vh, vs, mb, L, D, sc, s, oh);
-        continue;
-      }
-#endif
-      head_scalar(qh, kh, ks, vh, vs, mb, L, D, sc, s, oh);
-    }
-  });
+  gencli::attend_one_query({q.data_ptr<float>(), q.stride(0), q.stride(1), 0}, {k.data_ptr<float>(), k.stride(0), k.stride(1), k.stride(2)},
+                           {v.data_ptr<float>(), v.stride(0), v.stride(1), v.stride(2)}, mp, B, H, Hkv, L, D, static_cast<float>(scale),
+                           out.data_ptr<float>());
   return out;
 }
 

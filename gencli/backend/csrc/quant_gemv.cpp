@@ -32,6 +32,7 @@
 #define GENCLI_X86 1
 #endif
 #include "simd_ops.h"
+#include "kernels.h"
 
 namespace {
 
@@ -466,13 +467,6 @@ int lanes() { return isa() == Isa::avx512 ? 16 : 8; }
 // rows per task: enough work (~64k weights) that a thread's share outweighs the scheduling
 int64_t grain(int64_t K) { return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(K, 1)); }
 
-void check_common(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale) {
-  TORCH_CHECK(isa() != Isa::none, "quant_gemv: this CPU has neither AVX-512 nor AVX2");
-  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "quant_gemv: CPU tensors only");
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "quant_gemv: x must be float32 (M, K)");
-  TORCH_CHECK(w.dim() == 2 && w.is_contiguous(), "quant_gemv: the codes must be contiguous (N, K or K/2)");
-}
-
 // Runs tile<MT>(row pointer offset m0, ...) over the activation rows in tiles of at most kMaxRows.
 template <typename F>
 void by_row_tiles(int64_t M, F&& tile) {
@@ -542,14 +536,14 @@ void quantize_activations(const float* x, int64_t M, int64_t K, int8_t* q, float
 
 }  // namespace
 
-// x (M, K) float32 @ (q int8 (N, K) * scale bf16 (N,)).T -> (M, N) float32
-at::Tensor int8_gemv_f32(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale) {
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  at::Tensor out = at::empty({M, N}, x.options());
-  const float* xp = x.data_ptr<float>();
-  const int8_t* wp = w.data_ptr<int8_t>();
-  const uint16_t* sp = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::BFloat16>());
-  float* op = out.data_ptr<float>();
+// The products on raw pointers (decoder_step.cpp calls them too): x (M, K) float32 contiguous, each
+// weight's result written to outs[i] (M, N_i). The f32 kernels: one weight a pass.
+namespace {
+
+void int8_product_f32(const float* xp, int64_t M, int64_t K, const gencli::QuantWeight& w, float* op) {
+  const int64_t N = w.N;
+  const int8_t* wp = static_cast<const int8_t*>(w.codes);
+  const uint16_t* sp = w.scale;
   for_tiles(M, N, K, [&](auto mt, int64_t m0, int64_t n0, int64_t n1) {
     constexpr int MT = decltype(mt)::value;
 #ifdef GENCLI_X86
@@ -559,27 +553,32 @@ at::Tensor int8_gemv_f32(const at::Tensor& x, const at::Tensor& w, const at::Ten
       avx2::int8_tile<MT>(xp + m0 * K, K, wp, sp, op + m0 * N, N, n0, n1);
 #endif
   });
-  return out;
 }
 
-// x (M, K) float32 @ ((q - 8) * scale + zero).T with q packed (N, K/2) uint8, scale/zero bf16 (N, K/G)
-at::Tensor int4_gemv_f32(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, const at::Tensor& zero, int64_t G, const float* xsp, int64_t gs) {
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0), W = lanes();
+// Scratch memory of the calling thread, reused from call to call (decoding makes dozens of these calls
+// a token: no allocation each time). The kernels only read it, within the call that filled it.
+template <typename T>
+T* scratch(std::vector<T>& buffer, int64_t n, bool zeroed) {
+  if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(n);
+  if (zeroed) std::fill(buffer.begin(), buffer.begin() + n, T{});
+  return buffer.data();
+}
+
+// w = (q - 8) * scale + zero with q packed (N, K/2), groups of G; xsp the group sums of x (M, gs)
+void int4_product_f32(const float* xp, int64_t M, int64_t K, const gencli::QuantWeight& w, const float* xsp, int64_t gs, float* op) {
+  const int64_t N = w.N, G = w.G, W = lanes();
   // x de-interleaved per block of 2W columns (the even columns, then the odd ones)
-  at::Tensor xd = at::empty({M, K}, x.options());
-  const float* xp = x.data_ptr<float>();
-  float* xdp = xd.data_ptr<float>();
+  thread_local std::vector<float> xd_buf;
+  float* xdp = scratch(xd_buf, M * K, false);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t c = 0; c < K; c += 2 * W)
       for (int64_t j = 0; j < W; ++j) {
         xdp[m * K + c + j] = xp[m * K + c + 2 * j];
         xdp[m * K + c + W + j] = xp[m * K + c + 2 * j + 1];
       }
-  at::Tensor out = at::empty({M, N}, x.options());
-  const uint8_t* wp = w.data_ptr<uint8_t>();
-  const uint16_t* sp = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::BFloat16>());
-  const uint16_t* zp = reinterpret_cast<const uint16_t*>(zero.data_ptr<at::BFloat16>());
-  float* op = out.data_ptr<float>();
+  const uint8_t* wp = static_cast<const uint8_t*>(w.codes);
+  const uint16_t* sp = w.scale;
+  const uint16_t* zp = w.zero;
   for_tiles(M, N, K, [&](auto mt, int64_t m0, int64_t n0, int64_t n1) {
     constexpr int MT = decltype(mt)::value;
 #ifdef GENCLI_X86
@@ -589,7 +588,6 @@ at::Tensor int4_gemv_f32(const at::Tensor& x, const at::Tensor& w, const at::Ten
       avx2::int4_tile_g<MT>(G, xdp + m0 * K, xsp + m0 * gs, gs, K, wp, sp, zp, op + m0 * N, N, n0, n1);
 #endif
   });
-  return out;
 }
 
 // x quantized for the integer kernels: the codes in rows of KP (zeros past K), de-interleaved per chunk
@@ -601,24 +599,15 @@ struct IntActivations {
   const float* lane_scales;   // (M, KP / per_lane)
 };
 
-// Scratch memory of the calling thread, reused from call to call (decoding makes dozens of these calls
-// a token: no allocation each time). The kernels only read it, within the call that filled it.
-template <typename T>
-T* scratch(std::vector<T>& buffer, int64_t n, bool zeroed) {
-  if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(n);
-  if (zeroed) std::fill(buffer.begin(), buffer.begin() + n, T{});
-  return buffer.data();
-}
-
-IntActivations int_activations(const at::Tensor& x, int64_t KP, int64_t per_lane, int64_t chunk_bytes) {
+IntActivations int_activations(const float* x, int64_t M, int64_t K, int64_t KP, int64_t per_lane, int64_t chunk_bytes) {
   thread_local std::vector<int8_t> q_buf, codes_buf;
   thread_local std::vector<float> sx_buf, lanes_buf;
-  const int64_t M = x.size(0), K = x.size(1), blocks = K / kActBlock;
+  const int64_t blocks = K / kActBlock;
   int8_t* qp = scratch(q_buf, M * K, false);
   float* sxp = scratch(sx_buf, M * blocks, false);
   int8_t* cp = scratch(codes_buf, M * KP, true);
   float* lp = scratch(lanes_buf, M * (KP / per_lane), true);
-  quantize_activations(x.data_ptr<float>(), M, K, qp, sxp);
+  quantize_activations(x, M, K, qp, sxp);
   const int64_t BW = chunk_bytes, CC = 2 * chunk_bytes;
   for (int64_t m = 0; m < M; ++m) {
     if (BW == 0) {
@@ -635,31 +624,21 @@ IntActivations int_activations(const at::Tensor& x, int64_t KP, int64_t per_lane
   return {cp, lp};
 }
 
-// one (M, N_i) float32 result a weight, and the N_i
-std::vector<at::Tensor> outputs_for(const at::Tensor& x, const std::vector<at::Tensor>& ws, std::vector<int64_t>& Ns) {
-  std::vector<at::Tensor> outs;
-  for (const auto& w : ws) {
-    Ns.push_back(w.size(0));
-    outs.push_back(at::empty({x.size(0), w.size(0)}, x.options()));
-  }
-  return outs;
-}
-
 // the same with x quantized to int8 (blocks of kActBlock) and integer dot products, for several weights
 // multiplying the same x (a layer's query/key/value or gate/up projections): x quantized once, every
 // weight's rows in one parallel pass
-std::vector<at::Tensor> int8_gemv_q8(const at::Tensor& x, const std::vector<at::Tensor>& ws, const std::vector<at::Tensor>& scales) {
-  const int64_t M = x.size(0), K = x.size(1), BW = int_bytes(), KP = (K + BW - 1) / BW * BW;
-  const IntActivations a = int_activations(x, KP, 4, 0);
+void int8_products_q8(const float* x, int64_t M, int64_t K, const gencli::QuantWeight* ws, int64_t count, float* const* outs) {
+  const int64_t BW = int_bytes(), KP = (K + BW - 1) / BW * BW;
+  const IntActivations a = int_activations(x, M, K, KP, 4, 0);
   const int8_t* xpp = a.codes;
   const float* xlp = a.lane_scales;
   std::vector<int64_t> Ns;
-  std::vector<at::Tensor> outs = outputs_for(x, ws, Ns);
+  for (int64_t i = 0; i < count; ++i) Ns.push_back(ws[i].N);
   for_tiles(M, Ns, K, [&](int64_t i, auto mt, int64_t m0, int64_t n0, int64_t n1) {
     constexpr int MT = decltype(mt)::value;
-    const int8_t* wp = ws[i].data_ptr<int8_t>();
-    const uint16_t* sp = reinterpret_cast<const uint16_t*>(scales[i].data_ptr<at::BFloat16>());
-    float* op = outs[i].data_ptr<float>() + m0 * Ns[i];
+    const int8_t* wp = static_cast<const int8_t*>(ws[i].codes);
+    const uint16_t* sp = ws[i].scale;
+    float* op = outs[i] + m0 * Ns[i];
 #ifdef GENCLI_X86
     if (use_vnni())
       avx512vnni::q8_int8_tile<MT>(xpp + m0 * KP, xlp + m0 * (KP / 4), KP, K, wp, sp, op, Ns[i], n0, n1);
@@ -667,24 +646,23 @@ std::vector<at::Tensor> int8_gemv_q8(const at::Tensor& x, const std::vector<at::
       avx2::q8_int8_tile<MT>(xpp + m0 * KP, xlp + m0 * (KP / 4), KP, K, wp, sp, op, Ns[i], n0, n1);
 #endif
   });
-  return outs;
 }
 
-std::vector<at::Tensor> int4_gemv_q8(const at::Tensor& x, const std::vector<at::Tensor>& ws, const std::vector<at::Tensor>& scales,
-                                     const std::vector<at::Tensor>& zeros, int64_t G, const float* xsp, int64_t gs) {
-  const int64_t M = x.size(0), K = x.size(1), BW = int_bytes(), CC = 2 * BW;
+void int4_products_q8(const float* x, int64_t M, int64_t K, const gencli::QuantWeight* ws, int64_t count, const float* xsp, int64_t gs,
+                      float* const* outs) {
+  const int64_t BW = int_bytes(), CC = 2 * BW, G = ws[0].G;
   const int64_t KP = (K + CC - 1) / CC * CC;
-  const IntActivations a = int_activations(x, KP, 8, BW);
+  const IntActivations a = int_activations(x, M, K, KP, 8, BW);
   const int8_t* xdp = a.codes;
   const float* xlp = a.lane_scales;
   std::vector<int64_t> Ns;
-  std::vector<at::Tensor> outs = outputs_for(x, ws, Ns);
+  for (int64_t i = 0; i < count; ++i) Ns.push_back(ws[i].N);
   for_tiles(M, Ns, K / 2, [&](int64_t i, auto mt, int64_t m0, int64_t n0, int64_t n1) {
     constexpr int MT = decltype(mt)::value;
-    const uint8_t* wp = ws[i].data_ptr<uint8_t>();
-    const uint16_t* sp = reinterpret_cast<const uint16_t*>(scales[i].data_ptr<at::BFloat16>());
-    const uint16_t* zp = reinterpret_cast<const uint16_t*>(zeros[i].data_ptr<at::BFloat16>());
-    float* op = outs[i].data_ptr<float>() + m0 * Ns[i];
+    const uint8_t* wp = static_cast<const uint8_t*>(ws[i].codes);
+    const uint16_t* sp = ws[i].scale;
+    const uint16_t* zp = ws[i].zero;
+    float* op = outs[i] + m0 * Ns[i];
 #ifdef GENCLI_X86
     if (use_vnni())
       avx512vnni::q8_int4_tile_g<MT>(G, xdp + m0 * KP, xlp + m0 * (KP / 8), KP, xsp + m0 * gs, gs, K, wp, sp, zp, op, Ns[i], n0, n1);
@@ -692,21 +670,72 @@ std::vector<at::Tensor> int4_gemv_q8(const at::Tensor& x, const std::vector<at::
       avx2::q8_int4_tile_g<MT>(G, xdp + m0 * KP, xlp + m0 * (KP / 8), KP, xsp + m0 * gs, gs, K, wp, sp, zp, op, Ns[i], n0, n1);
 #endif
   });
-  return outs;
 }
 
-// out (M, N) float32 += bias (N,) float32, in place (the layer's bias, without a call of its own)
-at::Tensor with_bias(at::Tensor out, const c10::optional<at::Tensor>& bias_in) {
-  if (!bias_in.has_value() || !bias_in->defined()) return out;
-  const at::Tensor bias = bias_in->to(at::kFloat).contiguous();  // (no copy when it is already)
-  TORCH_CHECK(bias.numel() == out.size(1), "quant_gemv: the bias must have N values");
-  float* o = out.data_ptr<float>();
-  const float* b = bias.data_ptr<float>();
-  const int64_t M = out.size(0), N = out.size(1);
+// x's group sums (M, gs), gs the groups rounded up to 16 (padded with zeros): the zero points multiply them
+const float* group_sums(const float* xp, int64_t M, int64_t K, int64_t G, int64_t gs) {
+  thread_local std::vector<float> xs_buf;
+  float* xsp = scratch(xs_buf, M * gs, true);
   for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = 0; n < N; ++n) o[m * N + n] += b[n];
-  return out;
+    for (int64_t g = 0; g < K / G; ++g) {
+      float s = 0.f;
+      for (int64_t j = 0; j < G; ++j) s += xp[m * K + g * G + j];
+      xsp[m * gs + g] = s;
+    }
+  return xsp;
 }
+
+}  // namespace
+
+namespace gencli {
+
+bool quantized_kernels_available() { return isa() != Isa::none; }
+
+int vector_lanes() { return isa() == Isa::none ? 0 : lanes(); }
+
+void quantized_products(const float* x, int64_t M, int64_t K, const QuantWeight* ws, float* const* outs, int64_t count, bool int8_act) {
+  if (count <= 0) return;
+  const bool int4 = ws[0].int4;
+  bool same = true;
+  for (int64_t i = 1; i < count; ++i) same = same && ws[i].int4 == int4 && (!int4 || ws[i].G == ws[0].G);
+  if (!same) {  // (not made by gencli's layers: one mode, one group size a model)
+    for (int64_t i = 0; i < count; ++i) quantized_products(x, M, K, ws + i, outs + i, 1, int8_act);
+    return;
+  }
+  if (!int4) {
+    if (int8_act && K % kActBlock == 0) {
+      int8_products_q8(x, M, K, ws, count, outs);
+    } else {
+      for (int64_t i = 0; i < count; ++i) int8_product_f32(x, M, K, ws[i], outs[i]);
+    }
+  } else {
+    const int64_t G = ws[0].G, gs = (K / G + 15) / 16 * 16;
+    const float* xsp = group_sums(x, M, K, G, gs);
+    if (int8_act && G >= kActBlock && G <= 256) {
+      int4_products_q8(x, M, K, ws, count, xsp, gs, outs);
+    } else {
+      for (int64_t i = 0; i < count; ++i) int4_product_f32(x, M, K, ws[i], xsp, gs, outs[i]);
+    }
+  }
+  for (int64_t i = 0; i < count; ++i) {  // the layer's bias, without a call of its own
+    const float* b = ws[i].bias;
+    if (!b) continue;
+    float* o = outs[i];
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < ws[i].N; ++n) o[m * ws[i].N + n] += b[n];
+  }
+}
+
+std::string check_quant_weight(const QuantWeight& w) {
+  if (w.N <= 0 || w.K <= 0) return "empty weight";
+  if (!w.int4) return "";
+  const int64_t W = lanes(), G = w.G;
+  if (!(G > 0 && G % (2 * W) == 0 && G <= 32 * W && (G & (G - 1)) == 0 && w.K % G == 0))
+    return "the group size must be a power of two, a multiple of " + std::to_string(2 * W) + " dividing K";
+  return "";
+}
+
+}  // namespace gencli
 
 // The entry points: x (..., K) float32, any layout (a decoding step's (B, n, K) activations as they come);
 // the result (..., N). int8 activations (the integer kernels) where asked and the shape allows, else fp32.
@@ -717,7 +746,6 @@ at::Tensor as_rows(const at::Tensor& x) {
   TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == at::kFloat, "quant_gemv: x must be float32 (..., K)");
   return x.reshape({-1, x.size(-1)}).contiguous();
 }
-at::Tensor as_bf16(const at::Tensor& t) { return t.to(at::kBFloat16).contiguous(); }
 at::Tensor shaped_like(const at::Tensor& out, const at::Tensor& x) {
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = out.size(1);
@@ -727,67 +755,88 @@ at::Tensor shaped_like(const at::Tensor& out, const at::Tensor& x) {
 
 using Biases = std::vector<c10::optional<at::Tensor>>;
 
-// x (..., K) times each of the int8 weights ws (N_i, K): the list of (..., N_i) results
-std::vector<at::Tensor> int8_gemv_many(const at::Tensor& x_in, const std::vector<at::Tensor>& ws, const std::vector<at::Tensor>& scales_in,
-                                       bool int8_activations, const Biases& biases) {
+namespace gencli {
+
+// A layer's tensors as the kernels read them: codes (N, K) int8 or (N, K/2) uint8; scale (and zero) in any
+// floating dtype, bias (or undefined) in any floating dtype; the converted copies (none when they are bf16 /
+// fp32 and contiguous already) kept in `keep`.
+QuantWeight quant_weight(bool int4, const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& zero, int64_t G,
+                         const at::Tensor& bias, std::vector<at::Tensor>& keep) {
+  TORCH_CHECK(isa() != Isa::none, "quant_gemv: this CPU has neither AVX-512 nor AVX2");
+  TORCH_CHECK(codes.device().is_cpu() && codes.dim() == 2 && codes.is_contiguous(), "quant_gemv: the codes must be contiguous CPU (N, K or K/2)");
+  TORCH_CHECK(codes.scalar_type() == (int4 ? at::kByte : at::kChar), int4 ? "quant_gemv: packed uint8 int4 codes expected" : "quant_gemv: int8 codes expected");
+  QuantWeight w{};
+  w.int4 = int4;
+  w.N = codes.size(0);
+  w.K = int4 ? 2 * codes.size(1) : codes.size(1);
+  w.G = int4 ? G : -1;
+  w.codes = codes.data_ptr();
+  const std::string problem = check_quant_weight(w);
+  TORCH_CHECK(problem.empty(), "quant_gemv: ", problem);
+  const int64_t per_row = int4 ? (G > 0 ? w.K / G : 0) : 1;
+  keep.push_back(scale.to(at::kBFloat16).contiguous());
+  TORCH_CHECK(keep.back().numel() == w.N * per_row && (!int4 || (keep.back().dim() == 2 && keep.back().size(0) == w.N)),
+              "quant_gemv: shapes do not match");
+  w.scale = reinterpret_cast<const uint16_t*>(keep.back().data_ptr<at::BFloat16>());
+  if (int4) {
+    keep.push_back(zero.to(at::kBFloat16).contiguous());
+    TORCH_CHECK(keep.back().sizes() == keep[keep.size() - 2].sizes(), "quant_gemv: shapes do not match");
+    w.zero = reinterpret_cast<const uint16_t*>(keep.back().data_ptr<at::BFloat16>());
+  }
+  if (bias.defined()) {
+    keep.push_back(bias.to(at::kFloat).contiguous());
+    TORCH_CHECK(keep.back().numel() == w.N, "quant_gemv: the bias must have N values");
+    w.bias = keep.back().data_ptr<float>();
+  }
+  return w;
+}
+
+}  // namespace gencli
+
+namespace {
+
+// x (..., K) times each weight: the list of (..., N_i) results
+std::vector<at::Tensor> products(const at::Tensor& x_in, std::vector<gencli::QuantWeight>& ws, bool int8_act) {
   const at::Tensor x = as_rows(x_in);
-  const int64_t K = x.size(1), count = static_cast<int64_t>(ws.size());
-  TORCH_CHECK(count > 0 && static_cast<int64_t>(scales_in.size()) == count && static_cast<int64_t>(biases.size()) == count,
-              "quant_gemv: one scale and one bias (or None) a weight");
-  std::vector<at::Tensor> scales;
-  for (int64_t i = 0; i < count; ++i) {
-    scales.push_back(as_bf16(scales_in[i]));
-    check_common(x, ws[i], scales[i]);
-    TORCH_CHECK(ws[i].scalar_type() == at::kChar, "quant_gemv: int8 codes expected");
-    TORCH_CHECK(ws[i].size(1) == K && scales[i].numel() == ws[i].size(0), "quant_gemv: shapes do not match");
-  }
+  TORCH_CHECK(x.device().is_cpu(), "quant_gemv: CPU tensors only");
+  const int64_t M = x.size(0), K = x.size(1);
   std::vector<at::Tensor> outs;
-  if (int8_activations && K % kActBlock == 0) {
-    outs = int8_gemv_q8(x, ws, scales);
-  } else {
-    for (int64_t i = 0; i < count; ++i) outs.push_back(int8_gemv_f32(x, ws[i], scales[i]));
+  std::vector<float*> ptrs;
+  for (const auto& w : ws) {
+    TORCH_CHECK(w.K == K, "quant_gemv: shapes do not match");
+    outs.push_back(at::empty({M, w.N}, x.options()));
+    ptrs.push_back(outs.back().data_ptr<float>());
   }
-  for (int64_t i = 0; i < count; ++i) outs[i] = shaped_like(with_bias(outs[i], biases[i]), x_in);
+  gencli::quantized_products(x.data_ptr<float>(), M, K, ws.data(), ptrs.data(), static_cast<int64_t>(ws.size()), int8_act);
+  for (auto& out : outs) out = shaped_like(out, x_in);
   return outs;
 }
 
+at::Tensor or_undefined(const c10::optional<at::Tensor>& t) { return t.has_value() ? *t : at::Tensor(); }
+
+}  // namespace
+
+// x (..., K) times each of the int8 weights ws (N_i, K): the list of (..., N_i) results
+std::vector<at::Tensor> int8_gemv_many(const at::Tensor& x, const std::vector<at::Tensor>& ws, const std::vector<at::Tensor>& scales,
+                                       bool int8_activations, const Biases& biases) {
+  const size_t count = ws.size();
+  TORCH_CHECK(count > 0 && scales.size() == count && biases.size() == count, "quant_gemv: one scale and one bias (or None) a weight");
+  std::vector<at::Tensor> keep;
+  std::vector<gencli::QuantWeight> qw;
+  for (size_t i = 0; i < count; ++i) qw.push_back(gencli::quant_weight(false, ws[i], scales[i], at::Tensor(), -1, or_undefined(biases[i]), keep));
+  return products(x, qw, int8_activations);
+}
+
 // x (..., K) times each of the int4 weights ws (N_i, K/2 packed), all with groups of G
-std::vector<at::Tensor> int4_gemv_many(const at::Tensor& x_in, const std::vector<at::Tensor>& ws, const std::vector<at::Tensor>& scales_in,
-                                       const std::vector<at::Tensor>& zeros_in, int64_t G, bool int8_activations, const Biases& biases) {
-  const at::Tensor x = as_rows(x_in);
-  const int64_t M = x.size(0), K = x.size(1), W = lanes(), count = static_cast<int64_t>(ws.size());
-  TORCH_CHECK(count > 0 && static_cast<int64_t>(scales_in.size()) == count && static_cast<int64_t>(zeros_in.size()) == count &&
-                  static_cast<int64_t>(biases.size()) == count,
+std::vector<at::Tensor> int4_gemv_many(const at::Tensor& x, const std::vector<at::Tensor>& ws, const std::vector<at::Tensor>& scales,
+                                       const std::vector<at::Tensor>& zeros, int64_t G, bool int8_activations, const Biases& biases) {
+  const size_t count = ws.size();
+  TORCH_CHECK(count > 0 && scales.size() == count && zeros.size() == count && biases.size() == count,
               "quant_gemv: one scale, one zero point and one bias (or None) a weight");
-  TORCH_CHECK(G > 0 && G % (2 * W) == 0 && G <= 32 * W && (G & (G - 1)) == 0 && K % G == 0, "quant_gemv: the group size must be a multiple of ", 2 * W, " dividing K");
-  std::vector<at::Tensor> scales, zeros;
-  for (int64_t i = 0; i < count; ++i) {
-    scales.push_back(as_bf16(scales_in[i]));
-    zeros.push_back(as_bf16(zeros_in[i]));
-    check_common(x, ws[i], scales[i]);
-    TORCH_CHECK(ws[i].scalar_type() == at::kByte, "quant_gemv: packed uint8 int4 codes expected");
-    const int64_t N = ws[i].size(0);
-    TORCH_CHECK(ws[i].size(1) * 2 == K && scales[i].size(0) == N && scales[i].numel() == N * (K / G) && zeros[i].sizes() == scales[i].sizes(),
-                "quant_gemv: shapes do not match");
-  }
-  const int64_t groups = K / G, gs = (groups + 15) / 16 * 16;
-  thread_local std::vector<float> xs_buf;
-  float* xsp = scratch(xs_buf, M * gs, true);  // the group sums of x, for the zero points (rows padded with zeros)
-  const float* xp = x.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t g = 0; g < groups; ++g) {
-      float s = 0.f;
-      for (int64_t j = 0; j < G; ++j) s += xp[m * K + g * G + j];
-      xsp[m * gs + g] = s;
-    }
-  std::vector<at::Tensor> outs;
-  if (int8_activations && G >= kActBlock && G <= 256) {
-    outs = int4_gemv_q8(x, ws, scales, zeros, G, xsp, gs);
-  } else {
-    for (int64_t i = 0; i < count; ++i) outs.push_back(int4_gemv_f32(x, ws[i], scales[i], zeros[i], G, xsp, gs));
-  }
-  for (int64_t i = 0; i < count; ++i) outs[i] = shaped_like(with_bias(outs[i], biases[i]), x_in);
-  return outs;
+  std::vector<at::Tensor> keep;
+  std::vector<gencli::QuantWeight> qw;
+  for (size_t i = 0; i < count; ++i) qw.push_back(gencli::quant_weight(true, ws[i], scales[i], zeros[i], G, or_undefined(biases[i]), keep));
+  return products(x, qw, int8_activations);
 }
 
 at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, bool int8_activations,
@@ -812,8 +861,11 @@ std::string isa_name() {
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                             const c10::optional<at::Tensor>& key_mask);
 bool use_attention_isa(const std::string& name);
+// decoder_step.cpp
+void register_decoder_step(py::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  register_decoder_step(m);
   m.def("int8_gemv", &int8_gemv, "x (..., K) f32 @ (q int8 (N, K) * scale bf16 (N,)).T (+ bias f32 (N,))", py::arg("x"), py::arg("q"), py::arg("scale"),
         py::arg("int8_activations") = false, py::arg("bias") = py::none());
   m.def("int4_gemv", &int4_gemv, "x (..., K) f32 @ ((q - 8) * scale + zero).T (+ bias), q packed (N, K/2), groups of G", py::arg("x"),

@@ -1,0 +1,145 @@
+"""A whole decoding step of a stack of pre-norm decoder layers in one native call (quantized CPU decoding).
+
+Decoding one token layer by layer from Python costs ~20 tensor operations a layer besides the
+products (norms, views, rotary, the cache write, residual adds, the activation), a few microseconds
+of dispatch each, on caches the weight streams have just evicted: on GPT-2's shape with int8
+weights, about a third of a token's time. :class:`FusedDecoder` runs every layer of one step in
+``csrc/decoder_step.cpp`` (the same products, :mod:`gencli.backend.quant_kernels`, and the same
+decode attention, no tensor created in between).
+
+A model offers it by describing its layers (:class:`DecoderStackParts`, from
+:meth:`gencli.models.causal_lm.CausalLM.fused_decoder_parts`). It applies where every projection
+is a :class:`~gencli.backend.quantize.QuantizedLinear` on a CPU with gencli's kernels, the norms are
+LayerNorm or RMSNorm and the MLP's activation is tanh-GELU, SiLU or ReLU; the step then takes one
+new position per sequence, float32 activations and a float32 :class:`~gencli.backend.attention.KVCache`.
+Anything else (prefill, unquantized or bf16 models, other devices) keeps the layer-by-layer path.
+``GENCLI_FUSED_DECODE=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.nn as nn
+
+from gencli.backend.attention import KVCache
+from gencli.backend.layers import LayerNorm, RMSNorm
+from gencli.backend.quant_kernels import cpu_kernels, int8_activations
+from gencli.backend.quantize import QuantizedLinear
+
+ENV_SWITCH = "GENCLI_FUSED_DECODE"
+# transformers' hidden_act names -> the activations the native step has
+ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "silu": "silu", "swish": "silu", "relu": "relu"}
+
+
+@dataclass(frozen=True)
+class DecoderLayerParts:
+    """One pre-norm decoder layer: ``x += o_proj(attention(q, k, v of norm1(x)))``, then
+    ``x += mlp_out(act(mlp_in[0](norm2(x))) [* mlp_in[1](norm2(x))])``."""
+
+    norm1: nn.Module
+    attn_in: tuple[nn.Module, ...]  # one fused q/k/v projection (q, k, v blocks of its outputs), or q, k, v
+    o_proj: nn.Module
+    norm2: nn.Module
+    mlp_in: tuple[nn.Module, ...]  # fc, or gate and up (a gated MLP: act(gate) * up)
+    mlp_out: nn.Module
+    attn_scale: float
+
+
+@dataclass(frozen=True)
+class DecoderStackParts:
+    layers: tuple[DecoderLayerParts, ...]
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    activation: str  # transformers' hidden_act name
+    rotary: bool  # queries and keys rotated by half-split tables (Llama); else absolute positions (GPT-2)
+
+
+def enabled() -> bool:
+    """False when ``GENCLI_FUSED_DECODE`` is 0 / false / off."""
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def _norm(m: nn.Module, hidden: int) -> Optional[tuple[Any, ...]]:
+    if isinstance(m, RMSNorm) and not m.offset and m.weight.shape == (hidden,):
+        return (m.weight, None, float(m.eps), True)
+    if isinstance(m, LayerNorm) and m.weight is not None and tuple(m.normalized_shape) == (hidden,):
+        return (m.weight, m.bias, float(m.eps), False)
+    return None
+
+
+def _linear(m: nn.Module) -> tuple[Any, ...]:
+    return (m.weight, m.weight_scale, m.weight_zero, m.group_size, m.bias)
+
+
+class FusedDecoder:
+    """The native stack of one model's layers (built once; it references the layers' tensors)."""
+
+    def __init__(self, native: Any):
+        self.native = native
+
+    @classmethod
+    def build(cls, parts: DecoderStackParts) -> Optional["FusedDecoder"]:
+        """The fused step for these layers, or None where it does not apply (see the module docstring)."""
+        if not enabled() or not parts.layers or parts.activation not in ACTIVATIONS:
+            return None
+        linears = [m for p in parts.layers for m in (*p.attn_in, p.o_proj, *p.mlp_in, p.mlp_out)]
+        if not all(isinstance(m, QuantizedLinear) and m.weight.device.type == "cpu" for m in linears):
+            return None
+        if len({(m.mode, m.group_size) for m in linears}) != 1:
+            return None
+        hidden = parts.layers[0].o_proj.out_features
+        norms = [(_norm(p.norm1, hidden), _norm(p.norm2, hidden)) for p in parts.layers]
+        if any(n is None for pair in norms for n in pair):
+            return None
+        kernels = cpu_kernels()  # (the quantized layers have built it already)
+        if kernels is None or not hasattr(kernels, "DecoderStack"):
+            return None
+        native = kernels.DecoderStack(hidden, parts.num_heads, parts.num_kv_heads, parts.head_dim, ACTIVATIONS[parts.activation], parts.rotary)
+        for p, (n1, n2) in zip(parts.layers, norms):
+            attn_in, mlp_in = [_linear(m) for m in p.attn_in], [_linear(m) for m in p.mlp_in]
+            native.add_layer(n1, attn_in, _linear(p.o_proj), n2, mlp_in, _linear(p.mlp_out), float(p.attn_scale))
+        return cls(native)
+
+    @staticmethod
+    def applies(x: torch.Tensor, kv_cache: Any) -> bool:
+        """Whether this step can take ``x (B, 1, hidden)`` with this cache."""
+        return (
+            isinstance(kv_cache, KVCache)
+            and x.dim() == 3
+            and x.shape[1] == 1
+            and x.device.type == "cpu"
+            and x.dtype == torch.float32
+            and kv_cache.keys.dtype == torch.float32
+            and not (torch.is_grad_enabled() and x.requires_grad)
+        )
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        kv_cache: KVCache,
+        key_mask: Optional[torch.Tensor] = None,
+        cos: Optional[torch.Tensor] = None,
+        sin: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """Every layer for ``x (B, 1, hidden)`` (the embeddings of the new positions): the hidden states
+        before the final norm, ``(B, 1, hidden)``; the new keys and values are written into the cache.
+        ``key_mask (B, cached + 1)`` True for real tokens; ``cos, sin (B, 1, head_dim)`` for rotary models."""
+        b = x.shape[0]
+        h = x.reshape(b, x.shape[-1]).contiguous()
+        if h.data_ptr() == x.data_ptr() and x._base is not None:  # (a view of someone's tensor: work on a copy)
+            h = h.clone()
+        mask = key_mask if key_mask is None or key_mask.dtype == torch.bool else key_mask.bool()
+        c = cos.reshape(b, -1) if cos is not None else None
+        s = sin.reshape(b, -1) if sin is not None else None
+        self.native.step(h, kv_cache.keys, kv_cache.values, kv_cache.length, mask, c, s, int8_activations())
+        for layer in kv_cache.layers:
+            layer.length += 1
+        return h.view(b, 1, -1)
+
+
+__all__ = ["ACTIVATIONS", "DecoderLayerParts", "DecoderStackParts", "ENV_SWITCH", "FusedDecoder", "enabled"]

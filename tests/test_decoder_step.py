@@ -1,0 +1,148 @@
+"""The fused decoding step (gencli.backend.decoder_step, csrc/decoder_step.cpp): every layer of a
+quantized GPT-2 / Llama / Qwen2-style model in one native call gives the logits of the layer-by-layer
+path, for one sequence and for a left-padded batch, on every instruction set this CPU has; where it
+does not apply (unquantized, prefill, switched off) the layer-by-layer path runs; its activations
+against torch's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gencli.backend import decoder_step, quant_kernels
+from gencli.backend.decoder_step import FusedDecoder
+from gencli.backend.quantize import QuantizationSpec, quantize_linears
+from gencli.models.gpt2 import GPT2Config, GPT2LMHeadModel
+from gencli.models.llama import LlamaConfig, LlamaForCausalLM
+
+kernels = quant_kernels.cpu_kernels()
+needs_kernels = pytest.mark.skipif(kernels is None, reason="the quantized CPU kernels cannot be built here")
+
+
+@pytest.fixture(params=["avx512", "avx2"])
+def isa(request):
+    best = kernels.isa()
+    if not kernels.use_isa(request.param):
+        pytest.skip(f"this CPU has no {request.param}")
+    yield request.param
+    kernels.use_isa(best)
+
+
+def _model(family: str, mode: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if family == "gpt2":
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=96, n_positions=32, n_embd=64, n_layer=2, n_head=4))
+    else:
+        cfg = LlamaConfig(
+            vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            max_position_embeddings=64, qkv_bias=family == "qwen2", model_type="qwen2" if family == "qwen2" else "llama",
+        )
+        model = LlamaForCausalLM(cfg)
+    for name, p in model.named_parameters():  # weights of a trained model's scale (and non-trivial norms and biases)
+        norm_weight = p.dim() == 1 and ("norm" in name or "ln_" in name) and "bias" not in name
+        with torch.no_grad():
+            p.copy_(torch.randn_like(p) * (0.2 if p.dim() > 1 else 0.1) + (1.0 if norm_weight else 0.0))
+    quantize_linears(model, QuantizationSpec.for_mode(mode))
+    return model.eval()
+
+
+def _logits(model, ids, steps, fused, mask=None):
+    """Prefill ids[:, :-steps] in one call, then the last `steps` tokens one at a time (teacher forced):
+    the logits of every step, (B, steps + 1, V)."""
+    if not fused:
+        model.fused_decoder = lambda x, cache: None  # (an instance attribute: this model decodes layer by layer)
+    try:
+        b, n = ids.shape
+        cache = model.new_cache(b, n)
+        first = n - steps
+        pos = (mask.long().cumsum(-1) - 1).clamp(min=0) if mask is not None else torch.arange(n).expand(b, n)
+        with torch.inference_mode():
+            out = [model(ids[:, :first], kv_cache=cache, position_ids=pos[:, :first], attention_mask=mask, logits_to_keep=1)]
+            for i in range(first, n):
+                out.append(model(ids[:, i : i + 1], kv_cache=cache, position_ids=pos[:, i : i + 1], attention_mask=mask))
+        return torch.cat(out, 1)
+    finally:
+        model.__dict__.pop("fused_decoder", None)
+
+
+@needs_kernels
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2"])
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+@pytest.mark.parametrize("activations", ["fp32", "int8"])
+def test_the_fused_step_gives_the_logits_of_the_layer_by_layer_path(isa, family, mode, activations, monkeypatch):
+    monkeypatch.setenv(quant_kernels.ENV_ACTIVATIONS, activations)
+    model = _model(family, mode)
+    ids = torch.randint(0, 96, (1, 12), generator=torch.Generator().manual_seed(1))
+    calls = []
+    real = FusedDecoder.__call__
+    monkeypatch.setattr(FusedDecoder, "__call__", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    ref = _logits(model, ids, 8, fused=False)
+    assert not calls
+    got = _logits(model, ids, 8, fused=True)
+    assert len(calls) == 8  # every decoding step, not the prefill
+    rel = ((got - ref).norm(dim=-1) / ref.norm(dim=-1)).max().item()
+    if activations == "fp32":  # the same products; only the norms' and activations' rounding differs
+        assert rel < 1e-5, rel
+        assert torch.equal(got.argmax(-1), ref.argmax(-1))
+    else:
+        # int8 activations: a code rounds the other way when its input moved by an ulp, and these random
+        # int4 models amplify that (the layer-by-layer path itself moves 2-4% when the embeddings are
+        # scaled by 1 + 1e-7); a wrong layout or scale would be off by far more
+        assert rel < 0.1, rel
+
+
+@needs_kernels
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_left_padded_batch_decodes_each_sequence_as_the_layer_by_layer_path_does(family, monkeypatch):
+    monkeypatch.setenv(quant_kernels.ENV_ACTIVATIONS, "fp32")
+    model = _model(family, "int8")
+    ids = torch.randint(0, 96, (3, 10), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(3, 10, dtype=torch.bool)
+    mask[1, :3] = False  # left padding
+    mask[2, :1] = False
+    ref = _logits(model, ids, 5, fused=False, mask=mask)
+    got = _logits(model, ids, 5, fused=True, mask=mask)
+    assert isinstance(model.__dict__.get("_fused_decoder"), FusedDecoder)
+    rel = ((got - ref).norm(dim=-1) / ref.norm(dim=-1)).max().item()
+    assert rel < 1e-5, rel
+
+
+@needs_kernels
+def test_the_layer_by_layer_path_runs_where_the_fused_step_does_not_apply(monkeypatch):
+    dense = GPT2LMHeadModel(GPT2Config(vocab_size=96, n_positions=32, n_embd=64, n_layer=2, n_head=4)).eval()
+    x = torch.zeros(1, 1, 64)
+    assert dense.fused_decoder(x, dense.new_cache(1, 8)) is None  # unquantized: nothing is built
+    quant = _model("gpt2", "int8")
+    cache = quant.new_cache(1, 8)
+    assert isinstance(quant.fused_decoder(x, cache), FusedDecoder)
+    assert quant.fused_decoder(torch.zeros(1, 2, 64), cache) is None  # a prefill of two positions
+    assert quant.fused_decoder(x, None) is None
+    assert quant.fused_decoder(x.double(), cache) is None
+    quant.float()  # moved / converted: the step is rebuilt from the layers then
+    assert "_fused_decoder" not in quant.__dict__
+    monkeypatch.setenv(decoder_step.ENV_SWITCH, "0")
+    assert quant.fused_decoder(x, cache) is None
+
+
+@needs_kernels
+def test_overflowing_the_cache_is_an_error_not_a_write_past_it():
+    model = _model("gpt2", "int8")
+    cache = model.new_cache(1, 2)
+    with torch.inference_mode():
+        model(torch.tensor([[1, 2]]), kv_cache=cache)
+        with pytest.raises(RuntimeError, match="overflow"):
+            model(torch.tensor([[3]]), kv_cache=cache)
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", ["gelu_tanh", "silu", "relu"])
+def test_the_vector_activations_match_torch(isa, name):
+    x = torch.cat([torch.linspace(-100, 100, 2001), torch.tensor([0.0, -0.0, 1e-30, -1e-30, 1e-6, 88.5, -88.5, 200.0, -200.0])])
+    up = torch.randn(x.numel(), generator=torch.Generator().manual_seed(3))
+    F = torch.nn.functional
+    ref = {"gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "silu": F.silu, "relu": torch.relu}[name]
+    for multiplier in (None, up):
+        got = kernels.activation(name, x, multiplier)
+        want = ref(x.double()) * (1 if multiplier is None else multiplier.double())
+        assert torch.isfinite(got).all()
+        assert torch.allclose(got.double(), want, rtol=2e-6, atol=1e-6), (got.double() - want).abs().max()
