@@ -61,6 +61,22 @@ def cli():
     return run_cli
 
 
+@pytest.fixture(params=["avx512", "avx2"])
+def isa(request):
+    """gencli's CPU kernels on each instruction set the CPU has, forced in turn (the best one restored
+    afterwards); skipped where the extension cannot be built."""
+    from gencli.backend.quant_kernels import cpu_kernels
+
+    kernels = cpu_kernels()
+    if kernels is None:
+        pytest.skip("the quantized CPU kernels cannot be built here")
+    best = kernels.isa()
+    if not kernels.use_isa(request.param):
+        pytest.skip(f"this CPU has no {request.param}")
+    yield request.param
+    kernels.use_isa(best)
+
+
 def write_scene_folder(root: Path, sizes) -> Path:
     """Test-split shapes-world scenes as ``img0.png``, ``img1.png`` ... (one per size: an int or a
     (width, height) pair) and one more in ``sub/deep.jpg`` (found only with --recursive)."""

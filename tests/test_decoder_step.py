@@ -19,15 +19,6 @@ kernels = quant_kernels.cpu_kernels()
 needs_kernels = pytest.mark.skipif(kernels is None, reason="the quantized CPU kernels cannot be built here")
 
 
-@pytest.fixture(params=["avx512", "avx2"])
-def isa(request):
-    best = kernels.isa()
-    if not kernels.use_isa(request.param):
-        pytest.skip(f"this CPU has no {request.param}")
-    yield request.param
-    kernels.use_isa(best)
-
-
 def _model(family: str, mode: str) -> torch.nn.Module:
     torch.manual_seed(0)
     if family == "gpt2":

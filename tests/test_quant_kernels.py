@@ -15,16 +15,6 @@ kernels = quant_kernels.cpu_kernels()
 needs_kernels = pytest.mark.skipif(kernels is None, reason="the quantized CPU kernels cannot be built here")
 
 
-@pytest.fixture(params=["avx512", "avx2"])
-def isa(request):
-    """Each instruction set the CPU has, forced in turn (the best one restored afterwards)."""
-    best = kernels.isa()
-    if not kernels.use_isa(request.param):
-        pytest.skip(f"this CPU has no {request.param}")
-    yield request.param
-    kernels.use_isa(best)
-
-
 def _within_fp32_rounding(got: torch.Tensor, x: torch.Tensor, dense: torch.Tensor) -> None:
     """``got`` is ``x @ dense.T`` up to fp32 rounding: the error against a float64 product is at most
     a few units of fp32 precision times the sum of the magnitudes of the terms."""

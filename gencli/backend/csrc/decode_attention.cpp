@@ -159,6 +159,14 @@ AttnIsa g_attn_isa = best_attn_isa();
 
 namespace gencli {
 
+const bool* key_mask_flags(const c10::optional<at::Tensor>& key_mask, int64_t B, int64_t L, at::Tensor& keep, const char* who) {
+  if (!key_mask.has_value() || !key_mask->defined()) return nullptr;
+  keep = key_mask->contiguous();
+  TORCH_CHECK(keep.scalar_type() == at::kBool && keep.dim() == 2 && keep.size(0) == B && keep.size(1) == L, who,
+              ": key_mask must be bool (B, ", L, " keys)");
+  return keep.data_ptr<bool>();
+}
+
 void attend_one_query(const KVView& q, const KVView& k, const KVView& v, const bool* mp, int64_t B, int64_t H, int64_t Hkv, int64_t L,
                       int64_t D, float sc, float* op) {
   const int64_t rep = H / Hkv;
@@ -205,14 +213,8 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
               "decode_attention: shapes do not match");
   TORCH_CHECK(Hkv > 0 && H % Hkv == 0, "decode_attention: query heads must be a multiple of key/value heads");
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "decode_attention: the head dimension must be contiguous");
-  const bool* mp = nullptr;
   at::Tensor mask;
-  if (key_mask.has_value() && key_mask->defined()) {
-    mask = key_mask->contiguous();
-    TORCH_CHECK(mask.scalar_type() == at::kBool && mask.dim() == 2 && mask.size(0) == B && mask.size(1) == L,
-                "decode_attention: key_mask must be bool (B, L)");
-    mp = mask.data_ptr<bool>();
-  }
+  const bool* mp = gencli::key_mask_flags(key_mask, B, L, mask, "decode_attention");
   at::Tensor out = at::empty({B, H, 1, D}, q.options());
   gencli::attend_one_query({q.data_ptr<float>(), q.stride(0), q.stride(1), 0}, {k.data_ptr<float>(), k.stride(0), k.stride(1), k.stride(2)},
                            {v.data_ptr<float>(), v.stride(0), v.stride(1), v.stride(2)}, mp, B, H, Hkv, L, D, static_cast<float>(scale),

@@ -211,14 +211,8 @@ class DecoderStack {
                   "decoder_step: the cache must be float32 (layers, B, kv heads, capacity, head dim)");
     TORCH_CHECK(length >= 0 && L <= keys.size(3) && L <= values.size(3), "decoder_step: KV cache overflow: ", L, " positions needed, capacity ",
                 keys.size(3));
-    const bool* mp = nullptr;
     at::Tensor mask;
-    if (key_mask.has_value() && key_mask->defined()) {
-      mask = key_mask->contiguous();
-      TORCH_CHECK(mask.scalar_type() == at::kBool && mask.dim() == 2 && mask.size(0) == B && mask.size(1) == L,
-                  "decoder_step: key_mask must be bool (B, length + 1)");
-      mp = mask.data_ptr<bool>();
-    }
+    const bool* mp = gencli::key_mask_flags(key_mask, B, L, mask, "decoder_step");
     const float *cp = nullptr, *sp = nullptr;
     at::Tensor ct, st;
     if (rotary_) {

@@ -44,6 +44,8 @@ struct KVView {
   const float* data;
   int64_t s_b, s_h, s_l;
 };
+// key_mask (B, L) bool, or none: its flags (the contiguous tensor kept in keep), or null; who names the caller
+const bool* key_mask_flags(const c10::optional<at::Tensor>& key_mask, int64_t B, int64_t L, at::Tensor& keep, const char* who);
 void attend_one_query(const KVView& q, const KVView& k, const KVView& v, const bool* mask, int64_t B, int64_t H, int64_t Hkv,
                       int64_t L, int64_t D, float scale, float* out);
 

@@ -1,5 +1,6 @@
-// Vector helpers shared by the CPU kernels (quant_gemv.cpp, decode_attention.cpp, decoder_step.cpp): expanded inside a
-// namespace compiled for one instruction set (#pragma GCC target), where V is that set's float vector.
+// Vector helpers shared by the CPU kernels (quant_gemv.cpp, decode_attention.cpp, decoder_step.cpp):
+// expanded inside a namespace compiled for one instruction set (#pragma GCC target), where V is that
+// set's float vector.
 #pragma once
 
 // the float operations AVX-512 and AVX2 spell alike (P: the intrinsics' prefix, _mm512 or _mm256)
@@ -11,9 +12,9 @@
   inline V fma(V a, V b, V c) { return P##_fmadd_ps(a, b, c); }      \
   inline V add(V a, V b) { return P##_add_ps(a, b); }                \
   inline V sub(V a, V b) { return P##_sub_ps(a, b); }                \
-  inline V mul(V a, V b) { return P##_mul_ps(a, b); }             \
-  inline V vdiv(V a, V b) { return P##_div_ps(a, b); }            \
-  inline V vmin(V a, V b) { return P##_min_ps(a, b); }            \
+  inline V mul(V a, V b) { return P##_mul_ps(a, b); }                \
+  inline V vdiv(V a, V b) { return P##_div_ps(a, b); }               \
+  inline V vmin(V a, V b) { return P##_min_ps(a, b); }               \
   inline V vmax(V a, V b) { return P##_max_ps(a, b); }
 
 // the sum of an AVX2 vector's 8 lanes
