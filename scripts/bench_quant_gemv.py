@@ -170,7 +170,7 @@ def _bench_model(work: Path, arch: str, mode: str, threads: int):
     from types import SimpleNamespace
 
     from bench_cases import generate as case
-    from gencli.pipelines.text import load_text_model
+    from gencli.pipelines.text.loading import load_text_model
 
     shape = dict(layers=12, hidden=768) if arch == "gpt2" else dict(layers=16, hidden=1024, intermediate=None, kv_heads=None, vocab=32000)
     case.setup(SimpleNamespace(arch=arch, prompt_tokens=32, saved=False, llama_cpp=False, **shape), work)
@@ -207,8 +207,8 @@ def projections(args) -> None:
 def _timed_runs(tm, prompt, variants, rounds: int) -> dict:
     """Seconds a token of 32 greedy decoding steps (generate's own decode timing: the prompt and the
     first token left out) for each (name, setup) of ``variants``, alternating, ``rounds`` each."""
-    from gencli.pipelines.sampling import SamplingParams
-    from gencli.pipelines.text import GenerationSettings, generate
+    from gencli.pipelines.text.generate import GenerationSettings, generate
+    from gencli.pipelines.text.sampling import SamplingParams
 
     def per_token():
         settings = GenerationSettings(max_new_tokens=33, sampling=SamplingParams(temperature=0.0), ignore_eos=True)
@@ -257,8 +257,8 @@ def in_generate(own, args) -> None:
     from collections import defaultdict
 
     import gencli.backend.quantize as quantize
-    from gencli.pipelines.sampling import SamplingParams
-    from gencli.pipelines.text import GenerationSettings, generate
+    from gencli.pipelines.text.generate import GenerationSettings, generate
+    from gencli.pipelines.text.sampling import SamplingParams
 
     spent: dict = defaultdict(lambda: [0.0, 0, 0])  # shape -> [seconds, calls, bytes a call]
 

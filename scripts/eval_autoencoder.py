@@ -6,7 +6,7 @@ Scenes come from the ``test`` seed split (never seen in training; one- and two-o
 world draws them, fixed seeds), drawn at 64x64, encoded to the posterior mean and decoded, through
 gencli's loader in the chosen dtype. Reported:
 
-- PSNR and SSIM (gencli.pipelines.image_metrics) per image, averaged; also for one- and two-object
+- PSNR and SSIM (gencli.pipelines.generative.metrics) per image, averaged; also for one- and two-object
   scenes separately, and the 5th percentile;
 - the latents (posterior means) per channel: mean, standard deviation and share of the variance,
   before and after ``scaling_factor`` (a diffusion model wants about unit variance, spread over the
@@ -38,8 +38,8 @@ DEFAULT_MODEL = "autoencoder-shapes"
 
 @torch.inference_mode()
 def evaluate(model, n: int, offset: int = 0, size: int = 64, batch_size: int = 100, noise=(0.1, 0.2)) -> dict:
-    from gencli.pipelines.autoencoder import images_to_tensor, latent_statistics, reconstruct, tensor_to_images
-    from gencli.pipelines.image_metrics import psnr, ssim
+    from gencli.pipelines.diffusion.vae import images_to_tensor, latent_statistics, reconstruct, tensor_to_images
+    from gencli.pipelines.generative.metrics import psnr, ssim
 
     images, scenes = shapes.render_batch(shapes.split_seeds("test", n, offset=offset), size)
     recon, latents = reconstruct(model, images, batch_size=batch_size)
@@ -112,7 +112,7 @@ def main() -> None:
     args = p.parse_args()
 
     from gencli.backend.device import choose_placement
-    from gencli.pipelines.autoencoder import load_autoencoder
+    from gencli.pipelines.diffusion.vae import load_autoencoder
     from gencli.weights import resolve_model
 
     placement = choose_placement(args.device, args.dtype, "float", args.threads)

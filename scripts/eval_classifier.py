@@ -61,7 +61,7 @@ def main() -> None:
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
 
-    from gencli.pipelines.classify import DEFAULT_MODEL, ImageClassifier
+    from gencli.pipelines.vision.classify import DEFAULT_MODEL, ImageClassifier
     from gencli.weights import resolve_model
 
     clf = ImageClassifier.load(resolve_model(args.model, DEFAULT_MODEL), device=args.device, dtype=args.dtype, threads=args.threads)

@@ -36,7 +36,7 @@ def run_eval(model: str, *, split: str = "test", n: int = 1000, n_held_out: int 
 
     from gencli.backend.device import DTYPE_NAMES
     from gencli.data import shapes_clip
-    from gencli.pipelines import zeroshot as zs
+    from gencli.pipelines.clip import zeroshot as zs
     from gencli.weights import resolve_model
 
     bundle = zs.load(resolve_model(model, zs.DEFAULT_MODEL), device=device, dtype=dtype, threads=threads)

@@ -5,7 +5,7 @@ default classifier (vit-shapes), and for a VAE its reconstruction quality on hel
 Samples are seeds 0..n-1 through ``gencli sample``'s own path (the per-seed latents of
 ``gencli.pipelines.generative``); the real images are held-out scenes of the shapes world's test
 split (one or two objects, as in training), n of them for the reference and n more, disjoint, for
-the floor of the Frechet distance (two real sets). Reported (``gencli.pipelines.sample_quality``):
+the floor of the Frechet distance (two real sets). Reported (``gencli.pipelines.generative.quality``):
 
 - recognised: the share of images whose top class scores above 0.5;
 - the class distribution of the recognised images: classes present, the smallest share, entropy
@@ -38,13 +38,13 @@ DEFAULTS = {"vae": "vae-shapes", "gan": "gan-shapes"}
 
 
 def evaluate(family: str, model: str | None, n: int, scales: list[float], threads: int | None = None) -> dict:
-    from gencli.pipelines import generative as gen
-    from gencli.pipelines.classify import ImageClassifier
-    from gencli.pipelines.image_metrics import psnr, ssim
-    from gencli.pipelines.sample_quality import class_distribution, frechet_distance, judge_images, sample_report
+    from gencli.pipelines.generative import loading, sampling
+    from gencli.pipelines.generative.metrics import psnr, ssim
+    from gencli.pipelines.generative.quality import class_distribution, frechet_distance, judge_images, sample_report
+    from gencli.pipelines.vision.classify import ImageClassifier
     from gencli.weights import resolve_model
 
-    loaded = gen.open_generative(resolve_model(model, DEFAULTS[family]), family, device="cpu", dtype="float32", threads=threads)
+    loaded = loading.open_generative(resolve_model(model, DEFAULTS[family]), family, device="cpu", dtype="float32", threads=threads)
     clf = ImageClassifier.load(resolve_model(None, "vit-shapes"), device="cpu", dtype="float32", threads=threads)
     classes = [clf.labels[i] for i in sorted(clf.labels)]
     size = loaded.image_size
@@ -61,14 +61,14 @@ def evaluate(family: str, model: str | None, n: int, scales: list[float], thread
             "frechet_distance_real_vs_real": round(frechet_distance(other.features, ref.features), 4),
         },
     }
-    latents = gen.seed_latents(range(n), loaded.latent_dim)
+    latents = sampling.seed_latents(range(n), loaded.latent_dim)
     key = "temperature" if family == "vae" else "truncation"
     report["samples"] = []
     for scale in scales:
-        images = gen.generate(loaded, latents, **{key: scale})
+        images = sampling.generate(loaded, latents, **{key: scale})
         report["samples"].append({key: scale, **sample_report(judge_images(clf, images), ref, classes)})
     if family == "vae":
-        recon = gen.reconstruct_vae(loaded, real_a)
+        recon = sampling.reconstruct_vae(loaded, real_a)
         report["reconstruction"] = {"psnr": round(float(psnr(recon, real_a).mean()), 3), "ssim": round(float(ssim(recon, real_a).mean()), 4)}
     return report
 

@@ -9,7 +9,7 @@
 
 Reports loss per token (nats), perplexity and bits per byte over the modules listed in
 gencli.data.pysource.HELDOUT_MODULES (never trained on), scored with a sliding window (see
-gencli.pipelines.lm_eval). These are the figures recorded in the weights README and the main README.
+gencli.pipelines.text.evaluate). These are the figures recorded in the weights README and the main README.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ def main() -> None:
     args = p.parse_args()
 
     from gencli.data.pysource import heldout_files, read_source, stdlib_root
-    from gencli.pipelines.lm_eval import evaluate_texts
-    from gencli.pipelines.text import describe, load_text_model
+    from gencli.pipelines.text.evaluate import evaluate_texts
+    from gencli.pipelines.text.loading import describe, load_text_model
     from gencli.weights import resolve_model
 
     if args.decode_kernels:
@@ -91,8 +91,8 @@ def main() -> None:
 def greedy_agreement(reference, model, docs, n: int, new_tokens: int = 16) -> dict:
     """How often ``model`` picks the same greedy tokens as ``reference``, prompted with ``n`` lines
     (over 20 characters) spread evenly over the held-out modules."""
-    from gencli.pipelines.sampling import SamplingParams
-    from gencli.pipelines.text import GenerationSettings, encode_prompt, generate
+    from gencli.pipelines.text.generate import GenerationSettings, encode_prompt, generate
+    from gencli.pipelines.text.sampling import SamplingParams
 
     lines = [line.rstrip() for _, text in docs for line in text.splitlines() if len(line.strip()) > 20]
     prompts = lines[:: max(1, len(lines) // n)][:n]

@@ -46,7 +46,7 @@ Generate = Callable[[list[str], list[int]], np.ndarray]  # prompts, seeds -> (N,
 
 
 def gencli_generator(model: Path, args) -> Generate:
-    from gencli.pipelines.diffusion import generate, load_pipeline, resolve_settings
+    from gencli.pipelines.diffusion.pipeline import generate, load_pipeline, resolve_settings
 
     pipe = load_pipeline(model, device=args.device, dtype=args.dtype, threads=args.threads)
     settings = resolve_settings(pipe, steps=args.steps, guidance=args.guidance, sampler=args.sampler)
@@ -105,7 +105,7 @@ def diffusers_generator(model: Path, args) -> Generate:
 def classify_shapes(images: np.ndarray, args) -> list[str]:
     from PIL import Image
 
-    from gencli.pipelines.classify import ImageClassifier
+    from gencli.pipelines.vision.classify import ImageClassifier
 
     clf = ImageClassifier.load(weights_dir() / "vit-shapes", device="cpu", dtype="float32", threads=args.threads)
     out: list[str] = []
@@ -182,7 +182,7 @@ def main() -> None:
     report["diversity_16_seeds"] = round(diversity(generate, args.diversity_prompt), 4)
     if args.judges:
         from gencli.backend.device import Placement
-        from gencli.pipelines.autoencoder import load_autoencoder, reconstruct
+        from gencli.pipelines.diffusion.vae import load_autoencoder, reconstruct
 
         vae = load_autoencoder(args.model / "vae", Placement(torch.device("cpu"), torch.float32)).model
         truth = np.stack([shapes.render_scene(it.scene, 64) for it in seen])

@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gencli.backend.device import Placement  # noqa: E402
 from gencli.data import shapes  # noqa: E402
 from gencli.data.shapes_txt2img import eval_items, judge_image  # noqa: E402
-from gencli.pipelines.autoencoder import images_to_tensor, load_autoencoder, save_autoencoder  # noqa: E402
-from gencli.pipelines.image_metrics import psnr  # noqa: E402
+from gencli.pipelines.diffusion.vae import images_to_tensor, load_autoencoder, save_autoencoder  # noqa: E402
+from gencli.pipelines.generative.metrics import psnr  # noqa: E402
 from gencli.training import command_history, load_checkpoint, save_checkpoint, set_lr, warmup_cosine_lr  # noqa: E402
 from gencli.weights import weights_dir  # noqa: E402
 
@@ -96,7 +96,7 @@ def main() -> None:
 
     from PIL import Image
 
-    from gencli.pipelines.classify import ImageClassifier
+    from gencli.pipelines.vision.classify import ImageClassifier
 
     clf = ImageClassifier.load(weights_dir() / "vit-shapes", device="cpu", dtype="float32", threads=args.threads)
 

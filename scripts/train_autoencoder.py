@@ -61,9 +61,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gencli.data import shapes  # noqa: E402
-from gencli.models.autoencoder_kl import AutoencoderKL, AutoencoderKLConfig  # noqa: E402
-from gencli.pipelines.autoencoder import images_to_tensor, save_autoencoder, tensor_to_images  # noqa: E402
-from gencli.pipelines.image_metrics import psnr  # noqa: E402
+from gencli.models.autoencoder_kl.model import AutoencoderKL, AutoencoderKLConfig  # noqa: E402
+from gencli.pipelines.diffusion.vae import images_to_tensor, save_autoencoder, tensor_to_images  # noqa: E402
+from gencli.pipelines.generative.metrics import psnr  # noqa: E402
 from gencli.training import command_history, load_checkpoint, save_checkpoint, set_lr, warmup_cosine_lr  # noqa: E402
 
 SIZE = 64

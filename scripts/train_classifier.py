@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 from gencli.checkpoints.loader import save_model  # noqa: E402
 from gencli.data import shapes  # noqa: E402
 from gencli.models.vit import ViTConfig, ViTForImageClassification  # noqa: E402
-from gencli.pipelines.images import ImageProcessor  # noqa: E402
+from gencli.pipelines.vision.images import ImageProcessor  # noqa: E402
 from gencli.training import load_checkpoint, save_checkpoint, set_lr, warmup_cosine_lr  # noqa: E402
 
 IMAGE_SIZE = 63  # the model's input: 3x3 patches of 21 px

@@ -46,8 +46,8 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gencli.data import shapes, shapes_clip  # noqa: E402
-from gencli.models.clip import CLIPConfig, CLIPModel, CLIPTextConfig, CLIPVisionConfig, init_clip_weights, l2_normalize  # noqa: E402
-from gencli.pipelines.images import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ImageProcessor  # noqa: E402
+from gencli.models.clip.model import CLIPConfig, CLIPModel, CLIPTextConfig, CLIPVisionConfig, init_clip_weights, l2_normalize  # noqa: E402
+from gencli.pipelines.vision.images import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ImageProcessor  # noqa: E402
 from gencli.tokenizers.clip_bpe import CLIPTokenizer, train_bpe  # noqa: E402
 from gencli.training import command_history, load_checkpoint, save_checkpoint, set_lr, warmup_cosine_lr  # noqa: E402
 
@@ -220,7 +220,7 @@ class Batches:
 def multi_positive_loss(logits_per_image: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
     """CLIP's symmetric cross-entropy with several true captions per image (and images per caption):
     the target of each row is spread evenly over its positives; with ``truth`` the identity it is
-    exactly :func:`gencli.models.clip.contrastive_loss`."""
+    exactly :func:`gencli.models.clip.model.contrastive_loss`."""
     logits, t = logits_per_image.float(), truth.float()
     to_text = -(t / t.sum(1, keepdim=True) * logits.log_softmax(1)).sum(1).mean()
     to_image = -(t.t() / t.t().sum(1, keepdim=True) * logits.t().log_softmax(1)).sum(1).mean()

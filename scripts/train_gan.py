@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from gencli.data import shapes  # noqa: E402
 from gencli.models.gan import DCGAN, DCGANConfig  # noqa: E402
-from gencli.pipelines.generative import save_generative  # noqa: E402
+from gencli.pipelines.generative.loading import save_generative  # noqa: E402
 from gencli.training import StepBudget, load_checkpoint, parse_training_args, prefetched, resume, save_checkpoint, set_lr, training_parser, warmup_cosine_lr  # noqa: E402
 from scripts.train_vae import SIZE, batch  # noqa: E402  (the same stream of training scenes)
 
@@ -90,8 +90,8 @@ class Judge:
     of the averaged generator's samples against validation-split scenes."""
 
     def __init__(self, n: int, latent_dim: int, device: str = "cpu"):
-        from gencli.pipelines.classify import ImageClassifier
-        from gencli.pipelines.sample_quality import judge_images
+        from gencli.pipelines.generative.quality import judge_images
+        from gencli.pipelines.vision.classify import ImageClassifier
         from gencli.weights import resolve_model
 
         self.clf = ImageClassifier.load(resolve_model(None, "vit-shapes"), device=device, dtype="float32")
@@ -102,8 +102,8 @@ class Judge:
 
     @torch.inference_mode()
     def __call__(self, generator: nn.Module) -> dict:
-        from gencli.pipelines.autoencoder import tensor_to_images
-        from gencli.pipelines.sample_quality import judge_images, sample_report
+        from gencli.pipelines.diffusion.vae import tensor_to_images
+        from gencli.pipelines.generative.quality import judge_images, sample_report
 
         images = np.concatenate([tensor_to_images(generator(z).float()) for z in self.latents.split(100)])
         return sample_report(judge_images(self.clf, images), self.reference, self.classes)

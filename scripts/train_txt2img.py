@@ -56,9 +56,9 @@ from gencli.checkpoints.loader import save_model  # noqa: E402
 from gencli.data import shapes  # noqa: E402
 from gencli.data.shapes_txt2img import train_caption, training_scenes  # noqa: E402
 from gencli.io import atomic_write_bytes  # noqa: E402
-from gencli.models.unet import UNet2DConditionModel  # noqa: E402
-from gencli.pipelines.autoencoder import images_to_tensor, load_autoencoder  # noqa: E402
-from gencli.pipelines.prompt_encoding import load_prompt_encoder  # noqa: E402
+from gencli.models.unet.unet_2d_condition import UNet2DConditionModel  # noqa: E402
+from gencli.pipelines.diffusion.prompt_encoding import load_prompt_encoder  # noqa: E402
+from gencli.pipelines.diffusion.vae import images_to_tensor, load_autoencoder  # noqa: E402
 from gencli.schedulers import get_scheduler  # noqa: E402
 from gencli.training import StepBudget, command_history, load_checkpoint, save_checkpoint, set_lr, warmup_cosine_lr  # noqa: E402
 from gencli.weights import weights_dir  # noqa: E402

@@ -24,8 +24,8 @@ sys.path.insert(0, str(ROOT))
 
 from gencli.data import shapes  # noqa: E402
 from gencli.models.vae import ConvVAE, ConvVAEConfig  # noqa: E402
-from gencli.pipelines.autoencoder import images_to_tensor  # noqa: E402
-from gencli.pipelines.generative import save_generative  # noqa: E402
+from gencli.pipelines.diffusion.vae import images_to_tensor  # noqa: E402
+from gencli.pipelines.generative.loading import save_generative  # noqa: E402
 from gencli.training import parse_training_args, resume, save_checkpoint, set_lr, training_parser, warmup_cosine_lr  # noqa: E402
 
 SIZE = 64

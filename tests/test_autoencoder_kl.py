@@ -14,8 +14,9 @@ import torch
 
 from gencli.backend.device import Placement
 from gencli.errors import CheckpointError, UserError
-from gencli.models.autoencoder_kl import AutoencoderKL, AutoencoderKLConfig, Tiling, tile_starts
-from gencli.pipelines.autoencoder import load_autoencoder, save_autoencoder
+from gencli.models.autoencoder_kl.model import AutoencoderKL, AutoencoderKLConfig
+from gencli.models.autoencoder_kl.tiling import Tiling, tile_starts
+from gencli.pipelines.diffusion.vae import load_autoencoder, save_autoencoder
 
 diffusers = pytest.importorskip("diffusers")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -298,7 +299,7 @@ def test_tiling_of_an_image_that_fits_one_tile_changes_nothing():
 def test_blended_tiles_of_a_local_operation_equal_the_untiled_result():
     """A stack of two 3x3 convolutions sees 2 pixels around each output: with a 2-pixel halo the
     weights never use a padding-affected output, and they sum to one, so tiling changes nothing."""
-    from gencli.models.autoencoder_kl import blend_tiles, tile_weights
+    from gencli.models.autoencoder_kl.tiling import blend_tiles, tile_weights
 
     torch.manual_seed(12)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Tanh(), torch.nn.Conv2d(8, 5, 3, padding=1)).eval()
@@ -321,7 +322,7 @@ def test_tiles_share_the_whole_images_groupnorm_statistics():
     pass; with the tiles advancing together from norm to norm, every GroupNorm (not only the first)
     normalises each tile as the untiled pass does."""
     from gencli.backend.layers import GroupNorm
-    from gencli.models.autoencoder_kl import NormStep, blend_tiles, blend_tiles_with_shared_statistics, module_step
+    from gencli.models.autoencoder_kl.tiling import NormStep, blend_tiles, blend_tiles_with_shared_statistics, module_step
 
     class Net(torch.nn.Module):
         def __init__(self):
@@ -368,7 +369,7 @@ def _tiny_autoencoder(seed: int, tile_size: int = 64, overlap: float = 0.25) -> 
 def test_the_step_queues_compute_what_the_forward_passes_do():
     """One tile covering the whole input: the step queues (split at every GroupNorm) give the
     encoder's and decoder's local parts exactly as their forward passes do."""
-    from gencli.models.autoencoder_kl import blend_tiles_with_shared_statistics
+    from gencli.models.autoencoder_kl.tiling import blend_tiles_with_shared_statistics
 
     model = _tiny_autoencoder(15)
     x = torch.rand(1, 3, 40, 48) * 2 - 1
@@ -386,7 +387,7 @@ def _gathered_layer_by_layer(modules: list[torch.nn.Module], run, x: torch.Tenso
     ones normalising with the statistics gathered by the earlier passes, and adds that norm's
     weighted sums; a last pass normalises every tile with all of them. (Quadratic in depth.)"""
     from gencli.backend.layers import GroupNorm
-    from gencli.models.autoencoder_kl import SharedGroupNormStatistics, blend_tiles, tile_grid
+    from gencli.models.autoencoder_kl.tiling import SharedGroupNormStatistics, blend_tiles, tile_grid
 
     class Reached(Exception):
         pass
@@ -433,7 +434,7 @@ def test_tiles_advancing_together_match_the_pass_per_groupnorm():
     GroupNorm's statistics with its own pass from the network's input gives, to float rounding;
     with per-tile statistics the output is far off, so the comparison would catch a tile
     normalising with its own statistics at any norm."""
-    from gencli.models.autoencoder_kl import blend_tiles, blend_tiles_with_shared_statistics
+    from gencli.models.autoencoder_kl.tiling import blend_tiles, blend_tiles_with_shared_statistics
 
     model = _tiny_autoencoder(16)
     x = torch.zeros(1, 3, 96, 80)
@@ -476,7 +477,7 @@ def test_psnr_and_ssim():
     import numpy as np
 
     from gencli.data import shapes
-    from gencli.pipelines.image_metrics import psnr, ssim
+    from gencli.pipelines.generative.metrics import psnr, ssim
 
     a = shapes.render(5, 64).image
     shifted = np.clip(a.astype(int) + 5, 0, 255).astype(np.uint8)

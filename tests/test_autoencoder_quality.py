@@ -36,7 +36,7 @@ def test_embedded_weights_are_present():
 
 @pytest.fixture(scope="module")
 def model():
-    from gencli.pipelines.autoencoder import load_autoencoder
+    from gencli.pipelines.diffusion.vae import load_autoencoder
 
     return load_autoencoder(WEIGHTS, FP32).model
 
@@ -48,8 +48,8 @@ def held_out():
 
 @pytest.mark.slow
 def test_reconstruction_floors(model, held_out):
-    from gencli.pipelines.autoencoder import reconstruct
-    from gencli.pipelines.image_metrics import psnr, ssim
+    from gencli.pipelines.diffusion.vae import reconstruct
+    from gencli.pipelines.generative.metrics import psnr, ssim
 
     recon, _ = reconstruct(model, held_out)
     assert float(psnr(recon, held_out).mean()) >= PSNR_FLOOR
@@ -57,7 +57,7 @@ def test_reconstruction_floors(model, held_out):
 
 
 def test_scaled_latents_have_unit_variance_spread_over_the_channels(model, held_out):
-    from gencli.pipelines.autoencoder import latent_statistics, reconstruct
+    from gencli.pipelines.diffusion.vae import latent_statistics, reconstruct
 
     _, latents = reconstruct(model, held_out[:100])
     stats = latent_statistics(latents, model.config.scaling_factor)
@@ -69,7 +69,7 @@ def test_scaled_latents_have_unit_variance_spread_over_the_channels(model, held_
 def test_diffusers_loads_the_folder_and_reconstructs_the_same(model, held_out):
     diffusers = pytest.importorskip("diffusers")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from gencli.pipelines.autoencoder import images_to_tensor
+    from gencli.pipelines.diffusion.vae import images_to_tensor
 
     theirs = diffusers.AutoencoderKL.from_pretrained(WEIGHTS).eval()
     assert theirs.config.scaling_factor == model.config.scaling_factor
@@ -83,7 +83,7 @@ def test_diffusers_loads_the_folder_and_reconstructs_the_same(model, held_out):
 
 def _hand_over_bands(starts: list[int], size: int, length: int, scale: float) -> np.ndarray:
     """Output positions where more than one tile has a non-zero weight (the seams' blending bands)."""
-    from gencli.models.autoencoder_kl import tile_weights
+    from gencli.models.autoencoder_kl.tiling import tile_weights
 
     count = np.zeros(length, int)
     for s, w in zip(starts, tile_weights(starts, size, scale, "cpu")):
@@ -100,8 +100,8 @@ def test_tiled_decode_of_a_large_latent_matches_untiled_without_visible_seams(mo
     (measured 1.6/255 at most, inside a band), and no seam line: along every row and column the
     tiled image's mean absolute step between neighbouring pixels exceeds the untiled image's by
     less than 0.25/255."""
-    from gencli.models.autoencoder_kl import Tiling, tile_starts
-    from gencli.pipelines.autoencoder import images_to_tensor
+    from gencli.models.autoencoder_kl.tiling import Tiling, tile_starts
+    from gencli.pipelines.diffusion.vae import images_to_tensor
 
     image = shapes.render(shapes.split_seeds("test", 1, offset=7)[0], 256).image
     with torch.no_grad():

@@ -102,7 +102,7 @@ def test_zeroshot_scores_match_transformers(model_dir, images):
 
 
 def test_label_embeddings_are_computed_once(model_dir, images, monkeypatch):
-    from gencli.pipelines.clip import ClipBundle
+    from gencli.pipelines.clip.loading import ClipBundle
 
     calls = []
     original = ClipBundle.encode_texts

@@ -10,8 +10,8 @@ import torch
 
 from gencli.backend.device import Placement
 from gencli.errors import CheckpointError, UserError
-from gencli.models.clip import CLIPConfig, CLIPModel, contrastive_loss, init_clip_weights
-from gencli.pipelines.clip import load_clip_model, load_text_encoder
+from gencli.models.clip.model import CLIPConfig, CLIPModel, contrastive_loss, init_clip_weights
+from gencli.pipelines.clip.loading import load_clip_model, load_text_encoder
 
 transformers = pytest.importorskip("transformers")
 
@@ -190,7 +190,7 @@ def test_from_scratch_initialisation_and_config_round_trip(tmp_path):
 def test_text_conditioning_as_diffusers_computes_it(tmp_path):
     """Stable Diffusion's prompt states: padded to 77 tokens, last layer or "clip skip" (final norm
     applied), SDXL's penultimate layer without it."""
-    from gencli.pipelines.clip import text_conditioning
+    from gencli.pipelines.clip.loading import text_conditioning
     from gencli.tokenizers.clip_bpe import train_bpe
 
     tok = train_bpe(["a red star at the top left", "a photo of a cat", "a blue circle"] * 3, 40)

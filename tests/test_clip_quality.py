@@ -31,14 +31,14 @@ def test_embedded_weights_are_present():
 
 @pytest.fixture(scope="module")
 def bundle():
-    from gencli.pipelines import zeroshot as zs
+    from gencli.pipelines.clip import zeroshot as zs
 
     return zs.load(WEIGHTS, device="cpu", dtype="auto")
 
 
 @pytest.mark.slow
 def test_zero_shot_accuracy_floors(bundle):
-    from gencli.pipelines import zeroshot as zs
+    from gencli.pipelines.clip import zeroshot as zs
 
     def enc_images(arrays):
         return zs.encode_images(bundle, [Image.fromarray(a) for a in arrays])
@@ -67,7 +67,7 @@ def test_files_are_a_transformers_clip_with_matching_tokenizer(bundle):
     px = CLIPImageProcessorPil.from_pretrained(str(WEIGHTS))(image, return_tensors="pt")["pixel_values"]
     assert torch.equal(bundle.processor([image]), px)
     # transformers' model on these files gives the same cosines (gencli here in its auto dtype)
-    from gencli.pipelines import zeroshot as zs
+    from gencli.pipelines.clip import zeroshot as zs
 
     labels = [f"a {s} on a plain background" for s in shapes.SHAPES]
     with torch.no_grad():

@@ -14,8 +14,8 @@ import torch
 from _diffusion_fixtures import UNETS, VAE, build_reference, reference_scheduler, save_reference, text_config
 
 from gencli.errors import CheckpointError, UserError
-from gencli.pipelines.diffusion import STANDARD_SCHEDULER_CONFIGS, GenerationSettings, decode_latents, generate, load_pipeline, resolve_settings
-from gencli.pipelines.image_parameters import ImageParameters
+from gencli.pipelines.diffusion.pipeline import STANDARD_SCHEDULER_CONFIGS, GenerationSettings, decode_latents, generate, load_pipeline, resolve_settings
+from gencli.pipelines.diffusion.png_parameters import ImageParameters
 
 diffusers = pytest.importorskip("diffusers")
 transformers = pytest.importorskip("transformers")
@@ -136,7 +136,7 @@ def test_inpainting_matches_diffusers(family, tmp_path_factory):
     strength (full strength starts from pure noise there)."""
     from PIL import Image
 
-    from gencli.pipelines.diffusion import prepare_mask
+    from gencli.pipelines.diffusion.pipeline import prepare_mask
 
     _, _, pipe, folder = _pipelines(family, tmp_path_factory)
     assert pipe.is_inpainting == (family == "sd1-inpaint")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gencli.data import shapes
-from gencli.pipelines import generative as gen
+from gencli.pipelines.generative import loading, sampling
 from gencli.weights import weights_dir
 
 N = 200  # samples and held-out scenes per check (the READMEs' figures use 2,000)
@@ -40,8 +40,8 @@ def test_embedded_weights_are_present_and_small(name, architecture):
 
 @pytest.fixture(scope="module")
 def judge(one_torch_thread):
-    from gencli.pipelines.classify import ImageClassifier
-    from gencli.pipelines.sample_quality import judge_images
+    from gencli.pipelines.generative.quality import judge_images
+    from gencli.pipelines.vision.classify import ImageClassifier
 
     clf = ImageClassifier.load(weights_dir() / "vit-shapes", device="cpu", dtype="float32", threads=1)
     real = shapes.render_batch(shapes.split_seeds("test", N), 64)[0]
@@ -51,17 +51,17 @@ def judge(one_torch_thread):
 def _loaded(family: str):
     from gencli.backend.device import Placement
 
-    return gen.load_generative(weights_dir() / f"{family}-shapes", family, Placement(torch.device("cpu"), torch.float32))
+    return loading.load_generative(weights_dir() / f"{family}-shapes", family, Placement(torch.device("cpu"), torch.float32))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["vae", "gan"])
 def test_sample_quality_floors(family, judge):
-    from gencli.pipelines.sample_quality import judge_images, sample_report
+    from gencli.pipelines.generative.quality import judge_images, sample_report
 
     clf, _, reference = judge
     classes = [clf.labels[i] for i in sorted(clf.labels)]
-    images = gen.generate(_loaded(family), gen.seed_latents(range(N), 64))
+    images = sampling.generate(_loaded(family), sampling.seed_latents(range(N), 64))
     report = sample_report(judge_images(clf, images), reference, classes)
     floor = FLOORS[family]
     assert report["recognised"] >= floor["recognised"], report
@@ -71,10 +71,10 @@ def test_sample_quality_floors(family, judge):
 
 
 def test_vae_reconstruction_floors(judge):
-    from gencli.pipelines.image_metrics import psnr, ssim
+    from gencli.pipelines.generative.metrics import psnr, ssim
 
     _, real, _ = judge
-    recon = gen.reconstruct_vae(_loaded("vae"), real[:64])
+    recon = sampling.reconstruct_vae(_loaded("vae"), real[:64])
     assert float(psnr(recon, real[:64]).mean()) >= FLOORS["vae"]["psnr"]
     assert float(ssim(recon, real[:64]).mean()) >= FLOORS["vae"]["ssim"]
 
@@ -85,11 +85,11 @@ def test_gan_truncation_trades_diversity_for_realism(judge):
     70.7 over these 64 samples at PSI 1, 0.5, 0.3); realism its recognised share (0.906 at PSI 1,
     0.969 at 0.3). The pixel variance is no measure of it: the background colours, which truncation
     leaves as varied, dominate it."""
-    from gencli.pipelines.sample_quality import judge_images
+    from gencli.pipelines.generative.quality import judge_images
 
     clf = judge[0]
-    loaded, z = _loaded("gan"), gen.seed_latents(range(64), 64)
-    samples = [gen.generate(loaded, z, truncation=psi) for psi in (1.0, 0.5, 0.3)]
+    loaded, z = _loaded("gan"), sampling.seed_latents(range(64), 64)
+    samples = [sampling.generate(loaded, z, truncation=psi) for psi in (1.0, 0.5, 0.3)]
     assert not np.array_equal(samples[0], samples[1])
     judged = [judge_images(clf, x) for x in samples]
     spread = [float(np.trace(np.cov(j.features.astype(np.float64).T))) for j in judged]

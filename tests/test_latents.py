@@ -115,7 +115,7 @@ def _encode_mean(cli, root, tmp_path):
 
 def test_a_file_without_the_version_marker_holds_scaled_latents(reference, tmp_path):
     from gencli.backend.device import Placement
-    from gencli.pipelines.latents import load_latent_autoencoder, read_latents, write_latents
+    from gencli.pipelines.diffusion.latents import load_latent_autoencoder, read_latents, write_latents
 
     _, root = reference
     loaded = load_latent_autoencoder(root / "vae", device="cpu", dtype="float32")
@@ -132,7 +132,7 @@ def test_a_file_without_the_version_marker_holds_scaled_latents(reference, tmp_p
 
 def test_bad_input_is_one_line_and_nothing_is_written(cli, reference, tmp_path):
     from gencli.models.vae import ConvVAE, ConvVAEConfig
-    from gencli.pipelines.generative import save_generative
+    from gencli.pipelines.generative.loading import save_generative
 
     _, root = reference
     vae = str(root / "vae")

@@ -8,7 +8,7 @@ import hashlib
 import json
 import os
 
-from gencli.pipelines.image_parameters import files_hash, hash_cache_path
+from gencli.pipelines.diffusion.png_parameters import files_hash, hash_cache_path
 
 
 def test_the_hash_is_the_sha256_of_the_bytes_one_file_after_the_other(tmp_path, monkeypatch):

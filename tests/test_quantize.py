@@ -82,7 +82,7 @@ def models(tmp_path_factory):
 @pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2"])
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_quantized_text_models_stay_close_to_fp32(models, family, mode):
-    from gencli.pipelines.text import load_text_model
+    from gencli.pipelines.text.loading import load_text_model
 
     fp32 = load_text_model(models / family, device="cpu", threads=1)
     quant = load_text_model(models / family, device="cpu", threads=1, quantize=mode)
@@ -111,7 +111,7 @@ def test_a_bf16_file_is_quantized_from_its_own_dtype_with_the_same_result(models
     from safetensors.torch import load_file, save_file
 
     from gencli.checkpoints import loader
-    from gencli.pipelines import text
+    from gencli.pipelines.text import loading as text
 
     folder = tmp_path / family
     shutil.copytree(models / family, folder)
@@ -137,7 +137,7 @@ def test_quantizing_on_loading_quantizes_each_layer_as_it_is_read(models, family
     only a head tied to the embedding is quantized afterwards, from the loaded embedding."""
     from gencli.backend import quantize as quant
     from gencli.checkpoints import loader
-    from gencli.pipelines.text import load_text_model
+    from gencli.pipelines.text.loading import load_text_model
 
     in_load, after = [], []
     real_state, real_from = loader.load_state, quant.QuantizedLinear.from_weight.__func__

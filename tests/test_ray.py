@@ -262,9 +262,9 @@ def test_forecast_reader_task_sends_its_warning_back_with_the_first_row(tmp_path
     travels on the file's first row for the driver to show (read_series run here, without Ray)."""
     import json
 
-    from gencli.pipelines.distributed.forecast import read_series
     from gencli.pipelines.forecast import table as tables
     from gencli.pipelines.forecast.layout import infer_layout
+    from gencli.pipelines.forecast.ray import read_series
     from gencli.pipelines.forecast.records import RecordOptions
 
     data = _series_csv(tmp_path / "s.csv")

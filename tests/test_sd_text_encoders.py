@@ -18,8 +18,8 @@ from safetensors.torch import load_file, save_file
 from gencli.backend.device import Placement
 from gencli.checkpoints.formats import open_source
 from gencli.errors import CheckpointError, UserError
-from gencli.models.clip import SD_TEXT_ENCODER_CONFIGS
-from gencli.pipelines.prompt_encoding import PromptEmbeddings, load_prompt_encoder, original_text_encoders
+from gencli.models.clip.model import SD_TEXT_ENCODER_CONFIGS
+from gencli.pipelines.diffusion.prompt_encoding import PromptEmbeddings, load_prompt_encoder, original_text_encoders
 from gencli.tokenizers.clip_bpe import EOS, OPENAI_VOCAB_SIZE, CLIPTokenizer, read_openai_bpe, shipped_vocabulary
 
 transformers = pytest.importorskip("transformers")
@@ -411,7 +411,7 @@ def test_single_file_sdxl_refiner_text_encoder(tmp_path, openai_bpe):
 
 def test_standard_configs_match_shapes_of_real_checkpoints():
     """What a full-size file's shapes give is the shipped standard config (SD 1.5, 2.1, SDXL shapes)."""
-    from gencli.models.clip import sd_text_encoder_config
+    from gencli.models.clip.model import sd_text_encoder_config
 
     for name, (width, layers, heads, inner) in {
         "clip-vit-large-patch14": (768, 12, 12, 3072),

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(not (FOLDER / "model.safetensors").is_file(), re
 def tm():
     """The model, run on one thread: a 9M-parameter model gains nothing from more, and on a machine
     whose cores are busy (CI runners, parallel test workers) intra-op threads wait on each other."""
-    from gencli.pipelines.text import load_text_model
+    from gencli.pipelines.text.loading import load_text_model
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -47,7 +47,7 @@ def test_auto_dtype_decodes_in_fp32_on_cpu(tm):
 @pytest.mark.slow
 def test_heldout_loss_under_floor(tm):
     from gencli.data.pysource import heldout_files, read_source, stdlib_root
-    from gencli.pipelines.lm_eval import evaluate_texts
+    from gencli.pipelines.text.evaluate import evaluate_texts
 
     root = stdlib_root()
     docs = [(f.relative_to(root).as_posix(), read_source(f)) for f in heldout_files(root)]
@@ -79,7 +79,7 @@ def test_writes_mostly_valid_python(tm):
     mostly parse (measured here: 6 of 6 in bf16, 4 of 6 in fp32; the floor of 3 leaves room for other
     CPUs' arithmetic, which changes the samples; the default is a 9M-parameter model)."""
     from gencli.backend.random import make_generator
-    from gencli.pipelines.text import generate, resolve_settings
+    from gencli.pipelines.text.generate import generate, resolve_settings
 
     prompts = ["def fibonacci(n):", "def is_prime(n):", "class Stack:", "def read_lines(path):", "def parse_args(argv):", "def mean(values):"]
     results = []
@@ -99,7 +99,7 @@ def test_writes_mostly_valid_python(tm):
 
 def test_loads_in_transformers_with_the_same_logits():
     transformers = pytest.importorskip("transformers")
-    from gencli.pipelines.text import load_text_model
+    from gencli.pipelines.text.loading import load_text_model
 
     ref = transformers.LlamaForCausalLM.from_pretrained(FOLDER, dtype=torch.float32).eval()
     ours = load_text_model(FOLDER, device="cpu", dtype="float32")

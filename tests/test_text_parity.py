@@ -30,7 +30,7 @@ def checkpoints(tmp_path_factory):
 
 
 def _load(folder):
-    from gencli.pipelines.text import load_text_model
+    from gencli.pipelines.text.loading import load_text_model
 
     return load_text_model(folder, device="cpu", dtype="float32")
 
@@ -66,18 +66,18 @@ def test_logits_full_prompt_and_every_cached_step(checkpoints, name):
 @pytest.mark.parametrize("name", ["gpt2", "llama", "qwen2"])
 def test_greedy_ids_match_transformers(checkpoints, name, screened, monkeypatch):
     from gencli.backend.screened_argmax import ScreenedArgmax
-    from gencli.pipelines import text
-    from gencli.pipelines.sampling import SamplingParams
-    from gencli.pipelines.text import GenerationSettings, generate
+    from gencli.pipelines.text import generate as text_generate
+    from gencli.pipelines.text.generate import GenerationSettings, generate
+    from gencli.pipelines.text.sampling import SamplingParams
 
     folder, ref = checkpoints[name]
     tm = _load(folder)
     if screened:  # the exact screened argmax, forced on for these small heads
         if not ScreenedArgmax.supported(tm.model.lm_head.weight, screened):
             pytest.skip(f"no exact {screened} kernel on this CPU")
-        monkeypatch.setattr(text, "SCREEN_MIN_HEAD_BYTES", 0)
-        monkeypatch.setattr(text, "SCREEN_MIN_STEPS", 0)
-        monkeypatch.setattr(text, "SCREEN_KIND", screened)
+        monkeypatch.setattr(text_generate, "SCREEN_MIN_HEAD_BYTES", 0)
+        monkeypatch.setattr(text_generate, "SCREEN_MIN_STEPS", 0)
+        monkeypatch.setattr(text_generate, "SCREEN_KIND", screened)
     prompt = tm.tokenizer.encode("def add(a, b):\n    return")
     settings = GenerationSettings(max_new_tokens=32, sampling=SamplingParams(temperature=0.0), ignore_eos=True)
     ours = generate(tm, [("p", prompt)], settings)[0]
@@ -92,9 +92,9 @@ def test_greedy_ids_match_transformers(checkpoints, name, screened, monkeypatch)
 
 def test_a_screen_that_cannot_be_built_falls_back_once(checkpoints, monkeypatch):
     from gencli.backend import screened_argmax
-    from gencli.pipelines import text
-    from gencli.pipelines.sampling import SamplingParams
-    from gencli.pipelines.text import GenerationSettings, generate
+    from gencli.pipelines.text import generate as text_generate
+    from gencli.pipelines.text.generate import GenerationSettings, generate
+    from gencli.pipelines.text.sampling import SamplingParams
 
     folder, ref = checkpoints["gpt2"]
     tm = _load(folder)
@@ -106,8 +106,8 @@ def test_a_screen_that_cannot_be_built_falls_back_once(checkpoints, monkeypatch)
 
     monkeypatch.setattr(screened_argmax.ScreenedArgmax, "supported", staticmethod(lambda weight, kind=None: True))
     monkeypatch.setattr(screened_argmax.ScreenedArgmax, "__init__", refuse)
-    monkeypatch.setattr(text, "SCREEN_MIN_HEAD_BYTES", 0)
-    monkeypatch.setattr(text, "SCREEN_MIN_STEPS", 0)
+    monkeypatch.setattr(text_generate, "SCREEN_MIN_HEAD_BYTES", 0)
+    monkeypatch.setattr(text_generate, "SCREEN_MIN_STEPS", 0)
     prompt = tm.tokenizer.encode("def add(a, b):\n    return")
     settings = GenerationSettings(max_new_tokens=8, sampling=SamplingParams(temperature=0.0), ignore_eos=True)
     first = generate(tm, [("p", prompt)], settings)[0].token_ids
@@ -123,7 +123,7 @@ def test_cpu_fp32_decoders_store_linear_weights_column_major(checkpoints, monkey
 
     from safetensors.torch import load_file, save_file
 
-    from gencli.pipelines import text
+    from gencli.pipelines.text import loading as text
 
     # small models keep the checkpoint's layout (they run from the caches)
     assert _load(checkpoints["llama"][0]).model.lm_head.weight.is_contiguous()
@@ -148,8 +148,8 @@ def test_cpu_fp32_decoders_store_linear_weights_column_major(checkpoints, monkey
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_left_padded_batch_matches_transformers(checkpoints, name):
-    from gencli.pipelines.sampling import SamplingParams
-    from gencli.pipelines.text import GenerationSettings, generate
+    from gencli.pipelines.text.generate import GenerationSettings, generate
+    from gencli.pipelines.text.sampling import SamplingParams
 
     folder, ref = checkpoints[name]
     tm = _load(folder)
@@ -211,7 +211,7 @@ def test_gpt2_checkpoint_without_transformer_prefix_and_with_mask_buffers(checkp
 
 
 def test_bf16_logits_stay_close_to_fp32(checkpoints):
-    from gencli.pipelines.text import load_text_model
+    from gencli.pipelines.text.loading import load_text_model
 
     folder, ref = checkpoints["llama"]
     tm = load_text_model(folder, device="cpu", dtype="bfloat16")

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from gencli.errors import UserError
-from gencli.pipelines.sampling import SamplingParams, next_tokens, process_logits
-from gencli.pipelines.text import resolve_settings
+from gencli.pipelines.text.generate import resolve_settings
+from gencli.pipelines.text.sampling import SamplingParams, next_tokens, process_logits
 
 
 def _logits(seed=0, b=3, v=200):

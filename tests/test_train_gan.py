@@ -56,8 +56,8 @@ def test_two_steps_judge_keep_the_best_and_export(tmp_path):
     assert done.stdout.count("eval step") == 2 and "exporting the best checkpoint" in done.stdout
     assert (out / "best.pt").is_file() and (out / "ckpt.pt").is_file()
     from gencli.backend.device import Placement
-    from gencli.pipelines import generative as gen
+    from gencli.pipelines.generative import loading, sampling
 
-    loaded = gen.load_generative(out / "model", "gan", Placement(torch.device("cpu"), torch.float32))
-    images = gen.generate(loaded, gen.seed_latents(range(2), loaded.latent_dim))
+    loaded = loading.load_generative(out / "model", "gan", Placement(torch.device("cpu"), torch.float32))
+    images = sampling.generate(loaded, sampling.seed_latents(range(2), loaded.latent_dim))
     assert images.shape == (2, 64, 64, 3)

@@ -39,7 +39,7 @@ def test_folder_is_a_diffusers_pipeline_with_its_defaults():
 
 @pytest.fixture(scope="module")
 def pipe():
-    from gencli.pipelines.diffusion import load_pipeline
+    from gencli.pipelines.diffusion.pipeline import load_pipeline
 
     return load_pipeline(WEIGHTS, device="cpu", dtype="float32", threads=torch.get_num_threads())
 
@@ -47,7 +47,7 @@ def pipe():
 def test_diffusers_loads_the_folder_and_draws_the_same_image(pipe):
     diffusers = pytest.importorskip("diffusers")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from gencli.pipelines.diffusion import generate, resolve_settings
+    from gencli.pipelines.diffusion.pipeline import generate, resolve_settings
 
     settings = resolve_settings(pipe)
     ours = generate(pipe, ["a red star on a blue background"], [3], settings)[0].pixels
@@ -69,8 +69,8 @@ def test_follows_held_out_prompts_above_the_floors(pipe):
     from PIL import Image
 
     from gencli.data.shapes_txt2img import judge_image, score
-    from gencli.pipelines.classify import ImageClassifier
-    from gencli.pipelines.diffusion import generate, resolve_settings
+    from gencli.pipelines.diffusion.pipeline import generate, resolve_settings
+    from gencli.pipelines.vision.classify import ImageClassifier
 
     items = eval_items(48)
     images = [img.pixels for img in generate(pipe, [it.prompt for it in items], [it.seed for it in items], resolve_settings(pipe))]
@@ -87,7 +87,7 @@ def test_follows_held_out_prompts_above_the_floors(pipe):
 
 
 def test_seeds_give_different_images(pipe):
-    from gencli.pipelines.diffusion import generate, resolve_settings
+    from gencli.pipelines.diffusion.pipeline import generate, resolve_settings
 
     images = generate(pipe, ["a red star on a blue background"] * 4, [0, 1, 2, 3], resolve_settings(pipe))
     pix = [img.pixels.astype(np.float32) / 255 for img in images]

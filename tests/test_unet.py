@@ -13,8 +13,7 @@ import torch
 
 from gencli.backend.device import Placement
 from gencli.errors import CheckpointError
-from gencli.models.unet import UNet2DConditionConfig, UNet2DConditionModel
-from gencli.models.unet_single_file import (
+from gencli.models.unet.single_file import (
     STANDARD_UNET_CONFIGS,
     infer_unet_config,
     original_unet_keymap,
@@ -22,7 +21,8 @@ from gencli.models.unet_single_file import (
     standard_unet_config,
     unet_family,
 )
-from gencli.pipelines.unet_loader import load_unet, load_unet_single_file
+from gencli.models.unet.unet_2d_condition import UNet2DConditionConfig, UNet2DConditionModel
+from gencli.pipelines.diffusion.unet_loading import load_unet, load_unet_single_file
 
 diffusers = pytest.importorskip("diffusers")
 from diffusers import UNet2DConditionModel as RefUNet  # noqa: E402

@@ -14,7 +14,7 @@ from gencli.backend.device import Placement
 from gencli.errors import UserError
 from gencli.models.gan import DCGAN, DCGANConfig
 from gencli.models.vae import ConvVAE, ConvVAEConfig
-from gencli.pipelines import generative as gen
+from gencli.pipelines.generative import loading, sampling
 
 FP32 = Placement(torch.device("cpu"), torch.float32)
 
@@ -23,9 +23,9 @@ FP32 = Placement(torch.device("cpu"), torch.float32)
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     torch.manual_seed(0)
-    gen.save_generative(ConvVAE(ConvVAEConfig(image_size=32, latent_dim=8, block_out_channels=(8, 16), norm_num_groups=4)), root / "vae")
+    loading.save_generative(ConvVAE(ConvVAEConfig(image_size=32, latent_dim=8, block_out_channels=(8, 16), norm_num_groups=4)), root / "vae")
     gan = DCGAN(DCGANConfig(image_size=32, latent_dim=8, generator_channels=(16, 8), discriminator_channels=(8, 16), norm_num_groups=4))
-    gen.save_generative(gan, root / "gan")
+    loading.save_generative(gan, root / "gan")
     return root
 
 
@@ -54,33 +54,33 @@ def test_configs_refuse_what_cannot_be_built():
 
 
 def test_folders_round_trip_and_name_what_they_are(folders):
-    vae = gen.load_generative(folders / "vae", "vae", FP32)
+    vae = loading.load_generative(folders / "vae", "vae", FP32)
     assert vae.latent_dim == 8 and vae.image_size == 32
     ref = ConvVAE(vae.model.config)
     ref.load_state_dict(vae.model.state_dict())
     z = torch.randn(2, 8)
     torch.testing.assert_close(vae.model.decode(z), ref.decode(z))
     with pytest.raises(UserError, match=r"holds a DCGAN \(a GAN\), not a ConvVAE: run it with gencli sample gan"):
-        gen.load_generative(folders / "gan", "vae", FP32)
+        loading.load_generative(folders / "gan", "vae", FP32)
     with pytest.raises(UserError, match=r"holds a ConvVAE \(a VAE\), not a DCGAN: run it with gencli sample vae or gencli reconstruct"):
-        gen.load_generative(folders / "vae", "gan", FP32)
+        loading.load_generative(folders / "vae", "gan", FP32)
 
 
 def test_a_seed_gives_the_same_image_whatever_the_batch(folders):
-    loaded = gen.load_generative(folders / "gan", "gan", FP32)
-    alone = gen.generate(loaded, gen.seed_latents([5], 8))
-    batch = gen.generate(loaded, gen.seed_latents([1, 2, 5, 9], 8), batch_size=3)
+    loaded = loading.load_generative(folders / "gan", "gan", FP32)
+    alone = sampling.generate(loaded, sampling.seed_latents([5], 8))
+    batch = sampling.generate(loaded, sampling.seed_latents([1, 2, 5, 9], 8), batch_size=3)
     assert np.array_equal(alone[0], batch[2])
     assert not np.array_equal(batch[0], batch[1])
-    truncated = gen.generate(loaded, gen.seed_latents([1, 2, 5, 9], 8), truncation=0.5)
+    truncated = sampling.generate(loaded, sampling.seed_latents([1, 2, 5, 9], 8), truncation=0.5)
     assert not np.array_equal(truncated, batch)
     # truncation pulls the samples together: less spread between them
     assert truncated.astype(float).std(axis=0).mean() < batch.astype(float).std(axis=0).mean()
 
 
 def test_slerp_keeps_the_ends_and_the_norm_of_gaussian_latents():
-    a, b = gen.seed_latent(0, 256), gen.seed_latent(1, 256)
-    walk = gen.interpolation_latents(0, 1, 5, 256)
+    a, b = sampling.seed_latent(0, 256), sampling.seed_latent(1, 256)
+    walk = sampling.interpolation_latents(0, 1, 5, 256)
     torch.testing.assert_close(walk[0], a)
     torch.testing.assert_close(walk[-1], b, atol=1e-5, rtol=0)
     norms = walk.norm(dim=1)
@@ -89,13 +89,13 @@ def test_slerp_keeps_the_ends_and_the_norm_of_gaussian_latents():
 
 
 def test_parse_seeds():
-    assert gen.parse_seeds("0-3,40") == [0, 1, 2, 3, 40]
-    assert gen.parse_seeds(" 7 ") == [7]
+    assert sampling.parse_seeds("0-3,40") == [0, 1, 2, 3, 40]
+    assert sampling.parse_seeds(" 7 ") == [7]
     for bad in ("1-x", "3-1", "", "a", "-2"):
         with pytest.raises(UserError, match="does not parse"):
-            gen.parse_seeds(bad)
+            sampling.parse_seeds(bad)
     with pytest.raises(UserError, match="more than"):
-        gen.parse_seeds("0-100000")
+        sampling.parse_seeds("0-100000")
 
 
 def test_sample_cli_grids_files_gifs_and_errors(cli, folders, tmp_path):
@@ -130,8 +130,8 @@ def test_sample_cli_grids_files_gifs_and_errors(cli, folders, tmp_path):
 
 def test_reconstruct_cli_with_a_conv_vae_and_an_autoencoder_kl(cli, folders, tmp_path):
     from gencli.data import shapes
-    from gencli.models.autoencoder_kl import AutoencoderKL, AutoencoderKLConfig
-    from gencli.pipelines.autoencoder import save_autoencoder
+    from gencli.models.autoencoder_kl.model import AutoencoderKL, AutoencoderKLConfig
+    from gencli.pipelines.diffusion.vae import save_autoencoder
 
     for i, size in enumerate((32, 40)):
         Image.fromarray(shapes.render(shapes.split_seeds("test", 2)[i], size).image).save(tmp_path / f"s{i}.png")

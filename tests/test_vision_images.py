@@ -14,7 +14,7 @@ from PIL import Image
 from gencli.cli.images import write_predictions
 from gencli.console import Reporter
 from gencli.errors import UserError
-from gencli.pipelines.images import ImageProcessor, ImageReadError, image_paths, load_image, predict_image_files
+from gencli.pipelines.vision.images import ImageProcessor, ImageReadError, image_paths, load_image, predict_image_files
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil  # noqa: E402

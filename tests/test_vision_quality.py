@@ -19,7 +19,7 @@ MODEL = weights_dir() / "vit-shapes"
 
 @pytest.fixture(scope="module")
 def classifier():
-    from gencli.pipelines.classify import ImageClassifier
+    from gencli.pipelines.vision.classify import ImageClassifier
 
     return ImageClassifier.load(MODEL, device="cpu", dtype="auto")
 

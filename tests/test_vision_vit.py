@@ -12,7 +12,7 @@ from gencli.checkpoints.loader import load_model, save_model
 from gencli.checkpoints.reader import open_reader
 from gencli.errors import CheckpointError, UserError
 from gencli.models.vit import ViTConfig, ViTForImageClassification, keymap_for
-from gencli.pipelines.classify import ImageClassifier
+from gencli.pipelines.vision.classify import ImageClassifier
 
 transformers = pytest.importorskip("transformers")
 

@@ -77,7 +77,7 @@ class GroupNorm(nn.GroupNorm):
 
     ``statistics``: when set (an object with ``normalize(norm, x) -> Tensor``), it normalises in
     place of the per-call statistics: a tiled pass over a large image uses it to give every tile the
-    statistics of the whole image (:class:`gencli.models.autoencoder_kl.SharedGroupNormStatistics`).
+    statistics of the whole image (:class:`gencli.models.autoencoder_kl.tiling.SharedGroupNormStatistics`).
     """
 
     statistics: Optional[Any] = None

@@ -34,8 +34,8 @@ def classify(
     import time
 
     from gencli.cli.images import output_format, write_predictions
-    from gencli.pipelines.classify import DEFAULT_MODEL, ImageClassifier
-    from gencli.pipelines.images import image_paths, predict_image_files
+    from gencli.pipelines.vision.classify import DEFAULT_MODEL, ImageClassifier
+    from gencli.pipelines.vision.images import image_paths, predict_image_files
     from gencli.weights import resolve_model
 
     report = opts.report
@@ -43,7 +43,7 @@ def classify(
     paths = image_paths(images, recursive=recursive)  # bad inputs fail before the model loads
     if distributed is not None:
         from gencli.cli.images import ray_image_results
-        from gencli.pipelines.distributed.images import classifier
+        from gencli.pipelines.vision.ray import classifier
 
         load = functools.partial(classifier, resolve_model(opts.model, DEFAULT_MODEL), top_k, **opts.load_options())
         results = ray_image_results(paths, load, distributed, opts, batch_size=batch_size)

@@ -174,6 +174,6 @@ def forecast(
     if distributed is None:
         run(req, opts.report)
         return
-    from gencli.pipelines.distributed import forecast as ray_forecast
+    from gencli.pipelines.forecast import ray as ray_forecast
 
     ray_forecast.run(req, distributed, opts.report)

@@ -79,7 +79,7 @@ def generate(
     gencli generate --prompts-file prompts.txt --seed 7 --ray --replicas 4 --out-dir completions/
     """
     from gencli.errors import UserError
-    from gencli.pipelines.text import check_flags
+    from gencli.pipelines.text.generate import check_flags
 
     check_flags(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, stop=stop)
     if system is not None and not chat:
@@ -95,7 +95,8 @@ def generate(
         )  # fmt: skip
         return
 
-    from gencli.pipelines.text import describe, encode_prompt, load_text_model, make_sampler_generator, resolve_settings
+    from gencli.pipelines.text.generate import encode_prompt, make_sampler_generator, resolve_settings
+    from gencli.pipelines.text.loading import describe, load_text_model
     from gencli.weights import resolve_model
 
     report = opts.report
@@ -136,8 +137,9 @@ def _generate_on_ray(prompts, distributed, opts: RunOptions, *, echo: bool, batc
     import functools
 
     from gencli.backend.random import new_seed
-    from gencli.pipelines.distributed.text import generate_prompts
-    from gencli.pipelines.text import load_text_model, write_completions
+    from gencli.pipelines.text.generate import write_completions
+    from gencli.pipelines.text.loading import load_text_model
+    from gencli.pipelines.text.ray import generate_prompts
     from gencli.weights import resolve_model
 
     report = opts.report
@@ -160,10 +162,10 @@ def _generate_on_ray(prompts, distributed, opts: RunOptions, *, echo: bool, batc
 
 def _run_batches(tm, encoded, settings, seed: Optional[int], report: Reporter, out, *, stream: bool, echo: bool, batch_size: int) -> None:
     """Generate for the encoded prompts ``batch_size`` at a time (batch k sampling from
-    :func:`~gencli.pipelines.text.batch_generator`) and write the completions to ``out``: streamed
+    :func:`~gencli.pipelines.text.generate.batch_generator`) and write the completions to ``out``: streamed
     piece by piece for a single prompt, else each whole (one JSON line each with --json)."""
-    from gencli.pipelines.text import batch_generator, write_completions
-    from gencli.pipelines.text import generate as run
+    from gencli.pipelines.text.generate import batch_generator, write_completions
+    from gencli.pipelines.text.generate import generate as run
 
     def on_text(row: int, piece: str) -> None:
         out.write(piece)

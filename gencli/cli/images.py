@@ -29,13 +29,13 @@ def output_format(report: Reporter, csv: bool) -> str:
 
 
 def write_predictions(results: Iterable[Any], total: int, report: Reporter, description: str, fmt: str = "table", file: Optional[IO[str]] = None) -> int:
-    """Write ``classify``/``zeroshot`` results (:class:`~gencli.pipelines.images.ImageResult` whose
+    """Write ``classify``/``zeroshot`` results (:class:`~gencli.pipelines.vision.images.ImageResult` whose
     value is a list of predictions) to ``file`` (default: stdout), in input order: JSON lines
     ``{"image", "predictions"}`` or ``{"image", "error"}`` and CSV rows ``image,rank,label,...`` as
     they come, or a table after all images (``fmt``). Unreadable files are also reported on stderr
     as they come. Returns the number of images predicted; raises the command's UserError (exit 2)
     at the end if any input failed."""
-    from gencli.pipelines.images import result_record, unreadable_inputs_error
+    from gencli.pipelines.vision.images import result_record, unreadable_inputs_error
 
     rows: list[tuple[str, list[dict[str, Any]]]] = []
     failed: list[str] = []
@@ -71,7 +71,7 @@ def ray_image_results(paths: Sequence[str], load: Any, distributed: Any, opts: A
     """``--ray``: the results of ``load()``'s predict per image from Ray replicas, in input order, for
     the command's writer; None with ``--out-dir`` (the replicas wrote ``record(result)`` JSON-lines
     shards, and the unreadable inputs are reported here: exit 2 if any)."""
-    from gencli.pipelines.distributed.images import predict_images
+    from gencli.pipelines.vision.ray import predict_images
 
     more = {"record": record} if record is not None else {}
     results = predict_images(paths, load, distributed, opts.report, batch_size=batch_size, device=opts.device, out=opts.out, **more)
@@ -84,7 +84,7 @@ def ray_image_results(paths: Sequence[str], load: Any, distributed: Any, opts: A
 def report_sharded(results: Iterable[Any], total: int, report: Reporter, out_dir: str) -> int:
     """``--out-dir``: the replicas wrote the results; report the unreadable inputs (exit 2 if any) and
     the count. Returns the number of images predicted."""
-    from gencli.pipelines.images import unreadable_inputs_error
+    from gencli.pipelines.vision.images import unreadable_inputs_error
 
     failed = []
     for r in results:
@@ -133,11 +133,11 @@ def predictions_table(rows: Sequence[tuple[str, list[dict[str, Any]]]], repeat_i
 
 
 def write_similarities(results: Iterable[Any], total: int, texts: Sequence[str], report: Reporter, fmt: str, file: Optional[IO[str]] = None) -> list[str]:
-    """Write ``similarity`` results (an :class:`~gencli.pipelines.images.ImageResult` per image whose
+    """Write ``similarity`` results (an :class:`~gencli.pipelines.vision.images.ImageResult` per image whose
     value is its cosine per text) as CSV rows or JSON lines as they come, or a table at the end
     (``fmt``), to ``file`` (default: stdout). Unreadable files are reported on stderr (and as JSON
     error lines). Returns the paths that could not be read."""
-    from gencli.pipelines.similarity import similarity_record
+    from gencli.pipelines.clip.similarity import similarity_record
 
     rows: list[tuple[str, list[float]]] = []
     failed: list[str] = []

@@ -58,8 +58,8 @@ def encode(
     With --json: one line per file {"image", "latent", "shape", "resized"}."""
     from gencli.backend.random import new_seed
     from gencli.console import emit_json
-    from gencli.pipelines import latents as lat
-    from gencli.pipelines.images import image_paths
+    from gencli.pipelines.diffusion import latents as lat
+    from gencli.pipelines.vision.images import image_paths
     from gencli.weights import resolve_model
 
     paths = image_paths(images)
@@ -100,8 +100,8 @@ def decode(
     """Decode latent files into PNGs with an AutoencoderKL (default: the embedded autoencoder-shapes;
     use the model the latents came from). With --json: one line per image {"latent", "index", "image", "size"}."""
     from gencli.console import emit_json
-    from gencli.pipelines import latents as lat
-    from gencli.pipelines.generative import write_png
+    from gencli.pipelines.diffusion import latents as lat
+    from gencli.pipelines.generative.outputs import write_png
     from gencli.weights import resolve_model
 
     loaded = lat.load_latent_autoencoder(resolve_model(opts.model, DEFAULT_MODEL), **opts.load_options())

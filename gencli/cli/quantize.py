@@ -31,7 +31,8 @@ def quantize(
     """
     from pathlib import Path
 
-    from gencli.pipelines.text import describe_quantization, quantize_checkpoint
+    from gencli.pipelines.text.quantization import describe_quantization
+    from gencli.pipelines.text.quantized_folder import quantize_checkpoint
     from gencli.weights import resolve_model
 
     report = opts.report

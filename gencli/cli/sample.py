@@ -46,12 +46,12 @@ def sample(
     from gencli.console import emit_json
     from gencli.errors import UserError
     from gencli.io import ensure_writable
-    from gencli.pipelines import generative as gen
+    from gencli.pipelines.generative import loading, outputs, sampling
     from gencli.weights import resolve_model
 
     fam = family.value
-    if not 1 <= n <= gen.MAX_SAMPLES:
-        raise UserError(f"-n must be between 1 and {gen.MAX_SAMPLES}, got {n}")
+    if not 1 <= n <= sampling.MAX_SAMPLES:
+        raise UserError(f"-n must be between 1 and {sampling.MAX_SAMPLES}, got {n}")
     if fam == "gan" and not 0.0 < truncation <= 1.0:
         raise UserError(f"--truncation must lie in (0, 1], got {truncation}")
     if fam == "vae" and not temperature > 0.0:
@@ -67,14 +67,14 @@ def sample(
     if gif and out_dir is not None:
         raise UserError("--gif writes one file: use --out, not --out-dir")
     base = opts.seed if opts.seed is not None else new_seed()
-    chosen = gen.parse_seeds(seeds) if seeds is not None else list(range(base, base + n))
+    chosen = sampling.parse_seeds(seeds) if seeds is not None else list(range(base, base + n))
     if interpolate is not None:
         if len(chosen) != 2:
             if seeds is not None:
                 raise UserError(f"--interpolate walks between two seeds: --seeds gave {len(chosen)}")
             chosen = [base, base + 1]
-        if interpolate > gen.MAX_SAMPLES:
-            raise UserError(f"--interpolate must be at most {gen.MAX_SAMPLES}")
+        if interpolate > sampling.MAX_SAMPLES:
+            raise UserError(f"--interpolate must be at most {sampling.MAX_SAMPLES}")
 
     # every output is checked before the model loads: nothing half-written, no wasted work
     if out_dir is not None:
@@ -92,17 +92,17 @@ def sample(
         target = out or Path("samples.gif" if gif else "samples.png")
         ensure_writable(target, force)
 
-    loaded = gen.open_generative(resolve_model(opts.model, DEFAULTS[fam]), fam, **opts.load_options())
+    loaded = loading.open_generative(resolve_model(opts.model, DEFAULTS[fam]), fam, **opts.load_options())
     opts.report.debug(f"sample: {loaded.path} on {loaded.placement.describe()}")
     dim = loaded.latent_dim
     if interpolate is not None:
-        latents = gen.interpolation_latents(chosen[0], chosen[1], interpolate, dim)
+        latents = sampling.interpolation_latents(chosen[0], chosen[1], interpolate, dim)
     else:
-        latents = gen.seed_latents(chosen, dim)
+        latents = sampling.seed_latents(chosen, dim)
     settings = {"model": str(loaded.path), "family": fam}
     settings.update({"temperature": temperature} if fam == "vae" else {"truncation": truncation})
     with opts.report.progress(f"sampling {fam}", total=len(latents)) as advance:
-        images = gen.generate(loaded, latents, temperature=temperature, truncation=truncation, on_batch=advance)
+        images = sampling.generate(loaded, latents, temperature=temperature, truncation=truncation, on_batch=advance)
 
     written: list[tuple[Path, dict]] = []
     if out_dir is not None:
@@ -112,16 +112,16 @@ def sample(
                 record = {"seeds": chosen, "t": round(i / (interpolate - 1), 6)}
             else:
                 record = {"seed": chosen[i]}
-            gen.write_png(t, im, {**settings, **record}, force=force)
+            outputs.write_png(t, im, {**settings, **record}, force=force)
             written.append((t, record))
     elif gif:
         record = {"seeds": chosen, "steps": interpolate}
-        gen.write_gif(target, images, {**settings, **record}, force=force)
+        outputs.write_gif(target, images, {**settings, **record}, force=force)
         written.append((target, record))
     else:
         record = {"seeds": chosen} if interpolate is None else {"seeds": chosen, "steps": interpolate}
         cols = nrow or (interpolate or max(1, round(len(images) ** 0.5)))
-        gen.write_png(target, gen.image_grid(images, cols), {**settings, **record, "nrow": cols}, force=force)
+        outputs.write_png(target, outputs.image_grid(images, cols), {**settings, **record, "nrow": cols}, force=force)
         written.append((target, record))
     for path, record in written:
         if opts.json:
@@ -144,8 +144,8 @@ def reconstruct(
     With --json: one line per image {"image", "output", "psnr", "ssim", "resized"}."""
     from gencli.console import emit_json, print_table
     from gencli.errors import UserError
-    from gencli.pipelines import reconstruction
-    from gencli.pipelines.images import image_paths
+    from gencli.pipelines.generative import reconstruct as reconstruction
+    from gencli.pipelines.vision.images import image_paths
     from gencli.weights import resolve_model
 
     paths = image_paths(images)

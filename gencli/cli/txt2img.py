@@ -156,7 +156,7 @@ def replay(
     from pathlib import Path
 
     from gencli.errors import UserError
-    from gencli.pipelines.image_parameters import read_parameters
+    from gencli.pipelines.diffusion.png_parameters import read_parameters
 
     params = read_parameters(image)
     if opts.model is None:
@@ -194,7 +194,7 @@ def _run(
 
     from gencli.backend.random import new_seed
     from gencli.errors import UserError
-    from gencli.pipelines.diffusion_jobs import PromptSpec, check_job_flags, plan_jobs, read_prompts_file
+    from gencli.pipelines.diffusion.jobs import PromptSpec, check_job_flags, plan_jobs, read_prompts_file
     from gencli.weights import resolve_model
 
     report = opts.report
@@ -225,13 +225,13 @@ def _run(
         default_out=default_out, force=force, new_seed=new_seed,
     )  # fmt: skip
 
-    from gencli.pipelines.diffusion import load_pipeline
+    from gencli.pipelines.diffusion.pipeline import load_pipeline
 
     path = resolve_model(opts.model, DEFAULT_MODEL)
     if distributed is not None:
         import functools
 
-        from gencli.pipelines.distributed.diffusion import make_images
+        from gencli.pipelines.diffusion.ray import make_images
 
         load = functools.partial(load_pipeline, path, vae=settings.vae, variant=settings.variant, **opts.load_options())
         for record in make_images(jobs, load, distributed, report, batch_size=batch_size, force=force, device=opts.device):
@@ -266,8 +266,8 @@ def _ray_out(distributed, prompts_file: Optional[str], out: Optional[str]) -> Op
 def _read_init_image(image: str, flags: dict[str, Any]):
     """The img2img source at the run's size: --width/--height, else its own rounded down to 8."""
     from gencli.errors import UserError
-    from gencli.pipelines.diffusion import SIZE_MULTIPLE, prepare_init_image
-    from gencli.pipelines.images import load_image
+    from gencli.pipelines.diffusion.pipeline import SIZE_MULTIPLE, prepare_init_image
+    from gencli.pipelines.vision.images import load_image
 
     pil = load_image(image)
     w = flags.get("width") or pil.width // SIZE_MULTIPLE * SIZE_MULTIPLE
@@ -280,14 +280,14 @@ def _read_init_image(image: str, flags: dict[str, Any]):
 
 def _read_mask(mask: str, flags: dict[str, Any]):
     """The inpainting mask at the run's size (that of the init image, read first)."""
-    from gencli.pipelines.diffusion import prepare_mask
-    from gencli.pipelines.images import load_image
+    from gencli.pipelines.diffusion.pipeline import prepare_mask
+    from gencli.pipelines.vision.images import load_image
 
     return prepare_mask(load_image(mask), flags["width"], flags["height"])
 
 
 def _generate(opts: RunOptions, pipe, jobs, batch_size: int, init, mask, force: bool) -> None:
-    from gencli.pipelines.diffusion_jobs import model_calls, run_jobs, write_image
+    from gencli.pipelines.diffusion.jobs import model_calls, run_jobs, write_image
 
     report = opts.report
     notices_seen: set[str] = set()

@@ -48,8 +48,8 @@ def zeroshot(
 
     from gencli.cli.images import output_format, write_predictions
     from gencli.errors import UserError
-    from gencli.pipelines import zeroshot as zs
-    from gencli.pipelines.images import image_paths, predict_image_files
+    from gencli.pipelines.clip import zeroshot as zs
+    from gencli.pipelines.vision.images import image_paths, predict_image_files
 
     report = opts.report
     fmt = output_format(report, csv)
@@ -62,7 +62,7 @@ def zeroshot(
     paths = image_paths(images, recursive=recursive)  # bad inputs fail before the model loads
     if distributed is not None:
         from gencli.cli.images import ray_image_results
-        from gencli.pipelines.distributed.images import zero_shot
+        from gencli.pipelines.vision.ray import zero_shot
         from gencli.weights import resolve_model
 
         load = functools.partial(zero_shot, resolve_model(opts.model, zs.DEFAULT_MODEL), label_list, templates, top_k, **opts.load_options())
@@ -90,7 +90,7 @@ def zeroshot(
 
 def _load(opts: RunOptions, command: str):
     """The CLIP model both commands run (``--model``, or the embedded default)."""
-    from gencli.pipelines import zeroshot as zs
+    from gencli.pipelines.clip import zeroshot as zs
     from gencli.weights import resolve_model
 
     path = resolve_model(opts.model, zs.DEFAULT_MODEL)
@@ -125,8 +125,8 @@ def similarity(
 
     from gencli.cli.images import output_format, write_similarities
     from gencli.errors import UserError
-    from gencli.pipelines import similarity as sim
-    from gencli.pipelines.images import image_paths, predict_image_files, unreadable_inputs_error
+    from gencli.pipelines.clip import similarity as sim
+    from gencli.pipelines.vision.images import image_paths, predict_image_files, unreadable_inputs_error
 
     fmt = output_format(opts.report, csv_out)
     inputs = list(images or []) + list(image_opt or [])
@@ -138,8 +138,8 @@ def similarity(
     paths = image_paths(inputs, recursive=recursive)
     if distributed is not None:
         from gencli.cli.images import ray_image_results
-        from gencli.pipelines.distributed.images import similarity as scorer
-        from gencli.pipelines.zeroshot import DEFAULT_MODEL
+        from gencli.pipelines.clip.zeroshot import DEFAULT_MODEL
+        from gencli.pipelines.vision.ray import similarity as scorer
         from gencli.weights import resolve_model
 
         load = functools.partial(scorer, resolve_model(opts.model, DEFAULT_MODEL), text_list, **opts.load_options())

@@ -7,7 +7,7 @@
 - :class:`VAEDecoder`: the mirror image: ``from_latent`` projects the latent to the smallest feature
   map, then per stage GroupNorm + activation and a x2 :class:`~gencli.models.resnet2d.Upsample2D`
   conv (optional ResNet blocks), and ``conv_out`` to the image in ``[-1, 1]`` (not clamped);
-- :class:`ConvVAE`: ``encode(x)`` -> :class:`~gencli.models.autoencoder_kl.DiagonalGaussianDistribution`
+- :class:`ConvVAE`: ``encode(x)`` -> :class:`~gencli.models.autoencoder_kl.model.DiagonalGaussianDistribution`
   over ``(B, latent_dim)``, ``decode(z)``, ``forward(x)`` with the reparameterisation trick.
 
 The architecture scales with the config: ``image_size`` must be divisible by
@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 
 from gencli.backend.layers import Conv2d, GroupNorm, Linear, get_activation
-from gencli.models.autoencoder_kl import DiagonalGaussianDistribution
+from gencli.models.autoencoder_kl.model import DiagonalGaussianDistribution
 from gencli.models.resnet2d import Downsample2D, ResnetBlock2D, Upsample2D
 
 ARCHITECTURE = "ConvVAE"

@@ -50,7 +50,7 @@ def run(side, args, workdir):
     start = time.perf_counter()
     if side == "gencli":
         from gencli.backend.device import DTYPE_NAMES
-        from gencli.pipelines.classify import ImageClassifier
+        from gencli.pipelines.vision.classify import ImageClassifier
 
         clf = ImageClassifier.load(workdir / "model", device=str(device), dtype=DTYPE_NAMES[dtype], threads=args.threads)
         model = clf.model

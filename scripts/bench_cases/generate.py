@@ -183,7 +183,7 @@ def setup(args, workdir):
     ids = torch.randint(0, cfg.vocab_size - 1, (args.prompt_tokens,), generator=g).tolist()
     (workdir / "prompt.json").write_text(json.dumps(ids))
     if args.saved:
-        from gencli.pipelines.text import quantize_checkpoint
+        from gencli.pipelines.text.quantized_folder import quantize_checkpoint
 
         for mode in _gencli_modes(args):
             if mode != "none":
@@ -298,9 +298,10 @@ def run(side, args, workdir):
             return out[0, len(prompt) :].tolist()
 
     else:
-        from gencli.pipelines.sampling import SamplingParams
-        from gencli.pipelines.text import GenerationSettings, load_text_model
-        from gencli.pipelines.text import generate as gencli_generate
+        from gencli.pipelines.text.generate import GenerationSettings
+        from gencli.pipelines.text.generate import generate as gencli_generate
+        from gencli.pipelines.text.loading import load_text_model
+        from gencli.pipelines.text.sampling import SamplingParams
 
         dtype_name = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
         mode = side[len("gencli-") :] if side.startswith("gencli-") else None

@@ -92,7 +92,7 @@ def run(side, args, workdir):
 
     start = time.perf_counter()
     if side == "gencli":
-        from gencli.pipelines.diffusion import generate, load_pipeline, resolve_settings
+        from gencli.pipelines.diffusion.pipeline import generate, load_pipeline, resolve_settings
 
         pipe = load_pipeline(workdir / "pipe", device=str(device), dtype=str(dtype).replace("torch.", ""), threads=args.threads)
         sync(device)

@@ -55,7 +55,7 @@ def run(side, args, workdir):
     start = time.perf_counter()
     if side == "gencli":
         from gencli.backend.device import Placement
-        from gencli.pipelines.unet_loader import load_unet
+        from gencli.pipelines.diffusion.unet_loading import load_unet
 
         model = load_unet(workdir / "unet", Placement(device, dtype))
         step = lambda x, t, c: model(x, t, c)  # noqa: E731

@@ -97,8 +97,8 @@ def run(side, args, workdir):
     start = time.perf_counter()
     if side == "gencli":
         from gencli.backend.device import Placement
-        from gencli.models.autoencoder_kl import Tiling
-        from gencli.pipelines.autoencoder import load_autoencoder
+        from gencli.models.autoencoder_kl.tiling import Tiling
+        from gencli.pipelines.diffusion.vae import load_autoencoder
 
         # the same dtype as the reference side: diffusers' model class does not apply the config's
         # force_upcast (its pipelines do), so neither does this side

@@ -132,8 +132,8 @@ def run(side, args, workdir):
 
     else:
         from gencli.backend.device import DTYPE_NAMES
-        from gencli.pipelines import zeroshot as zs
-        from gencli.pipelines.images import load_image
+        from gencli.pipelines.clip import zeroshot as zs
+        from gencli.pipelines.vision.images import load_image
 
         bundle = zs.load(folder, device=str(device), dtype=DTYPE_NAMES[dtype], threads=args.threads)
         load_s = time.perf_counter() - t0

@@ -1,0 +1,1 @@
+"""CLIP: loading, zero-shot classification, image-text similarity."""

@@ -1,0 +1,137 @@
+"""`gencli encode` / `gencli decode`: images to ``AutoencoderKL`` latents in a file, and back.
+
+A latent file is a safetensors file in the layout ComfyUI's SaveLatent/LoadLatent nodes use (its
+``.latent`` files): the tensor ``latent_tensor`` ``(B, C, h, w)`` of *unscaled* latents (what the
+autoencoder's decoder takes; a diffusion model sees them multiplied by ``scaling_factor``), float32,
+and the empty marker tensor ``latent_format_version_0``. A file without the marker holds latents
+scaled by the model's ``scaling_factor`` (ComfyUI's earlier files, scaled by SD's 0.18215), and
+:func:`read_latents` unscales them. The safetensors metadata carries the model, the source image,
+the posterior used (mean, or a sample with its seed) and the image size, as JSON under ``gencli``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import numpy as np
+import torch
+
+from gencli.checkpoints.header import read_header
+from gencli.errors import CheckpointError, UserError
+from gencli.io import atomic_path
+from gencli.pipelines.diffusion.vae import LoadedAutoencoder, images_to_tensor, tensor_to_images
+from gencli.pipelines.generative.loading import LoadedGenerative
+from gencli.pipelines.generative.reconstruct import load_any_vae, read_model_image
+
+LATENT_KEY = "latent_tensor"
+VERSION_KEY = "latent_format_version_0"
+METADATA_KEY = "gencli"
+
+
+@dataclass
+class Encoded:
+    latents: torch.Tensor  # (1, C, h, w) unscaled, float32, CPU
+    size: tuple[int, int]  # (width, height) the model saw
+    resized: Optional[tuple[int, int]]  # the file's (width, height) when it had to be resized
+
+
+@dataclass
+class LatentFile:
+    latents: torch.Tensor  # (B, C, h, w) unscaled, float32
+    metadata: dict[str, Any] = field(default_factory=dict)
+    scaled: bool = False  # the file held scaled latents (no version marker)
+
+
+def load_latent_autoencoder(path: Union[str, Path], **options: Any) -> LoadedAutoencoder:
+    """An ``AutoencoderKL`` (any layout :func:`~gencli.pipelines.diffusion.vae.load_autoencoder`
+    reads); a ConvVAE or DCGAN folder is refused naming what it is (their latents are vectors)."""
+    loaded = load_any_vae(path, **options)
+    if isinstance(loaded, LoadedGenerative):
+        raise UserError(
+            f"'{loaded.path}' is a ConvVAE: encode/decode write and read AutoencoderKL latent maps; pass an AutoencoderKL (e.g. autoencoder-shapes)"
+        )
+    return loaded
+
+
+@torch.inference_mode()
+def encode_file(loaded: LoadedAutoencoder, path: str, *, tile: Optional[bool] = None, seed: Optional[int] = None) -> Encoded:
+    """The latents of one image file: the posterior mean, or with ``seed`` a posterior sample drawn
+    from a CPU generator seeded with it (the same latents on any device)."""
+    x, size, resized = read_model_image(loaded, path)
+    model = loaded.model
+    posterior = model.encode(images_to_tensor(x).to(loaded.placement.device, loaded.placement.dtype), tile=tile)
+    z = posterior.mode() if seed is None else posterior.sample(torch.Generator().manual_seed(int(seed)))
+    return Encoded(z.float().cpu().contiguous(), size, resized)
+
+
+def write_latents(path: Union[str, Path], latents: torch.Tensor, metadata: dict[str, Any], *, force: bool = False) -> Path:
+    """Write unscaled latents ``(B, C, h, w)`` as a latent file (atomically)."""
+    from safetensors.torch import save_file
+
+    tensors = {LATENT_KEY: latents.detach().float().cpu().contiguous(), VERSION_KEY: torch.tensor([])}
+    with atomic_path(path, force=force) as tmp:
+        save_file(tensors, str(tmp), metadata={METADATA_KEY: json.dumps(metadata, sort_keys=True)})
+    return Path(path)
+
+
+def read_latents(path: Union[str, Path], loaded: LoadedAutoencoder) -> LatentFile:
+    """A latent file's unscaled latents for ``loaded`` (scaled ones are unscaled with its config);
+    a file that is not one, or whose latents the model cannot take, is a one-line error."""
+    from safetensors.torch import load_file
+
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"latent file '{p}': {'is a directory' if p.is_dir() else 'no such file'}")
+    header = read_header(p)
+    if LATENT_KEY not in header.tensors:
+        found = ", ".join(sorted(header.tensors)[:4]) or "no tensors"
+        raise CheckpointError(f"'{p}' is not a latent file: no '{LATENT_KEY}' tensor (found {found})")
+    info = header.tensors[LATENT_KEY]
+    channels = loaded.model.config.latent_channels
+    if len(info.shape) != 4 or info.shape[1] != channels:
+        raise UserError(f"'{p}': latents of shape {list(info.shape)} do not fit the model's (N, {channels}, h, w) latents ({loaded.path})")
+    if not str(info.dtype).upper().startswith(("F", "BF")):
+        raise CheckpointError(f"'{p}': '{LATENT_KEY}' holds {info.dtype} values, not floating point")
+    z = load_file(str(p))[LATENT_KEY].float()
+    scaled = VERSION_KEY not in header.tensors
+    if scaled:
+        z = loaded.model.unscale_latents(z)
+    try:
+        meta = json.loads(header.metadata.get(METADATA_KEY, "{}"))
+    except json.JSONDecodeError:
+        meta = {}
+    return LatentFile(z, meta if isinstance(meta, dict) else {}, scaled)
+
+
+@torch.inference_mode()
+def decode_latents(loaded: LoadedAutoencoder, latents: torch.Tensor, *, tile: Optional[bool] = None) -> np.ndarray:
+    """uint8 images ``(B, h * f, w * f, 3)`` for unscaled latents, one at a time (a latent file's
+    batch may be large)."""
+    out = [tensor_to_images(loaded.model.decode(z[None].to(loaded.placement.device, loaded.placement.dtype), tile=tile)) for z in latents]
+    return np.concatenate(out) if out else np.empty((0, 0, 0, 3), np.uint8)
+
+
+def latent_stem(path: Union[str, Path]) -> str:
+    """The name a latent file's images are named after: ``cat.latent.safetensors`` -> ``cat``."""
+    name = Path(path).name
+    for suffix in (".safetensors", ".latent"):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            name = name[: -len(suffix)]
+    return name
+
+
+__all__ = [
+    "LATENT_KEY",
+    "VERSION_KEY",
+    "Encoded",
+    "LatentFile",
+    "load_latent_autoencoder",
+    "encode_file",
+    "write_latents",
+    "read_latents",
+    "decode_latents",
+    "latent_stem",
+]

@@ -1,0 +1,52 @@
+"""Writing generated images: grids, PNG files with their settings, animated GIFs of latent walks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+
+
+def image_grid(images: np.ndarray, nrow: int, padding: int = 2) -> np.ndarray:
+    """uint8 images ``(N, H, W, 3)`` tiled ``nrow`` per row with ``padding`` black pixels between
+    and around them (torchvision's ``make_grid`` layout)."""
+    n, h, w, c = images.shape
+    cols = max(1, min(nrow, n))
+    rows = (n + cols - 1) // cols
+    grid = np.zeros((rows * (h + padding) + padding, cols * (w + padding) + padding, c), np.uint8)
+    for i, im in enumerate(images):
+        r, q = divmod(i, cols)
+        y, x = padding + r * (h + padding), padding + q * (w + padding)
+        grid[y : y + h, x : x + w] = im
+    return grid
+
+
+def write_png(path: Union[str, Path], image: np.ndarray, settings: dict[str, Any], *, force: bool = False) -> Path:
+    """An RGB PNG, written atomically, carrying ``settings`` as JSON in a ``gencli`` text chunk."""
+    from PIL import Image
+    from PIL.PngImagePlugin import PngInfo
+
+    from gencli.io import atomic_path
+
+    info = PngInfo()
+    info.add_text("gencli", json.dumps(settings, sort_keys=True))
+    with atomic_path(path, force=force) as tmp:
+        Image.fromarray(image).save(tmp, format="PNG", pnginfo=info)
+    return Path(path)
+
+
+def write_gif(path: Union[str, Path], frames: np.ndarray, settings: dict[str, Any], *, frame_ms: int = 80, force: bool = False) -> Path:
+    """An animated GIF looping forever over ``frames`` and back (a latent walk that returns), with
+    ``settings`` as JSON in its comment."""
+    from PIL import Image
+
+    from gencli.io import atomic_path
+
+    order = list(frames) + list(frames[-2:0:-1])
+    images = [Image.fromarray(f) for f in order]
+    with atomic_path(path, force=force) as tmp:
+        images[0].save(tmp, format="GIF", save_all=True, append_images=images[1:], duration=frame_ms, loop=0,
+                       comment=json.dumps(settings, sort_keys=True).encode())  # fmt: skip
+    return Path(path)

@@ -1,0 +1,53 @@
+"""The quantization a text model runs with: from ``--quantize`` / ``--group-size`` or the checkpoint's
+``quantization_config``."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from gencli.errors import UserError
+
+
+def quantization_of(config: dict[str, Any], quantize: Optional[str], group_size: Optional[int]) -> tuple[bool, Any]:
+    """``(stored, spec)``: the :class:`~gencli.backend.quantize.QuantizationSpec` the model runs
+    with (None: not quantized) and whether the checkpoint already holds it."""
+    from gencli.backend.quantize import MODES, QuantizationSpec
+
+    if quantize is not None and quantize not in MODES:
+        raise UserError(f"--quantize must be one of {', '.join(MODES)} (got '{quantize}')")
+    if group_size is not None and quantize != "int4":
+        raise UserError("--group-size applies to --quantize int4 only")
+    entry = config.get("quantization_config")
+    if entry is None:
+        if quantize is None:
+            return False, None
+        try:
+            spec = QuantizationSpec.for_mode(quantize, group_size)
+        except ValueError as exc:
+            raise UserError(f"--group-size: {exc}") from None
+        _check_activation_setting()
+        return False, spec
+    try:
+        spec = QuantizationSpec.from_config(entry if isinstance(entry, dict) else {})
+    except ValueError as exc:
+        raise UserError(f"config.json: {exc}") from None
+    if quantize is not None and (quantize != spec.mode or (group_size is not None and group_size != spec.group_size)):
+        raise UserError(f"the checkpoint is quantized already ({describe_quantization(spec)}): it cannot be quantized as {quantize} again")
+    _check_activation_setting()
+    return True, spec
+
+
+def _check_activation_setting() -> None:
+    """A bad ``GENCLI_QUANT_ACTIVATIONS`` is a usage error before anything loads, not a failure in
+    the first quantized product."""
+    from gencli.backend.quant_kernels import int8_activations
+
+    try:
+        int8_activations()
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+def describe_quantization(spec: Any) -> str:
+    """``int8 per output channel`` / ``int4 in groups of 32``."""
+    return f"{spec.mode} " + ("per output channel" if spec.mode == "int8" else f"in groups of {spec.group_size}")

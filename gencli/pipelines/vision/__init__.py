@@ -1,0 +1,1 @@
+"""Image classification (ViT, DeiT) and the image inputs the image families share."""
