@@ -16,13 +16,13 @@ prior's mean (zero) by ``psi`` (``z * psi``), trading diversity for typical, mor
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
 from gencli.backend.layers import Conv2d, GroupNorm, Linear, get_activation
+from gencli.checkpoints.config import JsonConfig
 from gencli.models.resnet2d import Downsample2D, Upsample2D
 from gencli.models.vae import check_pyramid
 
@@ -30,7 +30,7 @@ ARCHITECTURE = "DCGAN"
 
 
 @dataclass
-class DCGANConfig:
+class DCGANConfig(JsonConfig):
     """``config.json`` of a generator + discriminator pair (``"architecture": "DCGAN"``)."""
 
     architecture: str = ARCHITECTURE
@@ -51,13 +51,6 @@ class DCGANConfig:
         if self.latent_dim < 1:
             raise ValueError("latent_dim must be at least 1")
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "DCGANConfig":
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
 
 class GeneratorStage(nn.Module):

@@ -23,6 +23,7 @@ import torch.nn as nn
 from gencli.backend.attention import LayerKVCache, scaled_dot_product_attention
 from gencli.backend.decoder_step import DecoderLayerParts, DecoderStackParts
 from gencli.backend.layers import LayerNorm, get_activation
+from gencli.checkpoints.config import read_config
 from gencli.checkpoints.keymap import Drop, KeyMap, Rename
 from gencli.errors import CheckpointError
 from gencli.models.causal_lm import CausalLM
@@ -53,28 +54,10 @@ class GPT2Config:
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> "GPT2Config":
-        required = ["vocab_size", "n_embd", "n_layer", "n_head"]
-        missing = [k for k in required if k not in cfg]
-        if missing:
-            raise CheckpointError(f"config.json lacks '{missing[0]}' needed by a GPT-2 model")
         if cfg.get("add_cross_attention"):
             raise CheckpointError("GPT-2 checkpoints with cross attention (add_cross_attention) are not supported")
-        return cls(
-            vocab_size=int(cfg["vocab_size"]),
-            n_positions=int(cfg.get("n_positions", cfg.get("n_ctx", 1024))),
-            n_embd=int(cfg["n_embd"]),
-            n_layer=int(cfg["n_layer"]),
-            n_head=int(cfg["n_head"]),
-            n_inner=cfg.get("n_inner"),
-            activation_function=cfg.get("activation_function", "gelu_new"),
-            layer_norm_epsilon=float(cfg.get("layer_norm_epsilon", 1e-5)),
-            scale_attn_weights=bool(cfg.get("scale_attn_weights", True)),
-            scale_attn_by_inverse_layer_idx=bool(cfg.get("scale_attn_by_inverse_layer_idx", False)),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-            bos_token_id=cfg.get("bos_token_id", 50256),
-            eos_token_id=cfg.get("eos_token_id", 50256),
-            pad_token_id=cfg.get("pad_token_id"),
-        )
+        required = ("vocab_size", "n_embd", "n_layer", "n_head")
+        return read_config(cls, cfg, what="a GPT-2 model", required=required, renames={"n_positions": ("n_positions", "n_ctx")})
 
 
 class Conv1D(nn.Module):

@@ -23,6 +23,7 @@ from gencli.backend.decoder_step import DecoderLayerParts, DecoderStackParts
 from gencli.backend.layers import GatedMLP, RMSNorm
 from gencli.backend.positional import RotaryEmbedding, apply_rotary
 from gencli.backend.quantize import project
+from gencli.checkpoints.config import read_config
 from gencli.checkpoints.keymap import Drop, KeyMap
 from gencli.errors import CheckpointError
 from gencli.models.causal_lm import CausalLM
@@ -104,36 +105,15 @@ class LlamaConfig:
         """Read a transformers ``config.json`` of a Llama, Mistral or Qwen2 checkpoint."""
         model_type = cfg.get("model_type") or ARCHITECTURES.get((cfg.get("architectures") or [""])[0], "llama")
         required = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"]
-        missing = [k for k in required if k not in cfg]
-        if missing:
-            raise CheckpointError(f"config.json lacks '{missing[0]}' needed by a {model_type} model")
         theta, scaling = _rope_settings(cfg)
         is_qwen2 = model_type == "qwen2"
         attention_bias = bool(cfg.get("attention_bias", False))
         # Qwen2 configs set tie_word_embeddings explicitly; Llama/Mistral default to untied
         tie = bool(cfg.get("tie_word_embeddings", False))
-        return cls(
-            vocab_size=int(cfg["vocab_size"]),
-            hidden_size=int(cfg["hidden_size"]),
-            intermediate_size=int(cfg["intermediate_size"]),
-            num_hidden_layers=int(cfg["num_hidden_layers"]),
-            num_attention_heads=int(cfg["num_attention_heads"]),
-            num_key_value_heads=cfg.get("num_key_value_heads"),
-            head_dim=cfg.get("head_dim"),
-            hidden_act=cfg.get("hidden_act", "silu"),
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=theta,
-            rope_scaling=scaling,
-            qkv_bias=is_qwen2 or attention_bias,
-            o_bias=attention_bias and not is_qwen2,
-            mlp_bias=bool(cfg.get("mlp_bias", False)),
-            tie_word_embeddings=tie,
-            bos_token_id=cfg.get("bos_token_id"),
-            eos_token_id=cfg.get("eos_token_id"),
-            pad_token_id=cfg.get("pad_token_id"),
-            model_type=model_type,
-        )
+        return read_config(
+            cls, cfg, what=f"a {model_type} model", required=required, rope_theta=theta, rope_scaling=scaling,
+            qkv_bias=is_qwen2 or attention_bias, o_bias=attention_bias and not is_qwen2, tie_word_embeddings=tie, model_type=model_type,
+        )  # fmt: skip
 
     def to_hf(self) -> dict[str, Any]:
         """A transformers ``config.json`` for this model (readable by transformers 4 and 5)."""

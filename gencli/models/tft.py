@@ -59,6 +59,7 @@ import torch.nn.functional as F
 
 from gencli.backend.attention import scaled_dot_product_attention
 from gencli.backend.layers import LayerNorm
+from gencli.checkpoints.config import read_config
 
 ARCHITECTURE = "TemporalFusionTransformer"
 
@@ -147,7 +148,7 @@ class TFTConfig:
         unknown = sorted(k for k in data if k not in fields and k != "architecture")
         if unknown:
             raise ValueError(f"config.json has unknown TFT fields: {', '.join(unknown)}")
-        return cls(**{k: v for k, v in data.items() if k in fields})
+        return read_config(cls, data)
 
 
 class GatedLinearUnit(nn.Module):

@@ -17,13 +17,14 @@ square. The prior is the standard normal, so sampling is ``decode(temperature * 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn as nn
 
 from gencli.backend.layers import Conv2d, GroupNorm, Linear, get_activation
+from gencli.checkpoints.config import JsonConfig
 from gencli.models.autoencoder_kl.model import DiagonalGaussianDistribution
 from gencli.models.resnet2d import Downsample2D, ResnetBlock2D, Upsample2D
 
@@ -31,7 +32,7 @@ ARCHITECTURE = "ConvVAE"
 
 
 @dataclass
-class ConvVAEConfig:
+class ConvVAEConfig(JsonConfig):
     """``config.json`` of a :class:`ConvVAE` (``"architecture": "ConvVAE"``)."""
 
     architecture: str = ARCHITECTURE
@@ -56,13 +57,6 @@ class ConvVAEConfig:
     def bottom_size(self) -> int:
         return self.image_size >> len(self.block_out_channels)
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ConvVAEConfig":
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
 
 def check_pyramid(image_size: int, widths: tuple[int, ...], groups: Optional[int]) -> None:

@@ -25,6 +25,7 @@ import torch.nn as nn
 
 from gencli.backend.layers import LayerNorm, Linear, get_activation
 from gencli.backend.positional import interpolate_position_table
+from gencli.checkpoints.config import read_config
 from gencli.checkpoints.keymap import Drop, KeyMap, Rename
 from gencli.models.attention import multi_head_attention
 
@@ -83,24 +84,10 @@ class ViTConfig:
         archs = d.get("architectures") or []
         if distillation_head is None:
             distillation_head = any("WithTeacher" in a for a in archs)
-        cfg = cls(
-            hidden_size=int(d.get("hidden_size", 768)),
-            num_hidden_layers=int(d.get("num_hidden_layers", 12)),
-            num_attention_heads=int(d.get("num_attention_heads", 12)),
-            intermediate_size=int(d.get("intermediate_size", 3072)),
-            hidden_act=str(d.get("hidden_act", "gelu")),
-            layer_norm_eps=float(d.get("layer_norm_eps", 1e-12)),
-            image_size=_pair(d.get("image_size", 224)),
-            patch_size=_pair(d.get("patch_size", 16)),
-            num_channels=int(d.get("num_channels", 3)),
-            qkv_bias=bool(d.get("qkv_bias", True)),
-            id2label=id2label,
-            model_type=model_type,
-            distillation_token=model_type == "deit",
-            distillation_head=bool(distillation_head),
-            problem_type=d.get("problem_type"),
-            initializer_range=float(d.get("initializer_range", 0.02)),
-        )
+        cfg = read_config(
+            cls, d, id2label=id2label, model_type=model_type, distillation_token=model_type == "deit", distillation_head=bool(distillation_head),
+            image_size=_pair(d.get("image_size", 224)), patch_size=_pair(d.get("patch_size", 16)),
+        )  # fmt: skip
         if cfg.hidden_size % cfg.num_attention_heads:
             raise ValueError(f"hidden_size {cfg.hidden_size} is not a multiple of num_attention_heads {cfg.num_attention_heads}")
         get_activation(cfg.hidden_act)  # fail early on an unknown activation

@@ -23,13 +23,14 @@ attention goes through :class:`gencli.models.attention.Attention`.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import torch
 import torch.nn as nn
 
 from gencli.backend.layers import GroupNorm, get_activation
+from gencli.checkpoints.config import config_to_dict, read_config
 from gencli.models.attention import Attention
 from gencli.models.autoencoder_kl.tiling import NormStep, TiledStep, Tiling, blend_tiles, blend_tiles_with_shared_statistics, block_steps, module_step
 from gencli.models.resnet2d import Downsample2D, ResnetBlock2D, Upsample2D
@@ -37,8 +38,6 @@ from gencli.models.resnet2d import Downsample2D, ResnetBlock2D, Upsample2D
 DOWN_BLOCK = "DownEncoderBlock2D"
 UP_BLOCK = "UpDecoderBlock2D"
 
-# diffusers bookkeeping fields of a config.json, not architecture
-_META_FIELDS = ("_class_name", "_diffusers_version", "_name_or_path", "_use_default_values")
 
 
 @dataclass
@@ -103,15 +102,12 @@ class AutoencoderKLConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "AutoencoderKLConfig":
         """From a diffusers ``config.json`` (unknown fields are ignored, as diffusers does)."""
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known and k not in _META_FIELDS})
+        size = d.get("sample_size")
+        return read_config(cls, {**d, "sample_size": size[0]} if isinstance(size, (list, tuple)) and size else d)
 
     def to_dict(self) -> dict[str, Any]:
         """A diffusers ``config.json`` (with ``_class_name``), loadable by ``AutoencoderKL.from_pretrained``."""
-        out: dict[str, Any] = {"_class_name": "AutoencoderKL", "_diffusers_version": "0.30.0"}
-        for k, v in asdict(self).items():
-            out[k] = list(v) if isinstance(v, tuple) else v
-        return out
+        return {"_class_name": "AutoencoderKL", "_diffusers_version": "0.30.0", **config_to_dict(self)}
 
 
 class DiagonalGaussianDistribution:

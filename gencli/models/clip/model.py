@@ -21,7 +21,7 @@ entry point (via :func:`gencli.models.attention.multi_head_attention`, shared wi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
@@ -30,17 +30,13 @@ import torch.nn.functional as F
 
 from gencli.backend.layers import FeedForward, LayerNorm, Linear
 from gencli.backend.positional import interpolate_position_table
+from gencli.checkpoints.config import read_config
 from gencli.models.attention import multi_head_attention
 
 # The token id transformers treats as "legacy": configs written before CLIP's eos_token_id was fixed
 # carry eos_token_id = 2, and for them the pooled token is the one with the highest id (the end-of-text
 # token has the highest id in OpenAI's vocabulary).
 LEGACY_EOS_TOKEN_ID = 2
-
-
-def _pick(cfg: dict[str, Any], cls) -> dict[str, Any]:
-    names = {f.name for f in fields(cls)}
-    return {k: v for k, v in cfg.items() if k in names and v is not None}
 
 
 @dataclass
@@ -63,7 +59,7 @@ class CLIPTextConfig:
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> "CLIPTextConfig":
-        return cls(**_pick(cfg, cls))
+        return read_config(cls, cfg, where="config.json (text_config)")
 
     @property
     def head_dim(self) -> int:
@@ -118,14 +114,14 @@ class CLIPVisionConfig:
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> "CLIPVisionConfig":
-        out = cls(**_pick(cfg, cls))
+        square = {}
         for name in ("image_size", "patch_size"):
-            v = getattr(out, name)
+            v = cfg.get(name)
             if isinstance(v, (list, tuple)):
                 if len(set(v)) != 1:
                     raise ValueError(f"non-square {name} {list(v)} is not supported by CLIP")
-                setattr(out, name, int(v[0]))
-        return out
+                square[name] = v[0]
+        return read_config(cls, {**cfg, **square}, where="config.json (vision_config)")
 
     @property
     def head_dim(self) -> int:
@@ -150,12 +146,7 @@ class CLIPConfig:
         # Old configs also carry text_config_dict / vision_config_dict, which take precedence (as in transformers).
         text = {**(cfg.get("text_config") or {}), **(cfg.get("text_config_dict") or {})}
         vision = {**(cfg.get("vision_config") or {}), **(cfg.get("vision_config_dict") or {})}
-        return cls(
-            text_config=CLIPTextConfig.from_dict(text),
-            vision_config=CLIPVisionConfig.from_dict(vision),
-            projection_dim=int(cfg.get("projection_dim") or 512),
-            logit_scale_init_value=float(cfg.get("logit_scale_init_value", 2.6592)),
-        )
+        return read_config(cls, cfg, text_config=CLIPTextConfig.from_dict(text), vision_config=CLIPVisionConfig.from_dict(vision))
 
     def to_dict(self) -> dict[str, Any]:
         """A transformers-compatible ``config.json`` body for ``CLIPModel``."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import re
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from gencli.checkpoints.keymap import Apply, Drop, KeyMap, Rename, Rule
@@ -148,6 +149,120 @@ def _count(prefixes: set[str], prefix: str) -> int:
     return n
 
 
+@dataclass
+class _Tensors:
+    """The UNet's tensor shapes (names without the prefix) and the dotted prefixes of their names."""
+
+    sd: dict[str, tuple[int, ...]]
+    prefix: str
+
+    def __post_init__(self) -> None:
+        self.keys = set(self.sd)
+        self.prefixes = {name[: i + 1] for name in self.keys for i, ch in enumerate(name) if ch == "."}
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        try:
+            return self.sd[name]
+        except KeyError:
+            raise _fail(f"tensor '{self.prefix}{name}' is missing") from None
+
+    def count(self, prefix: str) -> int:
+        return _count(self.prefixes, prefix)
+
+
+@dataclass
+class _Level:
+    """One down level: per ResNet layer its width, transformer depth and attn1.to_k shape."""
+
+    layers: list[tuple[int, int, Optional[tuple[int, ...]]]]
+
+    @property
+    def attention(self) -> bool:
+        return self.layers[0][1] > 0
+
+
+def _down_path(ts: _Tensors, context_dims: set[int], linear_proj: set[bool]) -> tuple[list[_Level], list[int]]:
+    """The down levels (``[ResBlock, (transformer)]`` entries closed by a downsampler) and their widths."""
+    levels = [_Level([])]
+    for i in range(1, ts.count("input_blocks.")):
+        if f"input_blocks.{i}.0.op.weight" in ts.keys:
+            levels.append(_Level([]))
+            continue
+        width = ts.shape(f"input_blocks.{i}.0.out_layers.3.weight")[0]
+        depth = ts.count(f"input_blocks.{i}.1.transformer_blocks.")
+        to_k = None
+        if depth:
+            p = f"input_blocks.{i}.1."
+            context_dims.add(ts.shape(p + "transformer_blocks.0.attn2.to_k.weight")[1])
+            linear_proj.add(len(ts.shape(p + "proj_in.weight")) == 2)
+            to_k = ts.shape(p + "transformer_blocks.0.attn1.to_k.weight")
+        levels[-1].layers.append((width, depth, to_k))
+    if any(not level.layers for level in levels):
+        raise _fail(f"a level of '{ts.prefix}input_blocks' has no ResNet block")
+    channels = []
+    for li, level in enumerate(levels):
+        widths = {w for w, _, _ in level.layers}
+        if len(widths) != 1:
+            raise _fail(f"level {li} of '{ts.prefix}input_blocks' mixes channel widths {sorted(widths)}")
+        channels.append(widths.pop())
+        if len({d > 0 for _, d, _ in level.layers}) != 1:
+            raise _fail(f"level {li} of '{ts.prefix}input_blocks' has transformers after some ResNet blocks only")
+    return levels, channels
+
+
+def _up_depths(ts: _Tensors, levels: list[_Level]) -> list[list[int]]:
+    """The transformer depth of every up layer, level by level from the bottom."""
+    n, layers = len(levels), [len(level.layers) for level in levels]
+    n_output = ts.count("output_blocks.")
+    if n_output != sum(x + 1 for x in layers):
+        raise _fail(f"{n_output} '{ts.prefix}output_blocks' for {sum(layers)} down layers in {n} levels (expected {sum(x + 1 for x in layers)})")
+    up_depths: list[list[int]] = []
+    k = 0
+    for u in range(n):
+        level = n - 1 - u
+        row = []
+        for _ in range(layers[level] + 1):
+            row.append(ts.count(f"output_blocks.{k}.1.transformer_blocks."))
+            k += 1
+        if any(d > 0 for d in row) != levels[level].attention:
+            raise _fail(f"'{ts.prefix}output_blocks' of level {level} disagree with 'input_blocks' about having transformers")
+        up_depths.append(row)
+    return up_depths
+
+
+def _transformer_depths(levels: list[_Level], up_depths: list[list[int]], mid_depth: int) -> tuple[Any, Optional[list[list[int]]]]:
+    """``transformer_layers_per_block`` (one number, one per level, or one per layer) and, where the
+    up path cannot be derived from it, ``reverse_transformer_layers_per_block``."""
+    n = len(levels)
+    attention = [level.attention for level in levels]
+    # levels without transformers: 1 (diffusers' default), but the last level's entry is the middle block's depth
+    down_depths = [
+        [d for _, d, _ in level.layers] if attention[li] else [mid_depth if li == n - 1 else 1] * len(level.layers) for li, level in enumerate(levels)
+    ]
+    uniform = all(len(set(d)) == 1 for d in down_depths) and all(
+        row == [down_depths[n - 1 - u][0]] * len(row) for u, row in enumerate(up_depths) if attention[n - 1 - u]
+    )
+    if uniform and down_depths[-1][0] == mid_depth:
+        depths: Any = [d[0] for d in down_depths]
+        used = {d for d, a in zip(depths, attention) if a} | {mid_depth}
+        if len(used) == 1:  # one depth wherever there are transformers (SD 1.x/2.x: 1, the SDXL refiner: 4)
+            depths = used.pop()
+        return depths, None
+    if down_depths[-1][0] != mid_depth:
+        raise _fail(f"the middle block's {mid_depth} transformer blocks differ from the last level's {down_depths[-1][0]} (diffusers cannot express that)")
+    return down_depths, [row if attention[n - 1 - u] else [mid_depth] * len(row) for u, row in enumerate(up_depths)]
+
+
+def _head_counts(family_guess: Optional[str], channels: list[int], attention: list[bool]) -> list[int]:
+    """The standard head counts per level (SD 1.x: 8 everywhere; later families: 64-wide heads)."""
+    n = len(channels)
+    heads = [SD1_HEADS] * n if family_guess == "sd1" else [max(1, c // SD2_HEAD_WIDTH) for c in channels]
+    for li, c in enumerate(channels):
+        if (attention[li] or li == n - 1) and c % heads[li]:
+            raise _fail(f"level {li} has {c} channels, not a multiple of the standard {heads[li]} heads")
+    return heads
+
+
 def infer_unet_config(shapes: Mapping[str, Sequence[int]], *, prefix: str = UNET_PREFIX) -> dict[str, Any]:
     """The diffusers ``UNet2DConditionModel`` config of the UNet whose tensors ``shapes`` lists
     (tensor name -> shape, names with ``prefix``; other names are ignored).
@@ -158,121 +273,47 @@ def infer_unet_config(shapes: Mapping[str, Sequence[int]], *, prefix: str = UNET
     sd = {k[len(prefix) :]: tuple(int(d) for d in v) for k, v in shapes.items() if k.startswith(prefix)}
     if not sd:
         raise CheckpointError(f"no UNet tensors ('{prefix}*') in this checkpoint")
-    keys = set(sd)
-    prefixes = {name[: i + 1] for name in keys for i, ch in enumerate(name) if ch == "."}
-
-    def shape(name: str) -> tuple[int, ...]:
-        try:
-            return sd[name]
-        except KeyError:
-            raise _fail(f"tensor '{prefix}{name}' is missing") from None
-
-    conv_in = shape("input_blocks.0.0.weight")
+    ts = _Tensors(sd, prefix)
+    conv_in = ts.shape("input_blocks.0.0.weight")
     if len(conv_in) != 4:
         raise _fail(f"'{prefix}input_blocks.0.0.weight' has shape {list(conv_in)}, not a conv weight")
-    conv_out = shape("out.2.weight")
+    conv_out = ts.shape("out.2.weight")
     model_channels = conv_in[0]
 
-    # down path: levels of [ResBlock, (transformer)] entries, closed by a downsampler
-    levels: list[list[tuple[int, int, Optional[tuple[int, ...]]]]] = [[]]  # (channels, depth, attn1.to_k shape)
-    n_input = _count(prefixes, "input_blocks.")
     context_dims: set[int] = set()
     linear_proj: set[bool] = set()
-    for i in range(1, n_input):
-        if f"input_blocks.{i}.0.op.weight" in keys:
-            levels.append([])
-            continue
-        width = shape(f"input_blocks.{i}.0.out_layers.3.weight")[0]
-        depth = _count(prefixes, f"input_blocks.{i}.1.transformer_blocks.")
-        to_k = None
-        if depth:
-            p = f"input_blocks.{i}.1."
-            context_dims.add(shape(p + "transformer_blocks.0.attn2.to_k.weight")[1])
-            linear_proj.add(len(shape(p + "proj_in.weight")) == 2)
-            to_k = shape(p + "transformer_blocks.0.attn1.to_k.weight")
-        levels[-1].append((width, depth, to_k))
-    if any(not level for level in levels):
-        raise _fail(f"a level of '{prefix}input_blocks' has no ResNet block")
-    n = len(levels)
-    layers = [len(level) for level in levels]
-    channels = []
-    for li, level in enumerate(levels):
-        widths = {w for w, _, _ in level}
-        if len(widths) != 1:
-            raise _fail(f"level {li} of '{prefix}input_blocks' mixes channel widths {sorted(widths)}")
-        channels.append(widths.pop())
-        if len({d > 0 for _, d, _ in level}) != 1:
-            raise _fail(f"level {li} of '{prefix}input_blocks' has transformers after some ResNet blocks only")
-    attention = [level[0][1] > 0 for level in levels]
+    levels, channels = _down_path(ts, context_dims, linear_proj)
+    layers = [len(level.layers) for level in levels]
+    attention = [level.attention for level in levels]
 
     # middle block: ResBlock, transformer, ResBlock
-    mid_depth = _count(prefixes, "middle_block.1.transformer_blocks.")
+    mid_depth = ts.count("middle_block.1.transformer_blocks.")
     if not mid_depth:
         raise _fail(f"'{prefix}middle_block.1' has no transformer blocks")
-    context_dims.add(shape("middle_block.1.transformer_blocks.0.attn2.to_k.weight")[1])
-    linear_proj.add(len(shape("middle_block.1.proj_in.weight")) == 2)
+    context_dims.add(ts.shape("middle_block.1.transformer_blocks.0.attn2.to_k.weight")[1])
+    linear_proj.add(len(ts.shape("middle_block.1.proj_in.weight")) == 2)
 
-    # up path: the transformer depth of every up layer
-    n_output = _count(prefixes, "output_blocks.")
-    if n_output != sum(x + 1 for x in layers):
-        raise _fail(f"{n_output} '{prefix}output_blocks' for {sum(layers)} down layers in {n} levels (expected {sum(x + 1 for x in layers)})")
-    up_depths: list[list[int]] = []
-    k = 0
-    for u in range(n):
-        level = n - 1 - u
-        row = []
-        for _ in range(layers[level] + 1):
-            row.append(_count(prefixes, f"output_blocks.{k}.1.transformer_blocks."))
-            k += 1
-        if any(d > 0 for d in row) != attention[level]:
-            raise _fail(f"'{prefix}output_blocks' of level {level} disagree with 'input_blocks' about having transformers")
-        up_depths.append(row)
-
+    up_depths = _up_depths(ts, levels)
     if len(context_dims) != 1 or len(linear_proj) != 1:
         raise _fail("its transformers differ in context width or projection kind")
     context_dim = context_dims.pop()
     linear = linear_proj.pop()
-
-    # levels without transformers: 1 (diffusers' default), but the last level's entry is the middle block's depth
-    down_depths = [
-        [d for _, d, _ in level] if attention[li] else [mid_depth if li == n - 1 else 1] * layers[li] for li, level in enumerate(levels)
-    ]
-    uniform = all(len(set(d)) == 1 for d in down_depths) and all(
-        row == [down_depths[n - 1 - u][0]] * len(row) for u, row in enumerate(up_depths) if attention[n - 1 - u]
-    )
-    if uniform and down_depths[-1][0] == mid_depth:
-        depths: Any = [d[0] for d in down_depths]
-        used = {d for d, a in zip(depths, attention) if a} | {mid_depth}
-        if len(used) == 1:  # one depth wherever there are transformers (SD 1.x/2.x: 1, the SDXL refiner: 4)
-            depths = used.pop()
-        reverse = None
-    else:
-        depths = down_depths
-        reverse = [row if attention[n - 1 - u] else [mid_depth] * len(row) for u, row in enumerate(up_depths)]
-        if down_depths[-1][0] != mid_depth:
-            raise _fail(f"the middle block's {mid_depth} transformer blocks differ from the last level's {down_depths[-1][0]} (diffusers cannot express that)")
+    depths, reverse = _transformer_depths(levels, up_depths, mid_depth)
 
     # only_cross_attention: attn1 reads the context (its keys are context-wide, not channel-wide)
     only_cross = []
     for li, level in enumerate(levels):
-        to_k = level[0][2]
+        to_k = level.layers[0][2]
         only_cross.append(bool(to_k is not None and to_k[1] != channels[li] and to_k[1] == context_dim))
 
     adm = sd.get("label_emb.0.0.weight")
-    time_embed = shape("time_embed.0.weight")
+    time_embed = ts.shape("time_embed.0.weight")
     if adm is not None:
         family_guess = {2048: "sdxl", 1280: "sdxl-refiner"}.get(context_dim)
     else:
         family_guess = "sd2" if (linear or context_dim == 1024) else "sd1"
     standard = STANDARD_UNET_CONFIGS.get(family_guess or "sdxl", STANDARD_UNET_CONFIGS["sdxl"])
-
-    if family_guess == "sd1":
-        heads: list[int] = [SD1_HEADS] * n
-    else:
-        heads = [max(1, c // SD2_HEAD_WIDTH) for c in channels]
-    for li, c in enumerate(channels):
-        if (attention[li] or li == n - 1) and c % heads[li]:
-            raise _fail(f"level {li} has {c} channels, not a multiple of the standard {heads[li]} heads")
+    heads = _head_counts(family_guess, channels, attention)
 
     config: dict[str, Any] = {
         **_SD_COMMON,

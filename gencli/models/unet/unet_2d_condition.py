@@ -43,6 +43,7 @@ import torch.nn as nn
 
 from gencli.backend.layers import Conv2d, GroupNorm, LayerNorm, Linear, get_activation, linear, prepack_convolutions
 from gencli.backend.positional import timestep_embedding
+from gencli.checkpoints.config import read_config
 from gencli.models.attention import Attention
 from gencli.models.resnet2d import Downsample2D, ResnetBlock2D, Upsample2D
 
@@ -209,42 +210,12 @@ class UNet2DConditionConfig:
         sample_size = d.get("sample_size")
         if isinstance(sample_size, list):
             sample_size = tuple(sample_size)
-        return cls(
-            sample_size=sample_size,
-            in_channels=int(d.get("in_channels", 4)),
-            out_channels=int(d.get("out_channels", 4)),
-            center_input_sample=bool(d.get("center_input_sample", False)),
-            flip_sin_to_cos=bool(d.get("flip_sin_to_cos", True)),
-            freq_shift=float(d.get("freq_shift", 0)),
-            down_block_types=down,
-            mid_block_type=mid,
-            up_block_types=up,
-            block_out_channels=channels,
-            layers_per_block=layers,
-            downsample_padding=int(d.get("downsample_padding", 1)),
-            mid_block_scale_factor=float(d.get("mid_block_scale_factor", 1.0)),
-            dropout=float(d.get("dropout", 0.0)),
-            act_fn=act,
-            norm_num_groups=int(groups),
-            norm_eps=float(d.get("norm_eps", 1e-5)),
-            cross_attention_dim=cross,
-            transformer_layers_per_block=down_depths,
-            reverse_transformer_layers_per_block=up_depths,
-            num_heads=heads,
-            only_cross_attention=only_cross,
-            use_linear_projection=bool(d.get("use_linear_projection", False)),
-            upcast_attention=bool(d.get("upcast_attention", False)),
-            resnet_time_scale_shift=shift,
-            time_embedding_dim=d.get("time_embedding_dim"),
-            time_embedding_act_fn=d.get("time_embedding_act_fn"),
-            timestep_post_act=d.get("timestep_post_act"),
-            conv_in_kernel=int(d.get("conv_in_kernel", 3)),
-            conv_out_kernel=int(d.get("conv_out_kernel", 3)),
-            addition_embed_type=add,
-            addition_time_embed_dim=d.get("addition_time_embed_dim"),
-            projection_class_embeddings_input_dim=d.get("projection_class_embeddings_input_dim"),
-            raw=dict(d),
-        )
+        return read_config(
+            cls, d, sample_size=sample_size, down_block_types=down, mid_block_type=mid, up_block_types=up, block_out_channels=channels,
+            layers_per_block=layers, act_fn=act, norm_num_groups=int(groups), cross_attention_dim=cross, transformer_layers_per_block=down_depths,
+            reverse_transformer_layers_per_block=up_depths, num_heads=heads, only_cross_attention=only_cross, resnet_time_scale_shift=shift,
+            addition_embed_type=add, raw=dict(d),
+        )  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         """A diffusers ``UNet2DConditionModel`` config.json for this architecture."""
