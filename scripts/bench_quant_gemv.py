@@ -26,7 +26,7 @@ quantized as MODE, every kernel call timed inside ``generate``: the products' sh
 clock and their GB/s per layer shape.
 ``--projections MODE``: the bench's random Llama shape (16 layers, hidden 1024) quantized as MODE,
 decoding 32 tokens with a layer's q/k/v (and gate/up) projections in one kernel call
-(:func:`gencli.backend.quantize.project`) and with the layers called one by one, alternating in one
+(:func:`gencli.backend.layers.project`) and with the layers called one by one, alternating in one
 process: ms a token, best and median of ``--repeat`` / 4 rounds each.
 ``--in-generate`` and ``--projections`` time the layer-by-layer path (``GENCLI_FUSED_DECODE=0``: with
 the fused decoding step the products are inside one native call a token).
@@ -181,17 +181,17 @@ def _bench_model(work: Path, arch: str, mode: str, threads: int):
 def projections(args) -> None:
     import tempfile
 
-    import gencli.backend.quantize as quantize
+    import gencli.backend.layers as layers
     import gencli.models.llama as llama
 
-    fused = quantize.project
+    fused = layers.project
 
     def one_by_one(x, layers, activations=None):
         return tuple(m(x) if a is None else m(x, activation=a) for m, a in zip(layers, activations or (None,) * len(layers)))
 
     def use(fn):
         def setup():
-            quantize.project = llama.project = fn
+            layers.project = llama.project = fn
 
         return setup
 
@@ -200,7 +200,7 @@ def projections(args) -> None:
         try:
             times = _timed_runs(tm, prompt, [("fused", use(fused)), ("one by one", use(one_by_one))], max(1, args.repeat // 4))
         finally:
-            quantize.project = llama.project = fused
+            layers.project = llama.project = fused
     _report(times, f"threads {args.threads}, {args.projections}, Llama shape, 32 tokens a round (ms a token, wall clock)")
 
 

@@ -250,8 +250,7 @@ def test_several_weights_in_one_call_equal_one_call_each(int8_activations):
 def test_projections_of_one_input_are_one_kernel_call(mode, monkeypatch):
     """``project``: a quantized layer's q/k/v (or gate/up) decode in one call, with the same outputs as
     the layers called one by one (the activation applied where asked); dense layers are called as usual."""
-    from gencli.backend.layers import Linear
-    from gencli.backend.quantize import project
+    from gencli.backend.layers import Linear, project
 
     torch.manual_seed(7)
     spec = QuantizationSpec.for_mode(mode)

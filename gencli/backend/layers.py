@@ -350,6 +350,21 @@ def prepack_convolutions(module: nn.Module, enabled: bool = True) -> int:
     return sum(c.prepacking for c in convs)
 
 
+def project(x: torch.Tensor, layers: tuple[nn.Module, ...], activations: Optional[tuple[Optional[str], ...]] = None) -> tuple[torch.Tensor, ...]:
+    """``tuple(layer(x, activation=a) for layer, a in zip(layers, activations))``: several projections
+    of the same ``x`` (a layer's query/key/value, a gated MLP's gate/up). A layer type that can do them
+    in one call offers a static ``project_together(x, layers, activations)`` (quantized layers swapped
+    in from outside the model do: :class:`gencli.backend.quantize.QuantizedLinear`); it returns None
+    where it does not apply."""
+    acts = activations or (None,) * len(layers)
+    together = getattr(type(layers[0]), "project_together", None)
+    if together is not None:
+        outs = together(x, layers, acts)
+        if outs is not None:
+            return outs
+    return tuple(m(x) if a is None else m(x, activation=a) for m, a in zip(layers, acts))
+
+
 class GatedMLP(nn.Module):
     """The gated feed-forward block of Llama-family models: down(act(gate(x)) * up(x)).
 
@@ -366,8 +381,6 @@ class GatedMLP(nn.Module):
         self.act = act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from gencli.backend.quantize import project  # (here: that module builds on this one)
-
         gate, up = project(x, (self.gate_proj, self.up_proj), (self.act, None))  # one call when quantized
         return self.down_proj(gate * up)
 

@@ -292,30 +292,33 @@ class QuantizedLinear(nn.Module):
         group = f", group_size={self.group_size}" if self.mode == "int4" else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, mode={self.mode}{group}"
 
+    @staticmethod
+    def project_together(x: torch.Tensor, layers: tuple[nn.Module, ...], activations: tuple[Optional[str], ...]) -> Optional[tuple[torch.Tensor, ...]]:
+        """Several projections of ``x`` in one call (:func:`project_together`); None where it does not apply."""
+        return project_together(x, layers, activations)
 
-def project(x: torch.Tensor, layers: tuple[nn.Module, ...], activations: Optional[tuple[Optional[str], ...]] = None) -> tuple[torch.Tensor, ...]:
-    """``tuple(layer(x, activation=a) for layer, a in zip(layers, activations))``: several projections
-    of the same ``x`` (a layer's query/key/value, a gated MLP's gate/up). When they are all
-    :class:`QuantizedLinear` of one mode decoding on a CPU with gencli's kernels, they are one call:
-    ``x``'s int8 activations are computed once and every weight's rows run in one parallel pass."""
-    acts = activations or (None,) * len(layers)
+
+def project_together(x: torch.Tensor, layers: tuple[nn.Module, ...], activations: tuple[Optional[str], ...]) -> Optional[tuple[torch.Tensor, ...]]:
+    """The :func:`gencli.backend.layers.project` of several :class:`QuantizedLinear` of one mode
+    decoding on a CPU with gencli's kernels, as one call: ``x``'s int8 activations are computed once
+    and every weight's rows run in one parallel pass. None where that does not apply."""
     first = layers[0]
-    if (
-        isinstance(first, QuantizedLinear)
-        and x.device.type == "cpu"
+    if not (
+        x.device.type == "cpu"
         and x.dtype == torch.float32
         and x.numel() < DEQUANTIZE_MIN_ROWS[first.mode] * first.in_features
         and all(isinstance(m, QuantizedLinear) and (m.mode, m.group_size, m.in_features) == (first.mode, first.group_size, first.in_features) for m in layers)
     ):
-        own = cpu_kernels()
-        if own is not None:
-            weights, scales, biases = [m.weight for m in layers], [m.weight_scale for m in layers], [m.bias for m in layers]
-            if first.mode == "int8":
-                outs = own.int8_gemv_many(x, weights, scales, int8_activations(), biases)
-            else:
-                outs = own.int4_gemv_many(x, weights, scales, [m.weight_zero for m in layers], first.group_size, int8_activations(), biases)
-            return tuple(out if a is None else get_activation(a)(out) for out, a in zip(outs, acts))
-    return tuple(m(x) if a is None else m(x, activation=a) for m, a in zip(layers, acts))
+        return None
+    own = cpu_kernels()
+    if own is None:
+        return None
+    weights, scales, biases = [m.weight for m in layers], [m.weight_scale for m in layers], [m.bias for m in layers]
+    if first.mode == "int8":
+        outs = own.int8_gemv_many(x, weights, scales, int8_activations(), biases)
+    else:
+        outs = own.int4_gemv_many(x, weights, scales, [m.weight_zero for m in layers], first.group_size, int8_activations(), biases)
+    return tuple(out if a is None else get_activation(a)(out) for out, a in zip(outs, activations))
 
 
 # -- quantizing a model ----------------------------------------------------------------------------------
@@ -437,7 +440,7 @@ __all__ = [
     "unpack_int4",
     "dequantize",
     "quantize_linears",
-    "project",
+    "project_together",
     "quantization_targets",
     "quantizing_loader",
     "quantized_layers",

@@ -20,9 +20,8 @@ import torch.nn as nn
 
 from gencli.backend.attention import LayerKVCache, scaled_dot_product_attention
 from gencli.backend.decoder_step import DecoderLayerParts, DecoderStackParts
-from gencli.backend.layers import GatedMLP, RMSNorm
+from gencli.backend.layers import GatedMLP, RMSNorm, project
 from gencli.backend.positional import RotaryEmbedding, apply_rotary
-from gencli.backend.quantize import project
 from gencli.checkpoints.config import read_config
 from gencli.checkpoints.keymap import Drop, KeyMap
 from gencli.errors import CheckpointError
