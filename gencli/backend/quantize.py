@@ -1,22 +1,11 @@
 """Weight-only quantized linear layers (int8 per output channel, int4 per group), for every family.
 
-Batch-1 decoding reads every weight once per token, so its speed is the memory bandwidth divided by
-the bytes of the weights. :class:`QuantizedLinear` stores a linear layer's weight in 8 or 4 bits. On
-a CPU, below ``DEQUANTIZE_MIN_ROWS[mode]`` rows (decoding), it runs gencli's own kernels
-(:mod:`gencli.backend.quant_kernels`: the activations quantized to int8 in blocks of 32, as
-llama.cpp's Q8_0, times the stored codes with integer dot products, or with
-``GENCLI_QUANT_ACTIVATIONS=fp32`` fp32 activations times the codes converted in registers; the codes
-are read in place, no second copy of the weights) and, where those cannot be built, torch's weight-only kernels
-(``aten._weight_int8pack_mm``, ``aten._weight_int4pack_mm_for_cpu``, which torchao's CPU weight-only
-configs call too) with the activations in bf16 (those kernels are vectorised for bf16 activations
-only) and the result returned in the input's dtype (one row, one thread, GPT-2's layers with their
-weights in memory: torch's int8 kernel takes 1.2-1.9x the CPU time of gencli's int8-activation
-kernels, its int4 kernel 1.0-1.4x, from a repacked second copy of the codes). Both scale
-linearly with the number of rows (no GEMM blocking): from ``DEQUANTIZE_MIN_ROWS[mode]`` rows (a
-prompt's prefill) the weight is dequantized to bf16 for that call and multiplied by
-:func:`gencli.backend.layers.linear` instead. Other devices dequantize on every call (correct
-everywhere, not fast). An int8 layer's prefill multiplies by the codes and scales the product's
-columns (its scales are per output channel), so only the codes are converted.
+:class:`QuantizedLinear` stores a linear layer's weight in 8 or 4 bits and is swapped into a model
+from outside it (:func:`quantize_linears`, or :func:`quantizing_loader` while a checkpoint loads).
+On a CPU, below ``DEQUANTIZE_MIN_ROWS[mode]`` rows (decoding), it runs gencli's own kernels
+(:mod:`gencli.backend.quant_kernels`) or, where those cannot be built, torch's weight-only kernels;
+from that many rows on (a prompt's prefill) the weight is dequantized for the call. Other devices
+dequantize on every call. The design and its measurements: docs/quantization.md.
 
 Stored layout (the tensors a quantized safetensors checkpoint holds, under the layer's name):
 
