@@ -115,7 +115,10 @@ def run_side(side: str, argv: list[str], workdir: str) -> dict:
 def environment() -> dict:
     import torch
 
+    from bench_cases._machine import cpu_info
+
     env = {"torch": torch.__version__, "python": platform.python_version(), "cpu_threads": torch.get_num_threads(), "machine": platform.machine()}
+    env.update(cpu_info())
     if torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name(0)
     try:
@@ -146,6 +149,11 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"--only: this run has the sides {', '.join(all_sides)}")
     sides = [args.only] if args.only else all_sides
     pairs = [(a, b) for a, b in (mod.comparisons(args) if hasattr(mod, "comparisons") else [("gencli", "reference")]) if a in sides and b in sides]
+    bandwidth = None
+    if args.device == "cpu":
+        from bench_cases._machine import read_bandwidth_gbs
+
+        bandwidth = read_bandwidth_gbs(args.threads)
     with tempfile.TemporaryDirectory(prefix=f"gencli-bench-{args.case}-") as workdir:
         if hasattr(mod, "setup"):
             mod.setup(args, Path(workdir))
@@ -155,7 +163,14 @@ def main(argv: list[str] | None = None) -> None:
             order = sides if r % 2 == 0 else sides[::-1]
             rounds.append({side: run_side(side, passthrough, workdir) for side in order})
     results = {side: _median_result([rnd[side] for rnd in rounds]) for side in sides}
+    if bandwidth:
+        from bench_cases._machine import bandwidth_fraction
+
+        for res in results.values():  # decode speed as a share of what the memory allows
+            if res.get("weight_bytes_per_token") and res.get("decode_tokens_per_s"):
+                res["bandwidth_fraction"] = bandwidth_fraction(res["weight_bytes_per_token"], res["decode_tokens_per_s"], bandwidth)
     report = {"case": args.case, "device": args.device, "dtype": args.dtype, "environment": environment(), "results": results, "ratios": {}}
+    report["environment"]["read_bandwidth_gbs"] = bandwidth
     # per pair: the median over the rounds of the per-round ratio of each metric (and the ratios)
     compared = {f"{a}/{b}": _round_ratios(rounds, a, b, {**metrics, "peak_rss_mb": "lower"}) for a, b in pairs}
     if list(compared) == ["gencli/reference"]:  # the two-side layout: one ratio per metric
@@ -173,7 +188,14 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(report))
         return
     print(f"case {args.case}: {getattr(mod, 'DESCRIPTION', '')}")
-    print(f"device {args.device}, dtype {args.dtype}, " + ", ".join(f"{k} {v}" for k, v in report["environment"].items()))
+    env = dict(report["environment"])
+    caches = " ".join(f"{k} {v}" for k, v in env.pop("caches", {}).items())
+    machine = [f"cpu {env.pop('cpu', '?')}", "isa " + " ".join(env.pop("isa", []) or ["-"]), f"caches {caches}"]
+    if env.get("read_bandwidth_gbs"):
+        machine.append(f"read bandwidth {env.pop('read_bandwidth_gbs')} GB/s at {args.threads or 'default'} thread(s)")
+    env.pop("read_bandwidth_gbs", None)
+    print(f"device {args.device}, dtype {args.dtype}, " + ", ".join(f"{k} {v}" for k, v in env.items()))
+    print("; ".join(machine))
     keys = list(dict.fromkeys([*metrics, *(k for r in results.values() for k in r)]))
     width = max(len(k) for k in keys) + 2
     col = max(14, *(len(s) + 2 for s in sides))

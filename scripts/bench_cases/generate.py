@@ -278,6 +278,38 @@ def _llama_cpp_generator(args, workdir: Path, kind: str, prompt: list[int]):
     return generate, load_s
 
 
+def _module_bytes_per_token(model: torch.nn.Module) -> int:
+    """The bytes of weights one decoding step reads: every parameter and buffer once (the codes and
+    scales of quantized layers as stored), except an input embedding table not tied to the head, of
+    which a token reads one row."""
+    seen, total = set(), 0
+    for t in [*model.parameters(), *model.buffers()]:
+        if t.data_ptr() not in seen and t.numel() > 1:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else getattr(model, "lm_head", None)
+    if embed is not None and getattr(head, "weight", None) is not None and embed.weight.data_ptr() != head.weight.data_ptr():
+        total -= embed.weight.numel() * embed.weight.element_size() - embed.weight[0].numel() * embed.weight.element_size()
+    return total
+
+
+def _gguf_bytes_per_token(workdir: Path, kind: str, folder: Path) -> int:
+    """llama.cpp's counterpart of :func:`_module_bytes_per_token`, from the GGUF file's size: the share
+    of an untied input embedding table (read one row a token) taken out in proportion."""
+    size = _gguf_path(workdir, kind).stat().st_size
+    cfg = json.loads((folder / "config.json").read_text())
+    if cfg.get("tie_word_embeddings", True) and cfg.get("model_type") == "gpt2":
+        return size
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        shapes = {k: f.get_slice(k).get_shape() for k in f.keys()}
+    params = sum(int(torch.tensor(s).prod()) for s in shapes.values())
+    embed = next((s for k, s in shapes.items() if k.endswith("embed_tokens.weight")), None)
+    return int(size * (1 - embed[0] * embed[1] / params)) if embed else size
+
+
 def run(side, args, workdir):
     device, dtype = device_and_dtype(args, side)
     prompt = json.loads((workdir / "prompt.json").read_text())
@@ -315,6 +347,10 @@ def run(side, args, workdir):
             settings = GenerationSettings(max_new_tokens=k, sampling=SamplingParams(temperature=0.0), ignore_eos=True)
             return gencli_generate(tm, [("", prompt)], settings)[0].token_ids
 
+    if side.startswith("llama.cpp-"):
+        weight_bytes = _gguf_bytes_per_token(workdir, side[len("llama.cpp-") :], folder)
+    else:
+        weight_bytes = _module_bytes_per_token(model if side == "reference" else tm.model)
     ids = generate(n)  # warm-up (and the ids to compare)
     generate(1)
     # wall-clock (what a user sees) and process CPU time (stable on a busy machine: with --threads 1
@@ -340,6 +376,8 @@ def run(side, args, workdir):
         "new_tokens": len(ids),
         "ids_checksum": sum((i + 1) * t for i, t in enumerate(ids)) % 1_000_003,
         "peak_rss_mb": _peak_rss_mb(),
+        # bytes of weights one decoded token reads (bench.py turns it into a share of the bandwidth)
+        "weight_bytes_per_token": weight_bytes,
     }
     gpu = peak_gpu_mb(device)
     if gpu is not None:

@@ -1,0 +1,62 @@
+"""What a benchmark ran on: the CPU's model, instruction sets and cache sizes, and the memory read
+bandwidth measured on the spot (a streaming read at the run's thread count), so every figure names
+its machine and a decode speed can be given as a fraction of what the memory allows."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+# the instruction sets that decide which kernels run (as /proc/cpuinfo spells them)
+FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
+def cpu_info() -> dict:
+    """``{"cpu": model name, "isa": [...], "caches": {"L1d": ..., "L2": ..., "L3": ...}}`` (Linux; empty elsewhere)."""
+    info: dict = {}
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return info
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    info["cpu"] = fields.get("model name", "unknown")
+    flags = set(fields.get("flags", "").split())
+    info["isa"] = [f for f in FLAGS if f in flags]
+    caches = {}
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level, kind, size = ((index / n).read_text().strip() for n in ("level", "type", "size"))
+        except OSError:
+            continue
+        if kind != "Instruction":
+            caches[f"L{level}" + ("d" if kind == "Data" else "")] = size
+    info["caches"] = caches
+    return info
+
+
+def read_bandwidth_gbs(threads: int | None = None, megabytes: int = 1024, rounds: int = 5) -> float:
+    """GB/s of a streaming read of a ``megabytes`` fp32 buffer (a sum over it), best of ``rounds``,
+    at ``threads`` torch threads: the memory's speed as a memory-bound kernel on this machine sees it.
+    The buffer is larger than the caches of the CPUs this runs on, so it is read from memory."""
+    import torch
+
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        x = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32)
+        x.sum()  # pages touched before timing
+        best = float("inf")
+        for _ in range(rounds):
+            t = time.perf_counter()
+            x.sum()
+            best = min(best, time.perf_counter() - t)
+        return round(x.numel() * 4 / best / 1e9, 2)
+    finally:
+        torch.set_num_threads(before)
+
+
+def bandwidth_fraction(bytes_per_token: float, tokens_per_s: float, bandwidth_gbs: float) -> float:
+    """The share of the measured read bandwidth a decode speed uses: bytes read a token x tokens/s / bandwidth."""
+    return round(bytes_per_token * tokens_per_s / (bandwidth_gbs * 1e9), 3)
