@@ -274,6 +274,8 @@ def reference_embeddings(folder, texts, pooling="mean", normalize=True, max_leng
     m = batch["attention_mask"].unsqueeze(-1).float()
     if pooling == "mean":
         v = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)
+    elif pooling == "mean_sqrt_len":
+        v = (h * m).sum(1) / m.sum(1).sqrt()
     elif pooling == "cls":
         v = h[:, 0]
     else:
@@ -281,14 +283,17 @@ def reference_embeddings(folder, texts, pooling="mean", normalize=True, max_leng
     return torch.nn.functional.normalize(v, dim=1) if normalize else v
 
 
-@pytest.mark.parametrize("model_type,pooling,normalize", [("bert", "mean_tokens", True), ("roberta", "cls_token", False), ("distilbert", "max_tokens", True)])
+@pytest.mark.parametrize(
+    "model_type,pooling,normalize",
+    [("bert", "mean_tokens", True), ("roberta", "cls_token", False), ("distilbert", "max_tokens", True), ("bert", "mean_sqrt_len_tokens", False)],
+)
 def test_embed_equals_sentence_transformers_style(tmp_path, model_type, pooling, normalize):
     from gencli.pipelines.encoders.embed import embed_texts
 
     folder = tmp_path / "st"
     sentence_transformers_folder(folder, model_type, pooling, normalize)
     enc = load_encoder(folder, device="cpu", dtype="float32")
-    mode = pooling.split("_")[0]
+    mode = pooling.removesuffix("_tokens").removesuffix("_token")
     assert enc.layout.pooling == mode and enc.layout.normalize == normalize
     got = embed_texts(enc, SENTENCES, batch_size=2)  # length-sorted batches, results in input order
     want = reference_embeddings(folder, SENTENCES, mode, normalize)
@@ -366,3 +371,68 @@ def test_bad_input(checkpoints, tmp_path):
     cfg = transformers.GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=1, n_head=2)
     transformers.GPT2LMHeadModel(cfg).save_pretrained(gpt2, safe_serialization=True)
     one_error_line(run_cli("embed", "-m", str(gpt2), "hello"), "gencli generate")
+
+
+def test_sharded_checkpoint_and_texts_file(tmp_path):
+    folder = tmp_path / "sharded"
+    ref = build_checkpoint(folder, "bert", "masked_lm")
+    for f in folder.glob("model*.safetensors*"):
+        f.unlink()
+    ref.save_pretrained(folder, safe_serialization=True, max_shard_size="20KB")
+    assert (folder / "model.safetensors.index.json").is_file()
+    enc = load_encoder(folder, task="masked_lm", device="cpu", dtype="float32")
+    ids = torch.tensor([[2, 10, 4, 12, 3]])
+    with torch.no_grad():
+        torch.testing.assert_close(enc.model(ids), ref(input_ids=ids).logits, atol=1e-4, rtol=1e-4)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the [MASK] sat\n\nhello [MASK]\n")
+    res = run_cli("fill-mask", "-m", str(folder), "--texts-file", str(texts), "--json", "--dtype", "float32")
+    assert res.returncode == 0, res.stderr
+    assert [json.loads(line)["text"] for line in res.stdout.splitlines()] == ["the [MASK] sat", "hello [MASK]"]
+
+
+def test_roberta_window_and_default_dtype(checkpoints):
+    from gencli.pipelines.encoders.embed import embed_texts
+
+    folder, _ = checkpoints[("roberta", "base")]
+    enc = load_encoder(folder, device="cpu", dtype="float32")
+    assert enc.max_length == 64  # 66 positions, the first two below RoBERTa's padding index + 1
+    warnings = []
+    vec = embed_texts(enc, ["the cat " * 80], warn=warnings.append)
+    assert vec.shape == (1, 32) and torch.isfinite(vec).all()
+    assert len(warnings) == 1 and "64-token window" in warnings[0]
+    res = run_cli("embed", "-m", str(folder), "the cat sat", "--json")  # --dtype auto (bf16 where the CPU has it)
+    assert res.returncode == 0, res.stderr
+    auto = torch.tensor(json.loads(res.stdout)["embedding"])
+    want = embed_texts(enc, ["the cat sat"])[0]
+    assert torch.nn.functional.cosine_similarity(auto, want, dim=0) > 0.99
+
+
+def test_keymap_names():
+    from gencli.models.bert import EncoderConfig, keymap
+
+    bert = EncoderConfig.from_hf({"model_type": "bert", "vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2})
+    plan = keymap(bert, "base", keep_pooler=False).plan(
+        ["embeddings.LayerNorm.gamma", "embeddings.position_ids", "pooler.dense.weight", "cls.predictions.bias", "cls.seq_relationship.weight"]
+    )
+    assert set(plan) == {"bert.embeddings.LayerNorm.weight"}
+    distil = EncoderConfig.from_hf({"model_type": "distilbert", "vocab_size": 10, "dim": 8, "n_layers": 1, "n_heads": 2, "hidden_dim": 16})
+    assert (distil.hidden_size, distil.intermediate_size, distil.type_vocab_size) == (8, 16, 0)
+    plan = keymap(distil, "masked_lm", keep_pooler=False).plan(
+        ["distilbert.transformer.layer.0.ffn.lin1.weight", "vocab_projector.weight", "vocab_projector.bias"]
+    )
+    assert set(plan) == {"distilbert.encoder.layer.0.intermediate.dense.weight", "vocab_projector.bias"}
+
+
+@pytest.mark.parametrize("name", ["embed", "fill-mask"])
+def test_command_help_is_torch_free(name):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "gencli", name, "--help"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-500:]
+    assert "--model" in proc.stdout
+    imported = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "typer" in imported and "torch" not in imported

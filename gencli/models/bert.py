@@ -115,6 +115,11 @@ class EncoderConfig:
         return self.model_type in ("roberta", "xlm-roberta")
 
     @property
+    def max_positions(self) -> int:
+        """The most tokens one sequence may have (RoBERTa's positions start past ``padding_idx``)."""
+        return self.max_position_embeddings - (self.pad_token_id + 1 if self.roberta_positions else 0)
+
+    @property
     def prefix(self) -> str:
         return PREFIX[self.model_type]
 
@@ -139,7 +144,7 @@ class Embeddings(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         n = input_ids.shape[1]
-        limit = self.position_embeddings.num_embeddings - (self.cfg.pad_token_id + 1 if self.cfg.roberta_positions else 0)
+        limit = self.cfg.max_positions
         if n > limit:
             raise ValueError(f"{n} tokens are more than the model's {limit} positions")
         x = self.word_embeddings(input_ids) + self.position_embeddings(self.position_ids(input_ids))
@@ -398,6 +403,8 @@ def keymap(cfg: EncoderConfig, head: str, *, keep_pooler: bool) -> KeyMap:
         Drop(r"(^|\.)token_type_ids$"),
         Drop(r"^cls\.seq_relationship\."),
         Rename(r"^(embeddings|encoder|pooler|transformer)\.", p + r".\1."),
+        Rename(r"(LayerNorm|layer_norm)\.gamma$", r"\1.weight"),  # the original TensorFlow conversion's names
+        Rename(r"(LayerNorm|layer_norm)\.beta$", r"\1.bias"),
     ]
     if cfg.model_type == "distilbert":
         layer = rf"^{p}\.transformer\.layer\.(\d+)\."

@@ -151,11 +151,10 @@ def load_encoder(
         )
     finally:
         reader.close()
-    window = cfg.max_position_embeddings - (cfg.pad_token_id + 1 if cfg.roberta_positions else 0)
-    if tokenizer.model_max_length:
-        window = min(window, tokenizer.model_max_length)
-    if layout.max_seq_length:
-        window = min(layout.max_seq_length, cfg.max_position_embeddings)
+    positions = cfg.max_positions
+    window = min(positions, tokenizer.model_max_length) if tokenizer.model_max_length else positions
+    if layout.max_seq_length:  # sentence-transformers' window wins over the tokenizer's
+        window = min(layout.max_seq_length, positions)
     return Encoder(model, tokenizer, placement, cfg, arch, head, Path(path), layout, window, time.perf_counter() - start)
 
 

@@ -24,7 +24,7 @@ def encode_texts(
     if max_length is not None:
         if max_length < 1:
             raise UserError("--max-length must be at least 1")
-        window = min(max_length, enc.config.max_position_embeddings)
+        window = min(max_length, enc.config.max_positions)
     out = [enc.tokenizer.encode(t, max_length=window) for t in texts]
     cut = [e.cut for e in out if e.cut]
     if cut and warn is not None:
