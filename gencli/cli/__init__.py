@@ -76,6 +76,8 @@ from gencli.cli import (  # noqa: E402,F401,I001
     quantize,
     info,
     models,
+    embed,
+    fill_mask,
 )
 
 

@@ -1,0 +1,1 @@
+"""BERT-family encoders (BERT, RoBERTa, DistilBERT): loading, sentence embeddings, fill-mask."""

@@ -1,0 +1,84 @@
+"""Fill-mask with a BERT-family masked-language model: the top-k tokens for each mask, scored and
+spelled as transformers' fill-mask pipeline gives them ({"score", "token", "token_str", "sequence"})."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from gencli.errors import UserError
+from gencli.pipelines.encoders.loading import Encoder, batches_by_length, collate
+from gencli.pipelines.encoders.texts import encode_texts
+
+
+def with_model_mask(enc: Encoder, text: str) -> str:
+    """``text`` with ``[MASK]`` written as the model's own mask token (``<mask>`` for RoBERTa)."""
+    mask = enc.tokenizer.mask_token
+    if mask and mask != "[MASK]":
+        text = text.replace("[MASK]", mask)
+    return text
+
+
+def fill_mask(
+    enc: Encoder,
+    texts: Sequence[str],
+    *,
+    top_k: int = 5,
+    max_length: Optional[int] = None,
+    batch_size: int = 8,
+    warn: Optional[Callable[[str], None]] = None,
+) -> list[list[list[dict[str, Any]]]]:
+    """For each text, one list of predictions per mask token (in text order), each
+    ``{"score", "token", "token_str", "sequence"}``, best first."""
+    tok = enc.tokenizer
+    mask_id = tok.mask_id
+    if mask_id is None:
+        raise UserError(f"the tokenizer of '{enc.path}' has no mask token")
+    if top_k < 1:
+        raise UserError("-k must be at least 1")
+    top_k = min(top_k, enc.config.vocab_size)
+    texts = [with_model_mask(enc, t) for t in texts]
+    for i, t in enumerate(texts):
+        if t.strip() and tok.mask_token not in t:
+            shown = "[MASK]" if tok.mask_token == "[MASK]" else f"[MASK] or {tok.mask_token}"
+            raise UserError(f"text {i + 1} has no mask token: write {shown} where the word to predict goes")
+    encoded = encode_texts(enc, texts, max_length=max_length, warn=warn)
+    for i, e in enumerate(encoded):
+        if mask_id not in e.ids:
+            raise UserError(f"text {i + 1} lost its mask token to truncation: shorten it or raise --max-length")
+    results: list[Any] = [None] * len(texts)
+    pad = tok.pad_id
+    with torch.inference_mode():
+        for batch in batches_by_length([len(e.ids) for e in encoded], batch_size):
+            ids, mask, types = collate([encoded[i] for i in batch], pad, enc.placement.device)
+            logits = enc.model(ids, mask, types).float().cpu()
+            for row, i in enumerate(batch):
+                seq = encoded[i].ids
+                positions = [p for p, t in enumerate(seq) if t == mask_id]
+                probs = logits[row, positions].softmax(dim=-1)
+                values, predictions = probs.topk(top_k)
+                single = len(positions) == 1
+                per_mask = []
+                for m, pos in enumerate(positions):
+                    preds = []
+                    for v, p in zip(values[m].tolist(), predictions[m].tolist()):
+                        filled = list(seq)
+                        filled[pos] = p
+                        filled = [t for t in filled if t != pad]
+                        preds.append(
+                            {
+                                "score": v,
+                                "token": p,
+                                "token_str": tok.decode([p], skip_special_tokens=False),
+                                "sequence": tok.decode(filled, skip_special_tokens=single),
+                            }
+                        )
+                    per_mask.append(preds)
+                results[i] = per_mask
+    return results
+
+
+def mask_count(text: str, mask_token: str) -> int:
+    return len(re.findall(re.escape(mask_token), text))
