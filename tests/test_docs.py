@@ -21,6 +21,7 @@ SHARED_PAGES = {
     "img2img": "txt2img.md",
     "replay": "txt2img.md",
     "models": "info.md",
+    "fill-mask": "embed.md",
 }
 
 README_MAX_LINES = 300
