@@ -322,6 +322,9 @@ _COMMAND_FOR = {
     **dict.fromkeys(
         ("ViTForImageClassification", "DeiTForImageClassification", "DeiTForImageClassificationWithTeacher"), ("an image classifier", "gencli classify")
     ),
+    **dict.fromkeys(
+        ("T5ForConditionalGeneration", "MT5ForConditionalGeneration", "MarianMTModel"), ("a text-to-text model", "gencli text2text or gencli translate")
+    ),
     "CLIPModel": ("an image-text model", "gencli zeroshot or gencli similarity"),
     "TemporalFusionTransformer": ("a forecasting model", "gencli forecast"),
     "ConvVAE": ("a VAE", "gencli sample vae or gencli reconstruct"),

@@ -67,6 +67,7 @@ def _root(
 # Each module registers its command(s) on `app` when imported; the order here is the order in --help.
 from gencli.cli import (  # noqa: E402,F401,I001
     generate,
+    text2text,
     classify,
     zeroshot,
     forecast,

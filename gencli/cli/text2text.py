@@ -1,0 +1,233 @@
+"""`gencli text2text TEXT...` and `gencli translate TEXT...`: T5 and Marian encoder-decoder checkpoints."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from gencli.cli import app
+from gencli.cli.common import RunOptions, at_least, command, option
+from gencli.console import Reporter
+
+# no embedded text-to-text default ships yet: --model is required
+DEFAULT_MODEL: Optional[str] = None
+
+Texts = Annotated[
+    Optional[list[str]], typer.Argument(metavar="TEXT...", help="Input texts, one output each; - reads one input per line from stdin.", show_default=False)
+]
+MaxNew = Annotated[Optional[int], option("--max-new-tokens", help="Most new tokens per input (default: generation_config.json, else 256).", show_default=False)]
+MinNew = Annotated[Optional[int], option("--min-new-tokens", help="Fewest new tokens before the end token may come.", show_default=False)]
+Beams = Annotated[
+    Optional[int],
+    option("--num-beams", help="Beam search with this many beams; 1 = greedy or sampling (default: generation_config.json, else 1).", show_default=False),
+]
+Returns = Annotated[Optional[int], option("--num-return-sequences", help="Outputs per input, the best beams first (at most --num-beams).", show_default=False)]
+LengthPenalty = Annotated[
+    Optional[float], option("--length-penalty", help="Beam scores are divided by length ** this (> 0 favours longer outputs).", show_default=False)
+]
+EarlyStopping = Annotated[
+    Optional[bool], option("--early-stopping/--no-early-stopping", help="Beam search stops once --num-beams hypotheses have ended.", show_default=False)
+]
+NoRepeat = Annotated[Optional[int], option("--no-repeat-ngram-size", help="Never repeat an n-gram of this size; 0 = off.", show_default=False)]
+Temperature = Annotated[
+    Optional[float], option("--temperature", help="Sampling temperature; 0 = greedy (default: generation_config.json, else greedy).", show_default=False)
+]
+TopK = Annotated[Optional[int], option("--top-k", help="Sample among the k most likely tokens; 0 = off (default 50 when sampling).", show_default=False)]
+TopP = Annotated[Optional[float], option("--top-p", help="Nucleus sampling mass in (0, 1]; 1 = off.", show_default=False)]
+RepPenalty = Annotated[
+    Optional[float], option("--repetition-penalty", help="Penalise tokens already generated (> 1 discourages repeats; 1 = off).", show_default=False)
+]
+PromptsFile = Annotated[Optional[str], option("--prompts-file", help="One input per line (- = stdin), run as padded batches.", show_default=False)]
+BatchSize = Annotated[int, option("--batch-size", callback=at_least(1), help="Inputs per batch.")]
+Stream = Annotated[bool, option("--stream", help="Print text as it is generated (greedy and sampling; one input at a time).")]
+NoTruncate = Annotated[bool, option("--no-truncate", help="Refuse inputs longer than the encoder's window instead of truncating them.")]
+
+SEED_HELP = "Seed for sampling: the same seed gives the same text on any device."
+
+
+@command(app, "text2text", seed_help=SEED_HELP)
+def text2text(
+    texts: Texts = None,
+    max_new_tokens: MaxNew = None,
+    min_new_tokens: MinNew = None,
+    num_beams: Beams = None,
+    num_return_sequences: Returns = None,
+    length_penalty: LengthPenalty = None,
+    early_stopping: EarlyStopping = None,
+    no_repeat_ngram_size: NoRepeat = None,
+    temperature: Temperature = None,
+    top_k: TopK = None,
+    top_p: TopP = None,
+    repetition_penalty: RepPenalty = None,
+    prompts_file: PromptsFile = None,
+    batch_size: BatchSize = 8,
+    stream: Stream = False,
+    no_truncate: NoTruncate = False,
+    *,
+    opts: RunOptions,
+) -> None:
+    """Text in, text out with a T5 / Flan-T5 / mT5 or Marian checkpoint: one output line per input.
+
+    Decoding settings not given as flags come from the checkpoint's generation_config.json.
+    Examples:
+
+    gencli text2text -m ./flan-t5-small "summarize: The cat sat on the mat all day long."
+
+    cat questions.txt | gencli text2text -m ./flan-t5-small - --num-beams 4 --json
+    """
+    _run(texts, prompts_file, opts, prefix=None, **_settings(locals()), batch_size=batch_size, stream=stream, truncate=not no_truncate)
+
+
+@command(app, "translate", seed_help=SEED_HELP)
+def translate(
+    texts: Texts = None,
+    source: Annotated[Optional[str], option("--source", help="Source language name, for T5: adds 'translate SOURCE to TARGET: '.", show_default=False)] = None,
+    target: Annotated[Optional[str], option("--target", help="Target language name, for T5 (with --source).", show_default=False)] = None,
+    max_new_tokens: MaxNew = None,
+    min_new_tokens: MinNew = None,
+    num_beams: Beams = None,
+    num_return_sequences: Returns = None,
+    length_penalty: LengthPenalty = None,
+    early_stopping: EarlyStopping = None,
+    no_repeat_ngram_size: NoRepeat = None,
+    temperature: Temperature = None,
+    top_k: TopK = None,
+    top_p: TopP = None,
+    repetition_penalty: RepPenalty = None,
+    prompts_file: PromptsFile = None,
+    batch_size: BatchSize = 8,
+    stream: Stream = False,
+    no_truncate: NoTruncate = False,
+    *,
+    opts: RunOptions,
+) -> None:
+    """Translate with a Marian (opus-mt) checkpoint, or a T5 checkpoint given --source and --target.
+
+    Examples:
+
+    gencli translate -m ./opus-mt-en-de "The weather is nice today."
+
+    gencli translate -m ./t5-small --source English --target German "The house is wonderful."
+    """
+    from gencli.errors import UserError
+
+    if (source is None) != (target is None):
+        raise UserError("--source and --target go together (T5: 'translate SOURCE to TARGET: ')")
+    prefix = f"translate {source} to {target}: " if source is not None else None
+    _run(texts, prompts_file, opts, prefix=prefix, **_settings(locals()), batch_size=batch_size, stream=stream, truncate=not no_truncate)
+
+
+_SETTING_NAMES = ("max_new_tokens", "min_new_tokens", "num_beams", "num_return_sequences", "length_penalty", "early_stopping", "no_repeat_ngram_size",
+                  "temperature", "top_k", "top_p", "repetition_penalty")  # fmt: skip
+
+
+def _settings(local: dict) -> dict:
+    return {k: local[k] for k in _SETTING_NAMES}
+
+
+def _run(texts, prompts_file, opts: RunOptions, *, prefix: Optional[str], batch_size: int, stream: bool, truncate: bool, **flags) -> None:
+    from gencli.errors import UserError
+    from gencli.pipelines.seq2seq.generate import check_flags
+
+    check_flags(**{k: flags[k] for k in ("num_beams", "num_return_sequences", "max_new_tokens", "min_new_tokens", "no_repeat_ngram_size", "temperature",
+                                          "top_k", "top_p", "repetition_penalty")})  # fmt: skip
+    if opts.model is None and DEFAULT_MODEL is None:
+        raise UserError("no model: pass --model with a T5 or Marian checkpoint folder (no embedded text-to-text default ships yet)")
+    inputs = _read_inputs(texts, prompts_file, opts.report)
+    if prefix is not None:
+        inputs = [prefix + t for t in inputs]
+
+    from gencli.pipelines.seq2seq.generate import encode_input, generate, resolve_settings
+    from gencli.pipelines.seq2seq.loading import describe, load_seq2seq_model
+    from gencli.pipelines.text.generate import batch_generator
+    from gencli.weights import resolve_model
+
+    report = opts.report
+    path = resolve_model(opts.model, DEFAULT_MODEL)
+    with report.progress("loading model"):
+        sm = load_seq2seq_model(path, **opts.load_options())
+    report.debug(f"model: {describe(sm)}; loaded in {sm.load_seconds:.2f}s")
+    settings = resolve_settings(sm.generation_config, **flags, eos_ids=sm.eos_ids, seed=opts.seed, warn=report.warn)
+    if stream and settings.beam_search:
+        raise UserError(
+            "--stream prints greedy or sampled text as it comes: beam search knows its best output only at the end (drop --stream or use --num-beams 1)"
+        )
+    seed = None
+    if not settings.sampling.greedy:
+        from gencli.backend.random import new_seed
+
+        seed = opts.seed if opts.seed is not None else new_seed()
+    warned: list[str] = []
+
+    def warn_once(message: str) -> None:
+        if message not in warned:
+            warned.append(message)
+            report.warn(message)
+
+    encoded = [(t, encode_input(sm, t, truncate=truncate, warn=warn_once)) for t in inputs]
+    live = stream and not opts.json
+    size = 1 if live else batch_size
+    many = settings.num_return_sequences > 1
+    with opts.results() as out:
+        for k, start in enumerate(range(0, len(encoded), size)):
+            batch = encoded[start : start + size]
+
+            def on_text(row: int, piece: str) -> None:
+                out.write(piece)
+                out.flush()
+
+            outputs = generate(sm, batch, settings, on_text=on_text if live else None, generator=batch_generator(seed, k))
+            for o in outputs:
+                if opts.json:
+                    from gencli.console import emit_json
+
+                    emit_json(o.as_json(str(sm.path), seed, many=many), out)
+                elif live:
+                    out.write("\n")
+                else:
+                    out.write(o.text.replace("\n", " ") + "\n")
+                out.flush()
+            t = outputs[0].timing
+            report.debug(f"encode {t['encode_s']:.3f}s, decode {t['decode_s']:.3f}s ({t['decode_tokens_per_s'] or 0:.1f} tokens/s), batch of {len(batch)}")
+    if seed is not None:
+        report.debug(f"seed {seed}")
+
+
+def _read_inputs(texts: Optional[list[str]], prompts_file: Optional[str], report: Reporter) -> list[str]:
+    from pathlib import Path
+
+    from gencli.errors import UserError
+
+    if texts and prompts_file is not None:
+        raise UserError("give either TEXT arguments or --prompts-file, not both")
+    if not texts and prompts_file is None:
+        raise UserError("no input: give TEXT arguments, - to read one input per line from stdin, or --prompts-file FILE")
+    lines: list[str] = []
+    if prompts_file is not None:
+        if prompts_file == "-":
+            lines = sys.stdin.read().splitlines()
+        else:
+            p = Path(prompts_file)
+            if not p.is_file():
+                raise UserError(f"prompts file '{p}' does not exist")
+            try:
+                lines = p.read_text(encoding="utf-8").splitlines()
+            except UnicodeDecodeError:
+                raise UserError(f"prompts file '{p}' is not UTF-8 text") from None
+        where = f"'{prompts_file}'"
+    else:
+        for t in texts or []:
+            lines.extend(sys.stdin.read().splitlines() if t == "-" else [t])
+        where = "stdin" if "-" in (texts or []) else "the arguments"
+    inputs = [line for line in lines if line.strip()]
+    if not inputs:
+        raise UserError(f"the input is empty (no text in {where})")
+    if len(inputs) != len(lines):
+        blank = len(lines) - len(inputs)
+        if prompts_file is not None or "-" in (texts or []):
+            report.warn(f"skipped {blank} blank line(s); {len(inputs)} input(s) left")
+        else:
+            raise UserError("the input is empty (an empty TEXT argument)")
+    return inputs

@@ -1,0 +1,431 @@
+"""Text-to-text generation from a loaded :class:`~gencli.pipelines.seq2seq.loading.Seq2SeqModel`.
+
+One decoding loop for T5 and Marian. A batch of sources is right-padded and encoded once; the
+cross-attention keys/values of every decoder layer are projected once from the encoder output; the
+decoder then runs one token per step through a preallocated self-attention KV cache.
+
+- greedy and sampling (temperature, top-k, top-p, min-p, repetition penalty: the processors of
+  :mod:`gencli.pipelines.text.sampling`, the same as ``gencli generate``'s); a row that has ended
+  keeps receiving the pad token, as in transformers;
+- beam search (``num_beams`` > 1) is transformers' vectorised beam search step for step: the top
+  ``2 * num_beams`` continuations of all beams by accumulated log-probability, finished hypotheses
+  scored ``sum(log p) / generated_length ** length_penalty``, ``early_stopping`` True / False /
+  "never" with the same heuristics, ``num_return_sequences`` best hypotheses returned; the cache
+  rows follow the beams they extend.
+
+The logits processors run in transformers' order on the raw logits (greedy, sampling) or on the
+log-probabilities (beam search): repetition penalty, ``no_repeat_ngram_size``, suppressed tokens
+(single-token ``bad_words_ids``), ``min_new_tokens`` (and ``min_length``), the forced end token on the
+last step (``forced_eos_token_id``), then temperature, top-k, top-p. The masks commute with the
+sampling processors, so they are applied first here.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence, Union
+
+import torch
+
+from gencli.errors import UserError
+from gencli.models.seq2seq import reorder_cache
+from gencli.pipelines.seq2seq.loading import Seq2SeqModel
+from gencli.pipelines.text.sampling import SamplingParams, apply_repetition_penalty, next_tokens
+from gencli.tokenizers.stream import IncrementalDetokenizer
+
+DEFAULT_MAX_NEW_TOKENS = 256
+NEG = -1.0e9  # transformers' "never chosen" score in beam search
+
+
+@dataclass
+class Seq2SeqSettings:
+    max_new_tokens: int
+    sampling: SamplingParams
+    min_new_tokens: int = 0
+    num_beams: int = 1
+    num_return_sequences: int = 1
+    length_penalty: float = 1.0
+    early_stopping: Union[bool, str] = False
+    no_repeat_ngram_size: int = 0
+    forced_eos_ids: list[int] = field(default_factory=list)
+    suppressed_ids: list[int] = field(default_factory=list)
+    seed: Optional[int] = None
+
+    @property
+    def beam_search(self) -> bool:
+        return self.num_beams > 1
+
+
+def check_flags(
+    *,
+    num_beams: Optional[int] = None,
+    num_return_sequences: Optional[int] = None,
+    max_new_tokens: Optional[int] = None,
+    min_new_tokens: Optional[int] = None,
+    no_repeat_ngram_size: Optional[int] = None,
+    **sampling: Any,
+) -> None:
+    """Reject out-of-range values before anything is loaded."""
+    from gencli.pipelines.text.generate import check_flags as check_sampling
+
+    check_sampling(max_new_tokens=max_new_tokens, **sampling)
+    if num_beams is not None and num_beams < 1:
+        raise UserError(f"--num-beams must be at least 1 (got {num_beams})")
+    if num_return_sequences is not None and num_return_sequences < 1:
+        raise UserError(f"--num-return-sequences must be at least 1 (got {num_return_sequences})")
+    if num_beams is not None and num_return_sequences is not None and num_return_sequences > num_beams:
+        raise UserError(f"--num-return-sequences ({num_return_sequences}) is more than --num-beams ({num_beams}): at most one sequence per beam")
+    if min_new_tokens is not None and min_new_tokens < 0:
+        raise UserError(f"--min-new-tokens must be >= 0 (got {min_new_tokens})")
+    if no_repeat_ngram_size is not None and no_repeat_ngram_size < 0:
+        raise UserError(f"--no-repeat-ngram-size must be >= 0 (0 = off), got {no_repeat_ngram_size}")
+
+
+def _first(*values: Any) -> Any:
+    return next((v for v in values if v is not None), None)
+
+
+def resolve_settings(
+    gen_cfg: dict[str, Any],
+    *,
+    max_new_tokens: Optional[int] = None,
+    min_new_tokens: Optional[int] = None,
+    num_beams: Optional[int] = None,
+    num_return_sequences: Optional[int] = None,
+    length_penalty: Optional[float] = None,
+    early_stopping: Optional[bool] = None,
+    no_repeat_ngram_size: Optional[int] = None,
+    temperature: Optional[float] = None,
+    top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    repetition_penalty: Optional[float] = None,
+    eos_ids: Sequence[int] = (),
+    seed: Optional[int] = None,
+    warn: Callable[[str], None] = lambda m: None,
+) -> Seq2SeqSettings:
+    """Flags override the checkpoint's generation config, which overrides transformers' defaults.
+
+    ``max_new_tokens``: the flag, else ``max_new_tokens`` of the config, else its ``max_length`` less
+    the decoder start token (transformers' meaning for encoder-decoders), else 256."""
+    from gencli.pipelines.text.generate import resolve_settings as resolve_sampling
+
+    check_flags(
+        num_beams=num_beams, num_return_sequences=num_return_sequences, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
+        no_repeat_ngram_size=no_repeat_ngram_size, temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
+    )  # fmt: skip
+    if max_new_tokens is None:
+        configured = gen_cfg.get("max_new_tokens")
+        if configured is None and gen_cfg.get("max_length") is not None:
+            configured = int(gen_cfg["max_length"]) - 1
+        max_new_tokens = max(1, int(configured)) if configured is not None else DEFAULT_MAX_NEW_TOKENS
+    base = resolve_sampling(gen_cfg, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
+                            seed=seed, warn=warn)  # fmt: skip
+    beams = int(_first(num_beams, gen_cfg.get("num_beams"), 1))
+    returns = int(_first(num_return_sequences, gen_cfg.get("num_return_sequences"), 1))
+    if beams < 1:
+        raise UserError(f"the generation config's num_beams must be at least 1 (got {beams})")
+    if returns > beams:
+        raise UserError(f"--num-return-sequences ({returns}) is more than the {beams} beam(s): at most one sequence per beam (raise --num-beams)")
+    if beams > 1 and not base.sampling.greedy:
+        raise UserError("sampling with beam search is not supported: use --num-beams 1 to sample, or --temperature 0 for beam search")
+    min_new = int(_first(min_new_tokens, gen_cfg.get("min_new_tokens"), 0))
+    if min_new_tokens is None and gen_cfg.get("min_length"):
+        min_new = max(min_new, int(gen_cfg["min_length"]) - 1)
+    stop_early = _first(early_stopping, gen_cfg.get("early_stopping"), False)
+    if stop_early not in (True, False, "never"):
+        raise UserError(f'the generation config\'s early_stopping must be true, false or "never" (got {stop_early!r})')
+    bad = [w[0] for w in gen_cfg.get("bad_words_ids") or [] if isinstance(w, list) and len(w) == 1 and w[0] not in eos_ids]
+    forced = gen_cfg.get("forced_eos_token_id")
+    forced_ids = [int(v) for v in (forced if isinstance(forced, list) else [forced])] if forced is not None else []
+    return Seq2SeqSettings(
+        max_new_tokens=max_new_tokens, sampling=base.sampling, min_new_tokens=min_new, num_beams=beams, num_return_sequences=returns,
+        length_penalty=float(_first(length_penalty, gen_cfg.get("length_penalty"), 1.0)), early_stopping=stop_early,
+        no_repeat_ngram_size=int(_first(no_repeat_ngram_size, gen_cfg.get("no_repeat_ngram_size"), 0)),
+        forced_eos_ids=forced_ids, suppressed_ids=[int(b) for b in bad], seed=seed,
+    )  # fmt: skip
+
+
+# -- inputs -----------------------------------------------------------------------------------------
+def encode_input(sm: Seq2SeqModel, text: str, *, truncate: bool = True, warn: Callable[[str], None] = lambda m: None) -> list[int]:
+    """Token ids of one source text (with the end token the tokenizer appends). A text longer than the
+    encoder's window is cut to fit (its end token kept) with a warning, or refused."""
+    if not text.strip():
+        raise UserError("the input is empty")
+    ids = sm.tokenizer.encode(text, add_special_tokens=True)
+    if not ids:
+        raise UserError("the input encodes to no tokens")
+    limit = sm.max_source_tokens
+    if len(ids) > limit:
+        if not truncate:
+            raise UserError(f"the input is {len(ids)} tokens, the encoder's window is {limit} tokens (--no-truncate): shorten it")
+        tail = [ids[-1]] if ids[-1] in sm.eos_ids else []
+        ids = ids[: limit - len(tail)] + tail
+        warn(f"an input of more than {limit} tokens was truncated to the encoder's window of {limit} tokens")
+    return ids
+
+
+# -- outputs ----------------------------------------------------------------------------------------
+@dataclass
+class Output:
+    prompt: str
+    prompt_ids: list[int]
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: Optional[str] = None  # "stop" (end token) | "length" (budget)
+    index: int = 0  # which of the input's returned sequences (num_return_sequences)
+    score: Optional[float] = None  # beam search: the length-normalised log-probability
+    timing: dict[str, Any] = field(default_factory=dict)
+
+    def as_json(self, model: str, seed: Optional[int], many: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "prompt": self.prompt,
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "finish_reason": self.finish_reason,
+            "usage": {"prompt_tokens": len(self.prompt_ids), "completion_tokens": len(self.token_ids)},
+            "timing": self.timing,
+            "model": model,
+        }
+        if many:
+            out["index"] = self.index
+        if self.score is not None:
+            out["score"] = round(self.score, 6)
+        if seed is not None:
+            out["seed"] = seed
+        return out
+
+
+# -- the logits processors that mask ---------------------------------------------------------------------
+def _banned_ngrams(seqs: list[list[int]], n: int) -> list[list[int]]:
+    """transformers' NoRepeatNGramLogitsProcessor: the tokens that would repeat an n-gram of each row."""
+    out = []
+    for toks in seqs:
+        cur = len(toks)
+        if cur + 1 < n:
+            out.append([])
+            continue
+        grams: dict[tuple[int, ...], list[int]] = {}
+        for gram in zip(*[toks[i:] for i in range(n)]):
+            grams.setdefault(tuple(gram[:-1]), []).append(gram[-1])
+        out.append(grams.get(tuple(toks[cur + 1 - n : cur]), []))
+    return out
+
+
+def _mask_scores(scores: torch.Tensor, seqs: torch.Tensor, settings: Seq2SeqSettings, eos_ids: list[int], step: int) -> torch.Tensor:
+    """Apply the masking processors to ``scores (N, V)`` (fp32) for decoder sequences ``seqs (N, step + 1)``."""
+    n = settings.no_repeat_ngram_size
+    if n > 0:
+        for row, banned in enumerate(_banned_ngrams(seqs.tolist(), n)):
+            if banned:
+                scores[row, banned] = float("-inf")
+    if settings.suppressed_ids:
+        scores[:, settings.suppressed_ids] = float("-inf")
+    if step < settings.min_new_tokens and eos_ids:
+        scores[:, eos_ids] = float("-inf")
+    if settings.forced_eos_ids and step == settings.max_new_tokens - 1:
+        scores.fill_(float("-inf"))
+        scores[:, settings.forced_eos_ids] = 0.0
+    return scores
+
+
+# -- the decoding loop --------------------------------------------------------------------------------------
+@dataclass
+class _Source:
+    input_ids: torch.Tensor  # (B, S), right-padded
+    mask: Optional[torch.Tensor]  # (B, S) True = a real token; None when no row is padded
+
+    @classmethod
+    def build(cls, inputs: Sequence[tuple[str, list[int]]], pad_id: int, device: torch.device) -> "_Source":
+        longest = max(len(ids) for _, ids in inputs)
+        input_ids = torch.full((len(inputs), longest), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(inputs), longest), dtype=torch.bool)
+        for i, (_, ids) in enumerate(inputs):
+            input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            mask[i, : len(ids)] = True
+        return cls(input_ids.to(device), None if bool(mask.all()) else mask.to(device))
+
+
+@torch.inference_mode()
+def generate(
+    sm: Seq2SeqModel,
+    inputs: Sequence[tuple[str, list[int]]],
+    settings: Seq2SeqSettings,
+    *,
+    on_text: Optional[Callable[[int, str], None]] = None,
+    generator: Optional[torch.Generator] = None,
+) -> list[Output]:
+    """Generate for ``inputs`` (``(text, ids)`` pairs) as one batch: ``num_return_sequences`` outputs per
+    input, in input order. ``on_text(row, piece)`` streams text as it becomes final (greedy and
+    sampling only)."""
+    model, device = sm.model, sm.placement.device
+    src = _Source.build(inputs, sm.pad_id, device)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    t0 = time.perf_counter()
+    hidden = model.encode(src.input_ids, src.mask)
+    k = settings.num_beams
+    mask = src.mask
+    if k > 1:
+        hidden = hidden.repeat_interleave(k, dim=0)
+        mask = mask.repeat_interleave(k, dim=0) if mask is not None else None
+    cross_kv = model.cross_attention_kv(hidden)
+    sync()
+    t_encode = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    if k > 1:
+        outputs, steps = _beam_search(sm, inputs, settings, cross_kv, mask)
+    else:
+        outputs, steps = _sample(sm, inputs, settings, cross_kv, mask, on_text, generator)
+    sync()
+    t_decode = time.perf_counter() - t1
+    rows = len(inputs) * k
+    timing = {
+        "load_s": round(sm.load_seconds, 4),
+        "encode_s": round(t_encode, 4),
+        "decode_s": round(t_decode, 4),
+        "decode_tokens_per_s": round(steps * rows / t_decode, 2) if t_decode > 0 and steps else None,
+        "batch_size": len(inputs),
+        "num_beams": k,
+    }
+    for out in outputs:
+        out.timing = dict(timing)
+        if not out.text:
+            out.text = sm.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+    return outputs
+
+
+def _sample(sm: Seq2SeqModel, inputs, settings: Seq2SeqSettings, cross_kv, mask, on_text, generator) -> tuple[list[Output], int]:
+    """Greedy decoding or sampling, one token per row and step."""
+    model, device = sm.model, sm.placement.device
+    b = len(inputs)
+    eos = torch.tensor(sm.eos_ids or [-1], device=device)
+    cache = model.new_cache(b, settings.max_new_tokens + 1)
+    seqs = torch.full((b, 1), sm.decoder_start_id, dtype=torch.long, device=device)
+    unfinished = torch.ones(b, dtype=torch.bool, device=device)
+    outputs = [Output(text, list(ids)) for text, ids in inputs]
+    detoks = [IncrementalDetokenizer(sm.tokenizer) for _ in inputs] if on_text is not None else None
+    params: SamplingParams = settings.sampling
+    steps = 0
+    for step in range(settings.max_new_tokens):
+        logits = model.decode(seqs[:, -1:], cross_kv, mask, cache)[:, -1].float()
+        logits = _mask_scores(logits, seqs, settings, sm.eos_ids, step)
+        tokens = next_tokens(logits, params, generator, seqs if params.repetition_penalty != 1.0 else None)
+        tokens = torch.where(unfinished, tokens, torch.full_like(tokens, sm.pad_id))
+        seqs = torch.cat([seqs, tokens[:, None]], dim=1)
+        steps += 1
+        host, live = tokens.tolist(), unfinished.tolist()
+        for i, (tok, alive) in enumerate(zip(host, live)):
+            if not alive:
+                continue
+            outputs[i].token_ids.append(tok)
+            if tok in sm.eos_ids:
+                outputs[i].finish_reason = "stop"
+            elif detoks is not None:
+                piece = detoks[i].add(tok)
+                if piece:
+                    on_text(i, piece)
+        unfinished &= ~torch.isin(tokens, eos)
+        if not bool(unfinished.any()):
+            break
+    for i, out in enumerate(outputs):
+        if out.finish_reason is None:
+            out.finish_reason = "length"
+        if detoks is not None:
+            tail = detoks[i].flush()
+            if tail:
+                on_text(i, tail)
+    return outputs, steps
+
+
+def _gather(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """transformers' ``_gather_beams``: rows of dim 1 picked by ``index (B, n)``."""
+    while index.dim() < t.dim():
+        index = index.unsqueeze(-1)
+    return torch.take_along_dim(t, index, dim=1)
+
+
+def _beam_search(sm: Seq2SeqModel, inputs, settings: Seq2SeqSettings, cross_kv, mask) -> tuple[list[Output], int]:
+    model, device = sm.model, sm.placement.device
+    b, k = len(inputs), settings.num_beams
+    eos_ids = sm.eos_ids
+    eos = torch.tensor(eos_ids or [-1], device=device)
+    keep = max(2, 1 + len(eos_ids)) * k
+    top_mask = torch.cat((torch.ones(k, dtype=torch.bool), torch.zeros(keep - k, dtype=torch.bool))).to(device)
+    max_length = settings.max_new_tokens + 1  # the decoder start token, then the new tokens
+    lp, early = settings.length_penalty, settings.early_stopping
+    running = torch.full((b, k, max_length), sm.pad_id, dtype=torch.long, device=device)
+    running[:, :, 0] = sm.decoder_start_id
+    sequences = running.clone()
+    running_scores = torch.zeros((b, k), dtype=torch.float, device=device)
+    running_scores[:, 1:] = NEG
+    beam_scores = torch.full((b, k), NEG, dtype=torch.float, device=device)
+    finished = torch.zeros((b, k), dtype=torch.bool, device=device)
+    improvable = torch.ones((b, 1), dtype=torch.bool, device=device)
+    running_idx = torch.full((b, k, max_length - 1), -1, dtype=torch.int32, device=device)
+    beam_idx = running_idx.clone()
+    offset = torch.arange(b, device=device).view(-1, 1) * k
+    cache = model.new_cache(b * k, max_length)
+    cur = 1
+    steps = 0
+    feed = running[:, :, 0].reshape(b * k, 1)
+    params = settings.sampling
+    while True:
+        logits = model.decode(feed, cross_kv, mask, cache)[:, -1].float()
+        steps += 1
+        log_probs = torch.nn.functional.log_softmax(logits, dim=-1)
+        flat = running[:, :, :cur].reshape(b * k, cur)
+        if params.repetition_penalty != 1.0:
+            log_probs = apply_repetition_penalty(log_probs, flat, params.repetition_penalty)
+        log_probs = _mask_scores(log_probs, flat, settings, eos_ids, cur - 1)
+        vocab = log_probs.shape[-1]
+        log_probs = (log_probs.view(b, k, vocab) + running_scores[:, :, None]).reshape(b, k * vocab)
+        # the top continuations of all beams
+        top_lp, top_i = torch.topk(log_probs, k=keep)
+        from_beam = top_i // vocab
+        top_running_idx = _gather(running_idx, from_beam)
+        top_seqs = _gather(running, from_beam)
+        top_ids = top_i % vocab
+        top_seqs[:, :, cur] = top_ids
+        top_running_idx[:, :, cur - 1] = (from_beam + offset).to(torch.int32)
+        hits = torch.isin(top_ids, eos) | (cur + 1 >= max_length)
+        # the beams that go on
+        go_on = top_lp + hits.to(torch.float32) * NEG
+        nxt = torch.topk(go_on, k=k)[1]
+        running, running_scores, running_idx = _gather(top_seqs, nxt), _gather(go_on, nxt), _gather(top_running_idx, nxt)
+        # the hypotheses that end here
+        just_finished = hits & top_mask[None, :]
+        scored = top_lp / ((cur + 1 - 1) ** lp)
+        scored = scored + (torch.all(finished, dim=-1, keepdim=True) & (early is True)).to(torch.float32) * NEG
+        scored = scored + (~improvable).to(torch.float32) * NEG
+        scored = scored + (~just_finished) * NEG
+        merged_seqs = torch.cat((sequences, top_seqs), dim=1)
+        merged_scores = torch.cat((beam_scores, scored), dim=1)
+        merged_idx = torch.cat((beam_idx, top_running_idx), dim=1)
+        merged_finished = torch.cat((finished, just_finished), dim=1)
+        best = torch.topk(merged_scores, k=k)[1]
+        sequences, beam_scores, beam_idx, finished = (
+            _gather(merged_seqs, best),
+            _gather(merged_scores, best),
+            _gather(merged_idx, best),
+            _gather(merged_finished, best),
+        )
+        reorder_cache(cache, running_idx[..., cur - 1].reshape(-1).long())
+        cur += 1
+        # can the running beams still beat the finished ones (transformers' heuristic)?
+        best_len = (max_length - 1) if (early == "never" and lp > 0.0) else (cur - 1)
+        best_running = running_scores[:, :1] / (best_len**lp)
+        worst_finished = torch.where(finished, torch.min(beam_scores, dim=1, keepdim=True)[0], -1.0e9)
+        improvable = improvable & torch.any(best_running > worst_finished, dim=-1, keepdim=True)
+        open_beams = not (bool(torch.all(finished)) and early is True)
+        if not (bool(torch.any(improvable)) and open_beams and not bool(torch.all(hits))):
+            break
+        feed = running[:, :, cur - 1].reshape(b * k, 1)
+    outputs: list[Output] = []
+    seqs_host, idx_host, scores_host = sequences.tolist(), beam_idx.tolist(), beam_scores.tolist()
+    for i, (text, ids) in enumerate(inputs):
+        for r in range(settings.num_return_sequences):
+            n = sum(1 for v in idx_host[i][r] if v != -1)
+            tokens = seqs_host[i][r][1 : 1 + n]
+            reason = "stop" if tokens and tokens[-1] in eos_ids else "length"
+            outputs.append(Output(text, list(ids), token_ids=tokens, finish_reason=reason, index=r, score=scores_host[i][r]))
+    return outputs, steps

@@ -1,0 +1,119 @@
+"""Loading a T5 / mT5 / Marian checkpoint with its tokenizer into a :class:`Seq2SeqModel`."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from gencli.backend.device import DTYPE_NAMES, Placement, choose_placement
+from gencli.errors import UserError
+from gencli.models.seq2seq import Seq2SeqLM
+from gencli.tokenizers.seq2seq import load_seq2seq_tokenizer
+from gencli.tokenizers.text import TextTokenizer, read_json
+
+SUPPORTED = "T5ForConditionalGeneration, MT5ForConditionalGeneration, MarianMTModel"
+WANTED = "a text-to-text model"
+# generation settings an old config.json carries itself (transformers reads them there when the
+# folder has no generation_config.json)
+_GENERATION_KEYS = (
+    "max_length", "max_new_tokens", "min_length", "min_new_tokens", "num_beams", "length_penalty", "early_stopping", "no_repeat_ngram_size",
+    "do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "num_return_sequences", "bad_words_ids", "forced_eos_token_id",
+    "decoder_start_token_id", "eos_token_id", "pad_token_id",
+)  # fmt: skip
+
+
+@dataclass
+class Seq2SeqModel:
+    model: Seq2SeqLM
+    tokenizer: TextTokenizer
+    placement: Placement
+    path: Path
+    family: str  # "t5" | "marian"
+    architecture: str
+    generation_config: dict[str, Any]  # config.json's generation keys, overridden by generation_config.json
+    eos_ids: list[int]
+    pad_id: int
+    decoder_start_id: int
+    max_source_tokens: int  # inputs longer than this are truncated (or refused)
+    load_seconds: float
+
+
+def _ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [int(v) for v in value if v is not None]
+    return [int(value)]
+
+
+def family_of(src) -> tuple[str, str]:
+    """``(family, architecture)`` from config.json; another architecture is a one-line error naming
+    the command that runs it."""
+    from gencli.checkpoints.formats import wrong_family
+    from gencli.models import marian, t5
+
+    config = src.config or {}
+    archs = config.get("architectures") or []
+    arch = archs[0] if isinstance(archs, list) and archs else None
+    model_type = config.get("model_type")
+    if arch in t5.ARCHITECTURES or (arch is None and model_type in t5.MODEL_TYPES):
+        return "t5", arch or "T5ForConditionalGeneration"
+    if arch in marian.ARCHITECTURES or (arch is None and model_type in marian.MODEL_TYPES):
+        return "marian", arch or "MarianMTModel"
+    raise wrong_family(src, WANTED, f"gencli text2text runs {SUPPORTED}")
+
+
+def load_seq2seq_model(path: Path, *, device: str = "auto", dtype: str = "auto", threads: Optional[int] = None, allow_pickle: bool = False) -> Seq2SeqModel:
+    """Load an encoder-decoder checkpoint folder with its tokenizer (the tokenizer first: a missing
+    or corrupt sentencepiece model fails before any weight is read)."""
+    from gencli.checkpoints.formats import open_source, wrong_family
+    from gencli.checkpoints.loader import build_on_meta, load_state
+    from gencli.checkpoints.reader import open_reader
+    from gencli.models import marian, t5
+
+    start = time.perf_counter()
+    src = open_source(path, allow_pickle=allow_pickle)
+    if src.kind == "diffusers-pipeline":
+        raise wrong_family(src, WANTED)
+    if src.config is None:
+        raise wrong_family(src, WANTED, f"gencli text2text runs {SUPPORTED} folders with their config.json")
+    family, arch = family_of(src)
+    folder = src.folder or Path(path)
+    tokenizer = load_seq2seq_tokenizer(folder, family)
+    keys = set(src.tensor_infos()) if not src.is_pickle else set()
+    if family == "t5":
+        cfg: Any = t5.T5Config.from_hf(src.config, has_lm_head="lm_head.weight" in keys)
+        factory, keymap = (lambda: t5.T5ForConditionalGeneration(cfg)), t5.HF_KEYMAP
+        window = int(src.config.get("n_positions") or 512)
+    else:
+        cfg = marian.MarianConfig.from_hf(src.config, has_final_logits_bias="final_logits_bias" in keys or src.is_pickle)
+        factory, keymap = (lambda: marian.MarianMTModel(cfg)), marian.HF_KEYMAP
+        window = cfg.max_position_embeddings
+    placement = choose_placement(device, dtype, "decoder", threads, n_params=src.num_parameters())
+    reader = open_reader(src, allow_pickle=allow_pickle)
+    try:
+        model = load_state(build_on_meta(factory), reader, keymap, device=placement.device, dtype=placement.dtype, config=src.config)
+    finally:
+        reader.close()
+    gen_cfg = {k: src.config[k] for k in _GENERATION_KEYS if src.config.get(k) is not None}
+    gen_cfg.update({k: v for k, v in read_json(folder / "generation_config.json").items() if v is not None})
+    eos = _ids(gen_cfg.get("eos_token_id")) or _ids(src.config.get("eos_token_id"))
+    if not eos and tokenizer.eos_id is not None:
+        eos = [tokenizer.eos_id]
+    pad = next(iter(_ids(gen_cfg.get("pad_token_id")) + _ids(src.config.get("pad_token_id")) + _ids(tokenizer.pad_id) + eos), 0)
+    start_ids = _ids(gen_cfg.get("decoder_start_token_id")) or _ids(src.config.get("decoder_start_token_id")) or [pad]
+    elapsed = time.perf_counter() - start
+    return Seq2SeqModel(model, tokenizer, placement, Path(path), family, arch, gen_cfg, eos, pad, start_ids[0], window, elapsed)
+
+
+def describe(sm: Seq2SeqModel) -> str:
+    dtype = DTYPE_NAMES.get(sm.placement.dtype, sm.placement.dtype)
+    threads = f" ({sm.placement.threads} thread(s))" if sm.placement.device.type == "cpu" and sm.placement.threads else ""
+    return f"{sm.architecture} from '{sm.path}', {dtype} on {sm.placement.device}{threads}"
+
+
+def check_not_empty(text: str) -> None:
+    if not text.strip():
+        raise UserError("the input is empty")

@@ -1,0 +1,322 @@
+"""Encoder-decoder models (T5 v1.0, T5 v1.1, Marian): logits, tokenizers and generated ids equal to
+transformers' on tiny random checkpoints, and the text2text / translate commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests._seq2seq_fixtures import EXTRA_IDS, INPUTS, marian_checkpoint, t5_checkpoint
+from tests.conftest import one_error_line, run_cli
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("seq2seq")
+    return {
+        "t5-v1.0": t5_checkpoint(root / "t5-v1.0", "v1.0", seed=0),
+        "t5-v1.1": t5_checkpoint(root / "t5-v1.1", "v1.1", seed=1),
+        "marian": marian_checkpoint(root / "marian", seed=2),
+    }
+
+
+def _ours(folder: Path):
+    from gencli.pipelines.seq2seq.loading import load_seq2seq_model
+
+    return load_seq2seq_model(folder, device="cpu", dtype="float32")
+
+
+def _reference(folder: Path, family: str):
+    if family == "marian":
+        from transformers import MarianMTModel
+
+        return MarianMTModel.from_pretrained(folder).eval()
+    from transformers import T5ForConditionalGeneration
+
+    return T5ForConditionalGeneration.from_pretrained(folder).eval()
+
+
+def _batch(sm, texts):
+    from gencli.pipelines.seq2seq.generate import encode_input
+
+    encoded = [(t, encode_input(sm, t)) for t in texts]
+    longest = max(len(ids) for _, ids in encoded)
+    input_ids = torch.tensor([ids + [sm.pad_id] * (longest - len(ids)) for _, ids in encoded])
+    mask = torch.tensor([[1] * len(ids) + [0] * (longest - len(ids)) for _, ids in encoded])
+    return encoded, input_ids, mask
+
+
+FAMILIES = [("t5-v1.0", "t5"), ("t5-v1.1", "t5"), ("marian", "marian")]
+
+
+@pytest.mark.parametrize("name,family", FAMILIES)
+def test_encoder_outputs_and_logits_match_transformers(folders, name, family):
+    sm = _ours(folders[name])
+    ref = _reference(folders[name], family)
+    _, input_ids, mask = _batch(sm, INPUTS)
+    dec = torch.randint(3, sm.model.vocab_size - 1, (len(INPUTS), 6), generator=torch.Generator().manual_seed(0))
+    dec[:, 0] = sm.decoder_start_id
+    with torch.no_grad():
+        want_enc = ref.get_encoder()(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        want = ref(input_ids=input_ids, attention_mask=mask, decoder_input_ids=dec).logits
+        got_enc = sm.model.encode(input_ids, mask.bool())
+        got = sm.model(input_ids, dec, mask)
+        # the cached path: the decoder one token at a time gives the same logits
+        cache = sm.model.new_cache(len(INPUTS), 6)
+        kv = sm.model.cross_attention_kv(got_enc)
+        stepped = torch.cat([sm.model.decode(dec[:, i : i + 1], kv, mask.bool(), cache) for i in range(6)], dim=1)
+    real = mask.bool()
+    assert want.abs().max() > 0.1  # a real comparison, not two zero tensors
+    assert torch.allclose(got_enc[real], want_enc[real], atol=1e-4, rtol=0)
+    assert torch.allclose(got, want, atol=1e-4, rtol=0)
+    assert torch.allclose(stepped, want, atol=1e-4, rtol=0)
+
+
+def test_t5_v11_has_its_own_head_and_v10_scales_the_tied_one(folders):
+    v10, v11 = _ours(folders["t5-v1.0"]).model, _ours(folders["t5-v1.1"]).model
+    assert v10.lm_head.weight is v10.shared.weight and v10.output_scale == pytest.approx(32**-0.5)
+    assert v11.lm_head.weight is not v11.shared.weight and v11.output_scale is None
+    assert v11.config.is_gated and v11.config.activation == "gelu_new"
+
+
+def test_marian_with_separate_vocabularies_matches(tmp_path):
+    folder = marian_checkpoint(tmp_path / "marian-separate", seed=3, shared=False)
+    sm = _ours(folder)
+    ref = _reference(folder, "marian")
+    assert sm.model.model.encoder.embed_tokens is not sm.model.model.decoder.embed_tokens
+    _, input_ids, mask = _batch(sm, INPUTS)
+    dec = torch.full((len(INPUTS), 3), sm.decoder_start_id)
+    dec[:, 1:] = torch.tensor([[5, 9], [7, 3], [11, 2], [4, 4]])
+    with torch.no_grad():
+        assert torch.allclose(sm.model(input_ids, dec, mask), ref(input_ids=input_ids, attention_mask=mask, decoder_input_ids=dec).logits, atol=1e-4)
+
+
+def test_marian_positions_are_transformers_table():
+    from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
+
+    from gencli.models.marian import marian_positions
+
+    for dim in (32, 33):
+        ref = MarianSinusoidalPositionalEmbedding(40, dim)
+        assert torch.equal(marian_positions(40, dim), ref.create_weight())
+
+
+TEXTS = INPUTS + ["Zebra <extra_id_0> quux </s> x", "  leading   spaces", "ünïcode 3.14", "a\tb\nc"]
+
+
+def test_t5_spiece_tokenizer_matches_transformers(folders):
+    from transformers import T5Tokenizer
+
+    from gencli.tokenizers.seq2seq import T5SentencePieceTokenizer, load_seq2seq_tokenizer
+
+    folder = folders["t5-v1.0"]
+    ref = T5Tokenizer.from_pretrained(folder, extra_ids=EXTRA_IDS)
+    ours = load_seq2seq_tokenizer(folder, "t5")
+    assert isinstance(ours, T5SentencePieceTokenizer)
+    seen = set()
+    for text in TEXTS:
+        want = ref(text).input_ids
+        assert ours.encode(text) == want, text
+        assert ours.decode(want) == ref.decode(want, skip_special_tokens=True), text
+        seen.add(tuple(want))
+    # a sane reference: real ids (not all unknown), the end token last, a different encoding per input
+    assert len(seen) == len(TEXTS)
+    first = ref(INPUTS[0]).input_ids
+    assert len(first) > 5 and first[-1] == 1 and 2 not in first
+    assert ours.encode("<extra_id_0>") == [ref.convert_tokens_to_ids("<extra_id_0>"), 1] == [ours.vocab_size - 1, 1]
+
+
+def test_t5_tokenizer_json_folder_gives_the_same_ids(tmp_path, folders):
+    from gencli.tokenizers.seq2seq import load_seq2seq_tokenizer
+
+    folder = t5_checkpoint(tmp_path / "t5-json", "v1.0", seed=0, tokenizer="json")
+    assert (folder / "tokenizer.json").is_file() and not (folder / "spiece.model").exists()
+    spiece = load_seq2seq_tokenizer(folders["t5-v1.0"], "t5")
+    tj = load_seq2seq_tokenizer(folder, "t5")
+    for text in INPUTS:
+        assert tj.encode(text) == spiece.encode(text)
+        assert tj.decode(spiece.encode(text)) == spiece.decode(spiece.encode(text))
+
+
+def test_marian_tokenizer_matches_transformers(folders):
+    from transformers import MarianTokenizer as Reference
+
+    from gencli.tokenizers.seq2seq import MarianTokenizer, load_seq2seq_tokenizer
+
+    folder = folders["marian"]
+    ref = Reference(str(folder / "source.spm"), str(folder / "target.spm"), str(folder / "vocab.json"))
+    ours = load_seq2seq_tokenizer(folder, "marian")
+    assert isinstance(ours, MarianTokenizer)
+    vocab = json.loads((folder / "vocab.json").read_text())
+    seen = set()
+    for text in TEXTS:
+        want = ref(text).input_ids
+        assert ours.encode(text) == want, text
+        seen.add(tuple(want))
+    assert len(seen) == len(TEXTS)
+    first = ref(INPUTS[0]).input_ids
+    assert len(first) > 5 and first[-1] == vocab["</s>"] and vocab["<unk>"] not in first
+    target = [vocab[p] for p in ("▁oben", "▁links") if p in vocab] + [vocab["</s>"], vocab["<pad>"]]
+    assert ours.decode(target) == ref.decode(target, skip_special_tokens=True)
+
+
+def _generated(sm, want: torch.Tensor) -> list[list[int]]:
+    """transformers' output rows as gencli reports them: after the start token, up to the end token."""
+    rows = []
+    for row in want.tolist():
+        row = row[1:]
+        if any(t in sm.eos_ids for t in row):
+            row = row[: next(i for i, t in enumerate(row) if t in sm.eos_ids) + 1]
+        else:
+            while row and row[-1] == sm.pad_id:
+                row.pop()
+        rows.append(row)
+    return rows
+
+
+CASES = [
+    {},
+    {"num_beams": 4},
+    {"num_beams": 4, "no_repeat_ngram_size": 2},
+    {"num_beams": 4, "num_return_sequences": 2},
+    {"min_new_tokens": 9},
+    {"num_beams": 4, "length_penalty": 0.6, "early_stopping": True},
+]
+
+
+@pytest.mark.parametrize("name,family", FAMILIES)
+def test_generated_ids_equal_transformers(folders, name, family):
+    from gencli.pipelines.seq2seq.generate import generate, resolve_settings
+
+    sm = _ours(folders[name])
+    ref = _reference(folders[name], family)
+    encoded, input_ids, mask = _batch(sm, INPUTS)
+    distinct = set()
+    for case in CASES:
+        beams = case.get("num_beams", 1)
+        settings = resolve_settings(sm.generation_config, max_new_tokens=12, eos_ids=sm.eos_ids, num_beams=beams, temperature=0.0,
+                                    **{k: v for k, v in case.items() if k != "num_beams"})  # fmt: skip
+        got = [o.token_ids for o in generate(sm, encoded, settings)]
+        with torch.no_grad():
+            want = ref.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=12, do_sample=False, num_beams=beams,
+                                **{k: v for k, v in case.items() if k != "num_beams"})  # fmt: skip
+        assert got == _generated(sm, want), (name, case)
+        distinct.update(tuple(g) for g in got)
+        if "min_new_tokens" in case:
+            assert all(len(g) >= 9 for g in got)
+    assert len(distinct) > len(INPUTS)  # the outputs vary by input and by setting
+
+
+def test_marian_defaults_come_from_generation_config(folders):
+    from gencli.pipelines.seq2seq.generate import generate, resolve_settings
+
+    sm = _ours(folders["marian"])
+    settings = resolve_settings(sm.generation_config, eos_ids=sm.eos_ids)
+    assert settings.num_beams == 4 and settings.max_new_tokens == 63 and settings.suppressed_ids == [sm.pad_id] and settings.forced_eos_ids == [0]
+    encoded, input_ids, mask = _batch(sm, INPUTS[:2])
+    got = [o.token_ids for o in generate(sm, encoded, resolve_settings(sm.generation_config, eos_ids=sm.eos_ids, max_new_tokens=10))]
+    with torch.no_grad():
+        want = _reference(folders["marian"], "marian").generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=10)
+    assert got == _generated(sm, want)
+    assert all(g[-1] == 0 for g in got)  # the forced end token on the last step at the latest
+
+
+def test_seeded_sampling_draws_like_transformers(folders):
+    """Sampling draws from a CPU generator seeded like torch's global one: on a CPU, the same
+    seed gives transformers' tokens (top-k 50 and the temperature as transformers applies them)."""
+    from gencli.backend.random import make_generator
+    from gencli.pipelines.seq2seq.generate import generate, resolve_settings
+
+    sm = _ours(folders["t5-v1.0"])
+    ref = _reference(folders["t5-v1.0"], "t5")
+    encoded, input_ids, mask = _batch(sm, INPUTS)
+    settings = resolve_settings(sm.generation_config, max_new_tokens=10, eos_ids=sm.eos_ids, temperature=0.8, top_p=0.9)
+    got = [o.token_ids for o in generate(sm, encoded, settings, generator=make_generator(7)[0])]
+    torch.manual_seed(7)
+    with torch.no_grad():
+        want = ref.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=10, do_sample=True, temperature=0.8, top_p=0.9, top_k=50)
+    assert got == _generated(sm, want)
+
+
+def test_truncation_of_long_inputs(folders):
+    from gencli.errors import UserError
+    from gencli.pipelines.seq2seq.generate import encode_input
+
+    sm = _ours(folders["marian"])
+    warned = []
+    ids = encode_input(sm, " ".join(["a small red star"] * 40), warn=warned.append)
+    assert len(ids) == sm.max_source_tokens == 64 and ids[-1] == 0 and warned
+    with pytest.raises(UserError, match="window"):
+        encode_input(sm, " ".join(["a small red star"] * 40), truncate=False)
+
+
+# -- the commands ---------------------------------------------------------------------------------
+def test_text2text_writes_one_line_per_input_and_json_records(folders):
+    folder = str(folders["t5-v1.0"])
+    plain = run_cli("text2text", "-m", folder, INPUTS[0], INPUTS[2], "-n", "6")
+    assert plain.returncode == 0, plain.stderr
+    assert len(plain.stdout.splitlines()) == 2
+    piped = run_cli("text2text", "-m", folder, "-", "-n", "6", "--json", input=f"{INPUTS[0]}\n{INPUTS[2]}\n")
+    assert piped.returncode == 0, piped.stderr
+    records = [json.loads(line) for line in piped.stdout.splitlines()]
+    assert [r["prompt"] for r in records] == [INPUTS[0], INPUTS[2]]
+    assert [r["text"] for r in records] == plain.stdout.splitlines()
+    for r in records:
+        assert set(r) >= {"prompt", "text", "token_ids", "finish_reason", "usage", "timing"}
+        assert r["usage"]["completion_tokens"] == len(r["token_ids"]) and r["finish_reason"] in ("stop", "length")
+    beams = run_cli("text2text", "-m", folder, INPUTS[0], "-n", "6", "--num-beams", "3", "--num-return-sequences", "2", "--json")
+    assert beams.returncode == 0, beams.stderr
+    assert [json.loads(line)["index"] for line in beams.stdout.splitlines()] == [0, 1]
+
+
+def test_stream_prints_the_same_text(folders, tmp_path):
+    folder = str(folders["t5-v1.1"])
+    prompts = tmp_path / "inputs.txt"
+    prompts.write_text(f"{INPUTS[0]}\n\n{INPUTS[3]}\n")
+    batch = run_cli("text2text", "-m", folder, "--prompts-file", str(prompts), "-n", "8")
+    streamed = run_cli("text2text", "-m", folder, "--prompts-file", str(prompts), "-n", "8", "--stream")
+    assert batch.returncode == 0 and streamed.returncode == 0, batch.stderr + streamed.stderr
+    assert streamed.stdout == batch.stdout and len(batch.stdout.splitlines()) == 2
+    assert "blank line" in batch.stderr
+
+
+def test_translate_adds_t5_prefix_and_runs_marian(folders):
+    t5 = run_cli("translate", "-m", str(folders["t5-v1.0"]), "a big green heart in the middle.", "--source", "English", "--target", "German", "-n", "6",
+                 "--json")  # fmt: skip
+    assert t5.returncode == 0, t5.stderr
+    assert json.loads(t5.stdout)["prompt"] == "translate English to German: a big green heart in the middle."
+    marian = run_cli("translate", "-m", str(folders["marian"]), INPUTS[0], "-n", "6")
+    assert marian.returncode == 0, marian.stderr
+    assert len(marian.stdout.splitlines()) == 1
+
+
+def test_bad_inputs_are_one_line_exit_2(folders, tmp_path):
+    from tests._text_fixtures import gpt2_checkpoint
+
+    t5 = str(folders["t5-v1.0"])
+    one_error_line(run_cli("text2text", "hello"), "--model")
+    one_error_line(run_cli("text2text", "-m", t5, ""), "empty")
+    one_error_line(run_cli("text2text", "-m", t5, "-", input="\n\n"), "empty")
+    one_error_line(run_cli("text2text", "-m", t5, "x", "--num-beams", "0"), "--num-beams")
+    one_error_line(run_cli("text2text", "-m", t5, "x", "--num-beams", "2", "--num-return-sequences", "3"), "--num-return-sequences")
+    one_error_line(run_cli("translate", "-m", t5, "x", "--source", "English"), "--target")
+    gpt2 = tmp_path / "gpt2"
+    gpt2_checkpoint(gpt2)
+    one_error_line(run_cli("text2text", "-m", str(gpt2), "x"), "gencli generate")
+    long = " ".join(["a small red star"] * 40)
+    one_error_line(run_cli("translate", "-m", str(folders["marian"]), long, "--no-truncate"), "window")
+    truncated = run_cli("translate", "-m", str(folders["marian"]), long, "-n", "4")
+    assert truncated.returncode == 0 and "truncated" in truncated.stderr
+    broken = tmp_path / "t5-broken"
+    broken.mkdir()
+    for f in folders["t5-v1.0"].iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
+    (broken / "spiece.model").write_bytes(b"not a sentencepiece model")
+    one_error_line(run_cli("text2text", "-m", str(broken), "x"), "sentencepiece")
+    (broken / "spiece.model").unlink()
+    one_error_line(run_cli("text2text", "-m", str(broken), "x"), "spiece.model")
