@@ -121,8 +121,9 @@ def test_unet_config_round_trip_and_refusals():
 @pytest.mark.parametrize(
     "overrides",
     [{}, {"variance_type": "fixed_large", "beta_schedule": "scaled_linear", "prediction_type": "v_prediction"},
-     {"clip_sample": False, "prediction_type": "sample", "timestep_spacing": "trailing"}],
-    ids=["fixed_small", "fixed_large-v", "sample-trailing"],
+     {"clip_sample": False, "prediction_type": "sample", "timestep_spacing": "trailing"},
+     {"clip_sample_range": 0.5, "beta_schedule": "squaredcos_cap_v2", "variance_type": "fixed_small_log", "timestep_spacing": "linspace"}],
+    ids=["fixed_small", "fixed_large-v", "sample-trailing", "cosine-clip-range"],
 )  # fmt: skip
 def test_ddpm_images_match_diffusers_ddpm_pipeline(folders, tmp_path, overrides):
     from gencli.pipelines.ddpm import sampling
