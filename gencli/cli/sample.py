@@ -15,6 +15,7 @@ from gencli.cli.common import RunOptions, command
 class Family(str, enum.Enum):
     vae = "vae"
     gan = "gan"
+    ddpm = "ddpm"
 
 
 DEFAULTS = {"vae": "vae-shapes", "gan": "gan-shapes"}
@@ -22,7 +23,7 @@ DEFAULTS = {"vae": "vae-shapes", "gan": "gan-shapes"}
 
 @command(app, "sample")
 def sample(
-    family: Annotated[Family, typer.Argument(help="vae or gan.", show_default=False)],
+    family: Annotated[Family, typer.Argument(help="vae, gan, or ddpm (a diffusers DDPM/DDIM pipeline folder given with --model).", show_default=False)],
     n: Annotated[int, typer.Option("-n", "--num", help="Samples (seeds --seed, --seed+1, ...).")] = 16,
     seeds: Annotated[Optional[str], typer.Option("--seeds", help="Exact seeds, e.g. 0-15,40 (each seed always the same image).")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="The grid PNG (or GIF with --gif). Default: samples.png / samples.gif.")] = None,
@@ -37,11 +38,17 @@ def sample(
     ] = 1.0,
     temperature: Annotated[float, typer.Option("--temperature", help="VAE: scale of the prior's latents (below 1: smoother, more average samples).")] = 1.0,
     force: Annotated[bool, typer.Option("--force", "-f", help="Overwrite existing outputs.")] = False,
+    steps: Annotated[Optional[int], typer.Option("--steps", help="DDPM: denoising steps (default: 1000 for ddpm, 50 for ddim).")] = None,
+    sampler: Annotated[Optional[str], typer.Option("--sampler", help="DDPM: ddpm, ddim or another gencli sampler (default: the model's).")] = None,
+    eta: Annotated[Optional[float], typer.Option("--eta", help="DDPM with --sampler ddim: noise in [0, 1] (0 deterministic, 1 DDPM-like).")] = None,
+    batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="DDPM: images denoised together (1 keeps every seed's bytes fixed).")] = None,
+    class_label: Annotated[Optional[int], typer.Option("--class-label", help="DDPM: the class of a class-conditional model.")] = None,
     *,
     opts: RunOptions,
 ) -> None:
     """Sample images from a VAE or a GAN (default: the embedded shapes models) into a grid, one PNG
-    per sample, or a latent walk. With --json: one line per written file with its seed(s)."""
+    per sample, or a latent walk; or from a pixel-space DDPM/DDIM pipeline folder (ddpm, -o may hold
+    {i} and {seed}). With --json: one line per written file with its seed(s)."""
     from gencli.backend.random import new_seed
     from gencli.console import emit_json
     from gencli.errors import UserError
@@ -50,6 +57,22 @@ def sample(
     from gencli.weights import resolve_model
 
     fam = family.value
+    if fam == "ddpm":
+        from gencli.pipelines.ddpm.jobs import DDPMRequest, run
+
+        other = {"--interpolate": interpolate is not None, "--gif": gif, "--truncation": truncation != 1.0, "--temperature": temperature != 1.0}
+        req = DDPMRequest(opts.model, n, seeds, opts.seed, None if out is None else str(out), None if out_dir is None else str(out_dir), nrow, steps,
+                          sampler, eta, batch_size, class_label, force, other)  # fmt: skip
+        for record in run(req, opts.report, opts.load_options(), new_seed=new_seed):
+            if opts.json:
+                emit_json(record)
+            else:
+                opts.report.say(f"wrote {record['file']}")
+        return
+    ddpm_only = {"--steps": steps, "--sampler": sampler, "--eta": eta, "--batch-size": batch_size, "--class-label": class_label}
+    given = [flag for flag, value in ddpm_only.items() if value is not None]
+    if given:
+        raise UserError(f"{given[0]} is for sample ddpm, not {fam}")
     if not 1 <= n <= sampling.MAX_SAMPLES:
         raise UserError(f"-n must be between 1 and {sampling.MAX_SAMPLES}, got {n}")
     if fam == "gan" and not 0.0 < truncation <= 1.0:

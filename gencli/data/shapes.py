@@ -543,6 +543,21 @@ def render_scene(scene: Scene, size: Union[int, Sequence[int]] = 64) -> np.ndarr
     return np.clip(np.rint(canvas), 0, 255).astype(np.uint8)
 
 
+def shape_coverage(shape: str, x: float, y: float, diameter: float, rotation: float = 0.0, size: Union[int, Sequence[int]] = 64) -> np.ndarray:
+    """The anti-aliased coverage (0..1, ``(H, W)`` float32) of one ``shape`` drawn as a scene draws it:
+    centre ``(x, y)`` and ``diameter`` relative to the image (as in :class:`ShapeObject`), ``rotation``
+    in degrees counter-clockwise. Shape templates for judging generated images against the world's shapes."""
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape '{shape}' (known: {', '.join(SHAPES)})")
+    width, height = _size_pair(size)
+    obj = ShapeObject(shape, "white", "medium", "center", float(x), float(y), float(diameter), float(rotation), (255, 255, 255))
+    out = np.zeros((height, width), np.float32)
+    alpha, left, top = _coverage(obj, width, height, _supersampling(min(width, height)))
+    if alpha.size:
+        out[top : top + alpha.shape[0], left : left + alpha.shape[1]] = alpha
+    return out
+
+
 @dataclass(frozen=True)
 class Sample:
     """A rendered scene: ``image`` (H, W, 3) uint8 and its ``scene``; unpacks as ``image, scene``."""
@@ -605,6 +620,7 @@ __all__ = [
     "render",
     "render_scene",
     "render_batch",
+    "shape_coverage",
     "split_seeds",
     "split_of",
     "allowed_colours",

@@ -1,0 +1,1 @@
+"""Pixel-space diffusion (DDPM / DDIM): diffusers ``DDPMPipeline`` / ``DDIMPipeline`` folders sampled seed by seed."""

@@ -1,0 +1,173 @@
+"""``gencli sample ddpm`` from its options to written PNGs: the seeds, the output files (checked before
+anything loads), the settings (checked against the model before its weights load), the sampling
+and the files. The command parses options and renders the records :func:`run` yields.
+
+- Seeds: ``--seeds 0-7,12`` lists them; ``--seed S -n N`` gives ``S, ..., S+N-1``; no seed draws one.
+- Outputs: ``--out-dir DIR`` writes ``DIR/ddpm-seed{seed}.png`` per image; ``-o`` with ``{i}`` (index
+  from 0) and/or ``{seed}`` writes one PNG per image by that pattern; ``-o FILE`` without them writes
+  one image when there is one and a grid (``--nrow`` per row) otherwise; default ``samples.png``.
+  An existing file is never replaced without ``--force``; two images may not share a name.
+- Every PNG carries the settings in the ``parameters`` text other Stable Diffusion front ends write
+  (empty prompt, steps, sampler, seed, size, model and its hash, DDIM's eta, the class label).
+"""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+from gencli.errors import UserError
+from gencli.io import ensure_writable
+
+MAX_SAMPLES = 4096
+FAMILY = "ddpm"
+NO_DEFAULT = "gencli sample ddpm has no embedded default model yet: pass --model FOLDER (a diffusers DDPMPipeline or DDIMPipeline folder)"
+
+
+@dataclass
+class DDPMRequest:
+    """The options of one ``gencli sample ddpm`` run (None: not given)."""
+
+    model: Optional[str] = None
+    n: Optional[int] = None
+    seeds: Optional[str] = None
+    seed: Optional[int] = None
+    out: Optional[str] = None
+    out_dir: Optional[str] = None
+    nrow: Optional[int] = None
+    steps: Optional[int] = None
+    sampler: Optional[str] = None
+    eta: Optional[float] = None
+    batch_size: Optional[int] = None
+    class_label: Optional[int] = None
+    force: bool = False
+    other_flags: dict[str, bool] = field(default_factory=dict)  # flags of the other families: given or not
+
+
+@dataclass
+class SamplePlan:
+    """The seeds and where their images go: one file per image, or one grid file."""
+
+    seeds: list[int]
+    files: list[Path] = field(default_factory=list)  # one per seed (empty for a grid)
+    grid: Optional[Path] = None
+    nrow: int = 1
+
+
+def _parse_seeds(spec: str) -> list[int]:
+    from gencli.pipelines.diffusion.jobs import parse_seeds
+
+    seeds = parse_seeds(spec)
+    if len(seeds) > MAX_SAMPLES:
+        raise UserError(f"--seeds '{spec}' names more than {MAX_SAMPLES} seeds")
+    return seeds
+
+
+def _placeholders(pattern: str) -> list[str]:
+    try:
+        return [f for _, f, _, _ in string.Formatter().parse(pattern) if f is not None]
+    except ValueError as exc:
+        raise UserError(f"-o/--out {pattern!r}: {exc} (use {{i}} and {{seed}}; double a literal brace)") from None
+
+
+def plan_outputs(req: DDPMRequest, new_seed: Callable[[], int]) -> SamplePlan:
+    """The seeds and output files of ``req``, every file checked (see the module doc)."""
+    if req.seeds is not None:
+        seeds = _parse_seeds(req.seeds)  # -n is not used with --seeds (as in sample vae|gan)
+    else:
+        n = 16 if req.n is None else req.n
+        if not 1 <= n <= MAX_SAMPLES:
+            raise UserError(f"-n must be between 1 and {MAX_SAMPLES}, got {n}")
+        base = req.seed if req.seed is not None else new_seed()
+        if base < 0:
+            raise UserError("--seed must be >= 0")
+        seeds = [(base + k) % 2**32 for k in range(n)]
+    if req.out is not None and req.out_dir is not None:
+        raise UserError("give -o/--out (a grid or a file pattern) or --out-dir (one PNG per sample), not both")
+    if req.out_dir is not None:
+        folder = Path(req.out_dir)
+        if folder.exists() and not folder.is_dir():
+            raise UserError(f"--out-dir '{folder}' is not a directory")
+        pattern: Optional[str] = str(folder / f"{FAMILY}-seed{{seed}}.png")
+    else:
+        pattern = str(req.out) if req.out is not None else "samples.png"
+        fields = _placeholders(pattern)
+        bad = [f for f in fields if f not in ("i", "seed") and not f.startswith(("i:", "seed:"))]
+        if bad:
+            raise UserError(f"-o/--out {pattern!r}: unknown placeholder {{{bad[0]}}} (use {{i}} and {{seed}})")
+        if not fields:
+            target = ensure_writable(pattern, req.force)
+            if len(seeds) == 1:
+                return SamplePlan(seeds, files=[target])
+            nrow = req.nrow or max(1, round(len(seeds) ** 0.5))
+            return SamplePlan(seeds, grid=target, nrow=nrow)
+    files: list[Path] = []
+    seen: dict[str, int] = {}
+    for i, s in enumerate(seeds):
+        try:
+            name = pattern.format(i=i, seed=s)
+        except (ValueError, KeyError, IndexError) as exc:
+            raise UserError(f"-o/--out {pattern!r}: {exc}") from None
+        if name in seen:
+            raise UserError(f"-o/--out {pattern!r} gives images {seen[name]} and {i} the same name '{name}': add {{i}} to it")
+        seen[name] = i
+        if req.out_dir is not None:
+            if Path(name).exists() and not req.force:
+                raise UserError(f"output '{name}' already exists (use --force to overwrite)")
+            files.append(Path(name))
+        else:
+            files.append(ensure_writable(name, req.force))
+    return SamplePlan(seeds, files=files)
+
+
+def check_request(req: DDPMRequest) -> None:
+    """What can be checked before the model is looked at."""
+    given = [flag for flag, on in req.other_flags.items() if on]
+    if given:
+        raise UserError(f"{given[0]} is for sample vae|gan, not ddpm")
+    if req.model is None:
+        raise UserError(NO_DEFAULT)
+    if req.steps is not None and req.steps < 1:
+        raise UserError(f"--steps must be at least 1, got {req.steps}")
+    if req.eta is not None and not 0.0 <= req.eta <= 1.0:
+        raise UserError(f"--eta must lie in [0, 1] (0: deterministic DDIM, 1: DDPM-like noise), got {req.eta}")
+    if req.batch_size is not None and req.batch_size < 1:
+        raise UserError(f"--batch-size must be at least 1, got {req.batch_size}")
+    if req.sampler is not None:
+        from gencli.schedulers import resolve_sampler
+
+        resolve_sampler(req.sampler)
+
+
+def run(req: DDPMRequest, report: Any, load_options: dict[str, Any], *, new_seed: Callable[[], int]) -> Iterator[dict[str, Any]]:
+    """Check, plan, load, sample and write; yield one JSON record per written file.
+
+    ``report``: a :class:`gencli.console.Reporter` (progress bar, debug lines)."""
+    check_request(req)
+    plan = plan_outputs(req, new_seed)
+    from gencli.pipelines.ddpm import loading, outputs, sampling
+    from gencli.schedulers import resolve_sampler
+
+    checkpoint = loading.inspect_pipeline(req.model, allow_pickle=bool(load_options.get("allow_pickle")))
+    sampler = resolve_sampler(req.sampler).name if req.sampler is not None else checkpoint.default_sampler
+    if req.eta is not None and resolve_sampler(sampler).class_name != "DDIMScheduler":
+        raise UserError(f"--eta is DDIM's: it does nothing with --sampler {sampler} (use --sampler ddim)")
+    eta = req.eta if req.eta is not None else 0.0
+    steps = req.steps if req.steps is not None else sampling.default_steps(checkpoint, sampler)
+    sampling.check_settings(checkpoint, sampler, steps, eta, req.class_label)
+
+    loaded = loading.open_ddpm(checkpoint, **load_options)
+    report.debug(f"sample ddpm: {loaded.path} on {loaded.placement.describe()}, {sampler}, {steps} steps")
+    with report.progress(f"sampling ddpm ({sampler}, {steps} steps)", total=len(plan.seeds) * steps) as advance:
+        images = sampling.generate(
+            loaded, plan.seeds, sampler=sampler, steps=steps, eta=eta, class_label=req.class_label, batch_size=req.batch_size or 1,
+            on_step=lambda _n: advance(),
+        )  # fmt: skip
+    settings = sampling.settings_record(checkpoint, sampler, steps, eta, req.class_label)
+    yield from outputs.write_samples(plan, images, loaded, sampler=sampler, steps=steps, eta=eta, class_label=req.class_label, settings=settings,
+                                     force=req.force)  # fmt: skip
+
+
+__all__ = ["DDPMRequest", "SamplePlan", "plan_outputs", "check_request", "run", "NO_DEFAULT", "MAX_SAMPLES"]

@@ -1,0 +1,259 @@
+"""Pixel-space diffusion (``gencli sample ddpm``): diffusers' UNet2DModel on the shared blocks, the
+DDPM/DDIM samplers, and the images against diffusers' DDPMPipeline / DDIMPipeline, on tiny random
+checkpoints of the two config styles saved as pipeline folders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from tests.conftest import one_error_line
+
+diffusers = pytest.importorskip("diffusers")
+
+# google/ddpm-cifar10-32 in miniature: flip_sin_to_cos False, freq_shift 1, attention at one level
+CIFAR_STYLE = dict(
+    sample_size=8, in_channels=3, out_channels=3, block_out_channels=(8, 16), layers_per_block=1, down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+    up_block_types=("AttnUpBlock2D", "UpBlock2D"), flip_sin_to_cos=False, freq_shift=1, norm_num_groups=4, attention_head_dim=None, norm_eps=1e-6,
+    downsample_padding=0, dropout=0.0,
+)  # fmt: skip
+# newer diffusers training scripts: head size set, scale-shift time conditioning, class labels, learned variance
+NEW_STYLE = dict(
+    sample_size=8, in_channels=3, out_channels=6, block_out_channels=(8, 16), layers_per_block=2, down_block_types=("AttnDownBlock2D", "DownBlock2D"),
+    up_block_types=("UpBlock2D", "AttnUpBlock2D"), norm_num_groups=4, attention_head_dim=4, resnet_time_scale_shift="scale_shift", num_class_embeds=3,
+)  # fmt: skip
+TRAIN_STEPS = 40
+
+
+def _random_unet(config: dict, seed: int):
+    torch.manual_seed(seed)
+    unet = diffusers.UNet2DModel(**config).eval()
+    with torch.no_grad():
+        for p in unet.parameters():
+            p.normal_(0, 0.15)
+    return unet
+
+
+def _scheduler(**overrides):
+    base = dict(num_train_timesteps=TRAIN_STEPS, beta_schedule="linear", beta_start=1e-4, beta_end=0.2, variance_type="fixed_small", clip_sample=True)
+    return diffusers.DDPMScheduler(**{**base, **overrides})
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory, one_torch_thread):
+    root = tmp_path_factory.mktemp("ddpm")
+    cifar = root / "cifar"
+    diffusers.DDPMPipeline(unet=_random_unet(CIFAR_STYLE, 0), scheduler=_scheduler()).save_pretrained(cifar)
+    new = root / "new"
+    sched = _scheduler(beta_schedule="squaredcos_cap_v2", variance_type="learned_range", prediction_type="epsilon")
+    diffusers.DDPMPipeline(unet=_random_unet(NEW_STYLE, 1), scheduler=sched).save_pretrained(new)
+    ddim = root / "ddim"
+    ddim_sched = diffusers.DDIMScheduler(num_train_timesteps=TRAIN_STEPS, beta_end=0.2, clip_sample=True)
+    diffusers.DDIMPipeline(unet=_random_unet(CIFAR_STYLE, 2), scheduler=ddim_sched).save_pretrained(ddim)
+    return {"cifar": cifar, "new": new, "ddim": ddim, "root": root}
+
+
+def _load(folder: Path):
+    from gencli.pipelines.ddpm.loading import inspect_pipeline, open_ddpm
+
+    return open_ddpm(inspect_pipeline(folder), device="cpu", dtype="float32")
+
+
+def _pixels(images: np.ndarray) -> np.ndarray:
+    """diffusers' numpy_to_pil rounding, kept as an array."""
+    return (images * 255).round().astype(np.uint8)
+
+
+def _generators(seeds):
+    return [torch.Generator("cpu").manual_seed(s) for s in seeds]
+
+
+# -- the model -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "config",
+    [
+        CIFAR_STYLE,
+        NEW_STYLE,
+        {**CIFAR_STYLE, "add_attention": False, "center_input_sample": True, "class_embed_type": "timestep", "mid_block_scale_factor": 1.414},
+        {**CIFAR_STYLE, "act_fn": "gelu", "time_embedding_dim": 24, "attn_norm_num_groups": 2, "attention_head_dim": 8, "norm_eps": 1e-5},
+    ],
+    ids=["cifar-style", "new-style", "timestep-class-embedding", "gelu-attn-groups"],
+)
+def test_unet_matches_diffusers(config, one_torch_thread):
+    from gencli.models.unet.unet_2d import UNet2DModel
+
+    ref = _random_unet(config, 3)
+    ours = UNet2DModel(dict(ref.config)).eval()
+    ours.load_state_dict(ref.state_dict(), strict=True)  # diffusers' key names, by identity
+    x = torch.randn(2, ref.config.in_channels, 8, 8, generator=torch.Generator().manual_seed(0))
+    labels = torch.tensor([0, 2]) if ref.config.num_class_embeds or ref.config.class_embed_type else None
+    with torch.no_grad():
+        for t in (torch.tensor([3, 37]), torch.tensor(11), 25):
+            want = ref(x, t, class_labels=labels).sample
+            got = ours(x, t, labels)
+            assert (want - got).abs().max() < 1e-4
+
+
+def test_unet_config_round_trip_and_refusals():
+    from gencli.models.unet.unet_2d import UNet2DConfig
+
+    cfg = UNet2DConfig.from_dict(CIFAR_STYLE)
+    assert cfg.attention_head_dim is None and cfg.flip_sin_to_cos is False and cfg.freq_shift == 1 and cfg.layers_per_block == (1, 1)
+    again = UNet2DConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert again == cfg
+    assert list(diffusers.UNet2DModel.from_config(cfg.to_dict()).config["block_out_channels"]) == [8, 16]
+    for bad, message in [
+        ({"time_embedding_type": "fourier"}, "time_embedding_type"),
+        ({"down_block_types": ("SkipDownBlock2D", "DownBlock2D")}, "SkipDownBlock2D"),
+        ({"resnet_time_scale_shift": "spatial"}, "resnet_time_scale_shift"),
+        ({"_class_name": "UNet2DConditionModel"}, "UNet2DConditionModel"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            UNet2DConfig.from_dict({**CIFAR_STYLE, **bad})
+
+
+# -- images against diffusers' pipelines ---------------------------------------------------------------
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"variance_type": "fixed_large", "beta_schedule": "scaled_linear", "prediction_type": "v_prediction"},
+     {"clip_sample": False, "prediction_type": "sample", "timestep_spacing": "trailing"},
+     {"clip_sample_range": 0.5, "beta_schedule": "squaredcos_cap_v2", "variance_type": "fixed_small_log", "timestep_spacing": "linspace"}],
+    ids=["fixed_small", "fixed_large-v", "sample-trailing", "cosine-clip-range"],
+)  # fmt: skip
+def test_ddpm_images_match_diffusers_ddpm_pipeline(folders, tmp_path, overrides):
+    from gencli.pipelines.ddpm import sampling
+
+    folder = folders["cifar"]
+    if overrides:
+        folder = tmp_path / "variant"
+        diffusers.DDPMPipeline.from_pretrained(folders["cifar"]).save_pretrained(folder)
+        cfg = json.loads((folder / "scheduler" / "scheduler_config.json").read_text())
+        (folder / "scheduler" / "scheduler_config.json").write_text(json.dumps({**cfg, **overrides}))
+    seeds, steps = [5, 9], 10
+    pipe = diffusers.DDPMPipeline.from_pretrained(folder)
+    pipe.set_progress_bar_config(disable=True)
+    want = _pixels(pipe(batch_size=2, generator=_generators(seeds), num_inference_steps=steps, output_type="np").images)
+    got = sampling.generate(_load(folder), seeds, sampler="ddpm", steps=steps)
+    assert got.shape == want.shape == (2, 8, 8, 3)
+    assert np.abs(got.astype(int) - want.astype(int)).max() <= 2
+
+
+@pytest.mark.parametrize("eta", [0.0, 1.0])
+def test_ddim_images_match_diffusers_ddim_pipeline(folders, eta):
+    from gencli.pipelines.ddpm import sampling
+
+    seeds, steps = [0, 1, 2], 8
+    pipe = diffusers.DDIMPipeline.from_pretrained(folders["ddim"])
+    pipe.set_progress_bar_config(disable=True)
+    want = _pixels(pipe(batch_size=3, generator=_generators(seeds), eta=eta, num_inference_steps=steps, output_type="np").images)
+    loaded = _load(folders["ddim"])
+    assert loaded.checkpoint.default_sampler == "ddim"
+    got = sampling.generate(loaded, seeds, sampler="ddim", steps=steps, eta=eta)
+    assert np.abs(got.astype(int) - want.astype(int)).max() <= 2
+    # a DDPM folder sampled with DDIM, as DDIMPipeline(unet, scheduler) converts its scheduler
+    pipe = diffusers.DDIMPipeline(unet=diffusers.UNet2DModel.from_pretrained(folders["cifar"] / "unet"), scheduler=_scheduler())
+    pipe.set_progress_bar_config(disable=True)
+    want = _pixels(pipe(batch_size=3, generator=_generators(seeds), eta=eta, num_inference_steps=steps, output_type="np").images)
+    got = sampling.generate(_load(folders["cifar"]), seeds, sampler="ddim", steps=steps, eta=eta)
+    assert np.abs(got.astype(int) - want.astype(int)).max() <= 2
+
+
+def test_class_conditional_learned_range_matches_the_diffusers_loop(folders):
+    """DDPMPipeline passes no class labels; its loop with them (and learned_range variance, cosine betas)."""
+    from diffusers.utils.torch_utils import randn_tensor
+
+    from gencli.pipelines.ddpm import sampling
+
+    seeds, steps, label = [3, 4], 12, 2
+    unet = diffusers.UNet2DModel.from_pretrained(folders["new"] / "unet").eval()
+    scheduler = diffusers.DDPMScheduler.from_pretrained(folders["new"] / "scheduler")
+    generators = _generators(seeds)
+    image = randn_tensor((2, 3, 8, 8), generator=generators)
+    scheduler.set_timesteps(steps)
+    labels = torch.tensor([label, label])
+    with torch.no_grad():
+        for t in scheduler.timesteps:
+            out = unet(image, t, class_labels=labels).sample
+            image = scheduler.step(out, t, image, generator=generators).prev_sample
+    want = _pixels((image / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1).numpy())
+    got = sampling.generate(_load(folders["new"]), seeds, sampler="ddpm", steps=steps, class_label=label)
+    assert np.abs(got.astype(int) - want.astype(int)).max() <= 2
+
+
+# -- the command ---------------------------------------------------------------------------------------
+def invoke(*args):
+    from gencli.cli import app
+
+    return CliRunner().invoke(app, ["sample", "ddpm", *map(str, args)])
+
+
+def test_a_seed_gives_the_same_bytes_alone_and_among_others(folders, tmp_path):
+    r = invoke("-m", folders["cifar"], "--seeds", "2", "--steps", "6", "-o", tmp_path / "alone.png")
+    assert r.exit_code == 0, r.stderr
+    r = invoke("-m", folders["cifar"], "--seeds", "0-3", "--steps", "6", "-o", tmp_path / "many-{seed}.png", "--json")
+    assert r.exit_code == 0, r.stderr
+    records = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [rec["seed"] for rec in records] == [0, 1, 2, 3] and all(rec["steps"] == 6 and rec["sampler"] == "ddpm" for rec in records)
+    assert (tmp_path / "alone.png").read_bytes() == (tmp_path / "many-2.png").read_bytes()
+    from PIL import Image
+
+    from gencli.pipelines.diffusion.png_parameters import read_parameters
+
+    params = read_parameters(tmp_path / "many-2.png")
+    assert (params.steps, params.sampler, params.seed, params.width, params.height, params.model) == (6, "DDPM", 2, 8, 8, "cifar")
+    assert params.prompt == "" and len(params.model_hash) == 10
+    with Image.open(tmp_path / "many-3.png") as im:
+        assert im.size == (8, 8) and im.mode == "RGB"
+
+
+def test_grid_out_dir_ddim_eta_and_the_progress_count(folders, tmp_path):
+    r = invoke("-m", folders["cifar"], "-n", "3", "--seed", "7", "--steps", "4", "--sampler", "ddim", "--eta", "0.5", "-o", tmp_path / "grid.png", "--json")
+    assert r.exit_code == 0, r.stderr
+    (rec,) = [json.loads(line) for line in r.stdout.splitlines()]
+    assert rec["seeds"] == [7, 8, 9] and rec["eta"] == 0.5 and rec["sampler"] == "ddim"
+    from gencli.pipelines.diffusion.png_parameters import read_parameters
+
+    params = read_parameters(tmp_path / "grid.png")
+    assert params.sampler == "DDIM" and params.extra["Eta"] == "0.5" and params.extra["Grid seeds"] == "7-9"
+    r = invoke("-m", folders["cifar"], "--seeds", "1,4", "--steps", "3", "--out-dir", tmp_path / "dir", "--batch-size", "2")
+    assert r.exit_code == 0, r.stderr
+    assert sorted(p.name for p in (tmp_path / "dir").iterdir()) == ["ddpm-seed1.png", "ddpm-seed4.png"]
+    r = invoke("-m", folders["new"], "--seeds", "1", "--steps", "3", "--class-label", "1", "-o", tmp_path / "c.png")
+    assert r.exit_code == 0, r.stderr
+    assert read_parameters(tmp_path / "c.png").extra["Class label"] == "1"
+
+
+def test_bad_input_is_one_line_and_writes_nothing(folders, tmp_path):
+    sd = tmp_path / "sd"
+    (sd / "unet").mkdir(parents=True)
+    (sd / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline", "unet": ["diffusers", "UNet2DConditionModel"]}))
+    (sd / "unet" / "config.json").write_text(json.dumps({"_class_name": "UNet2DConditionModel"}))
+    no_sched = tmp_path / "nosched"
+    diffusers.DDPMPipeline.from_pretrained(folders["cifar"]).save_pretrained(no_sched)
+    (no_sched / "scheduler" / "scheduler_config.json").unlink()
+    out = tmp_path / "out.png"
+    m = ["-m", folders["cifar"], "-o", out]
+    cases = [
+        ([*m, "--steps", "0"], "--steps"),
+        ([*m, "--steps", str(TRAIN_STEPS + 1)], "training timesteps"),
+        ([*m, "--sampler", "ddim", "--eta", "1.5"], "--eta"),
+        ([*m, "--sampler", "ddim", "--eta", "-0.1"], "--eta"),
+        ([*m, "--eta", "0.5"], "DDIM"),
+        ([*m, "--sampler", "nope"], "unknown sampler"),
+        (["-m", sd, "-o", out], "gencli txt2img"),
+        (["-m", no_sched, "-o", out], "scheduler"),
+        (["-o", out], "--model"),
+        (["-m", folders["new"], "-o", out, "--steps", "2"], "--class-label"),
+        ([*m, "--class-label", "1"], "not class-conditional"),
+        ([*m, "--interpolate", "3"], "--interpolate"),
+        (["-m", folders["cifar"], "-n", "2", "-o", tmp_path / "x-{bad}.png"], "{bad}"),
+    ]
+    for args, needle in cases:
+        one_error_line(invoke(*args), needle)
+    assert not out.exists() and not list(tmp_path.glob("x-*"))
+    one_error_line(CliRunner().invoke(__import__("gencli.cli", fromlist=["app"]).app, ["sample", "gan", "--steps", "3"]), "--steps is for sample ddpm")
