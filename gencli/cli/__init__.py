@@ -68,6 +68,7 @@ def _root(
 from gencli.cli import (  # noqa: E402,F401,I001
     generate,
     classify,
+    segment,
     zeroshot,
     forecast,
     sample,
