@@ -69,6 +69,7 @@ from gencli.cli import (  # noqa: E402,F401,I001
     generate,
     text2text,
     classify,
+    segment,
     zeroshot,
     forecast,
     sample,
