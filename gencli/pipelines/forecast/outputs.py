@@ -178,8 +178,14 @@ def explain_text(res: ForecastResult) -> str:
         lines.append(f"  static inputs:  {top(ex['static'])}")
     lines.append(f"  attention: {100 * ex['attention_on_history']:.0f}% on the history; peaks at {peaks}")
     if ex.get("ensemble"):
-        lines.append(f"  ensemble weights: {top(ex['ensemble'])}")
+        lines.append(f"  ensemble weights: {ensemble_weights_text(ex['ensemble'])}")
     return "\n".join(lines)
+
+
+def ensemble_weights_text(weights: dict) -> str:
+    """Every member with a non-zero weight, heaviest first (a member that carries the forecast is never hidden)."""
+    members = sorted(((name, w) for name, w in weights.items() if w > 0), key=lambda item: -item[1])
+    return ", ".join(f"{name} {w:.2f}" if w >= 0.005 else f"{name} {w:.1e}" for name, w in members) or "-"
 
 
 def explain_csv_rows(res: ForecastResult):

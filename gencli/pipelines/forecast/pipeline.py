@@ -13,7 +13,7 @@ from gencli.console import Reporter, csv_line, emit_json, open_output
 from gencli.data.timeseries import SeriesRecord
 from gencli.errors import UserError
 from gencli.pipelines.forecast.features import Binding
-from gencli.pipelines.forecast.forecaster import Forecaster, ForecastResult
+from gencli.pipelines.forecast.forecaster import ENSEMBLE_LABELS, Forecaster, ForecastResult
 from gencli.pipelines.forecast.layout import Layout, infer_layout
 from gencli.pipelines.forecast.outputs import ForecastWriter
 from gencli.pipelines.forecast.records import RecordOptions, SeriesError, build_record
@@ -270,7 +270,7 @@ def _run_backtest(run: RunState, records: Iterable[SeriesRecord]) -> None:
             advance(len(batch))
     failures.finish(done, req.strict)
     summary = result.summary()
-    name = "TFT" if req.model_only else "TFT + ETS/Theta ensemble"
+    name = backtest_label(req.model_only)
     if fitted is None:
         label = name
     else:
@@ -292,6 +292,11 @@ def _run_backtest(run: RunState, records: Iterable[SeriesRecord]) -> None:
         results_file.writelines(csv_line(row) for row in csv_rows(result))
         return
     results_file.write(render_backtest(result, summary, label, fitted) + "\n")
+
+
+def backtest_label(model_only: bool) -> str:
+    """What a backtest ran, as its row names it: the network alone, or the network with every statistical member."""
+    return "TFT" if model_only else f"TFT + statistical ensemble ({', '.join(ENSEMBLE_LABELS[1:])})"
 
 
 def _backtest_fine_tuned(
