@@ -44,6 +44,11 @@ class LayerKVCache:
         self.length = end
         return self.keys.narrow(2, 0, end), self.values.narrow(2, 0, end)
 
+    def visible(self) -> Optional[torch.Tensor]:
+        """The keys each new query may see when the cache decides it (a static cache); None: the
+        causal rule aligned to the end of the cached keys."""
+        return None
+
 
 class KVCache:
     """Keys and values of every layer, preallocated once for ``max_len`` positions.
@@ -86,6 +91,43 @@ class KVCache:
     def reset(self) -> None:
         for layer in self.layers:
             layer.length = 0
+
+
+class StaticLayerKVCache(LayerKVCache):
+    """One layer's slice of a :class:`StaticKVCache`: new keys/values are written at the cache's
+    position tensor and attention always runs over every slot, masked: shapes never change."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, owner: "StaticKVCache"):
+        super().__init__(keys, values)
+        self.owner = owner
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        position = self.owner.cache_position
+        self.keys.index_copy_(2, position, k)
+        self.values.index_copy_(2, position, v)
+        return self.keys, self.values
+
+    def visible(self) -> Optional[torch.Tensor]:
+        return self.owner.visible_keys
+
+
+class StaticKVCache(KVCache):
+    """A :class:`KVCache` for decoding steps of fixed shapes (what a captured CUDA graph or a compiled
+    step replays): before each forward pass :meth:`bind` gives the slots of the new positions as a
+    tensor; the layers write there (``index_copy_``) and attend over all ``max_len`` slots with the
+    mask "slot <= the query's position", so no shape depends on how much is cached."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.layers = [StaticLayerKVCache(self.keys[i], self.values[i], self) for i in range(len(self.layers))]
+        self.cache_position: Optional[torch.Tensor] = None
+        self.visible_keys: Optional[torch.Tensor] = None
+        self._slots = torch.arange(self.max_len, device=self.keys.device)
+
+    def bind(self, cache_position: torch.Tensor) -> None:
+        """The slots ``(n,)`` the next forward pass writes (its positions in the cache)."""
+        self.cache_position = cache_position
+        self.visible_keys = (self._slots[None, :] <= cache_position[:, None])[None, None]  # (1, 1, n, max_len)
 
 
 def build_mask(
@@ -216,6 +258,9 @@ def scaled_dot_product_attention(
     """
     if kv_cache is not None:
         k, v = kv_cache.update(k, v)
+        visible = kv_cache.visible()
+        if visible is not None:  # a static cache: which slots each query sees is its mask, not the causal rule
+            attn_mask, causal = visible if attn_mask is None else attn_mask & visible, False
     q_len, k_len = q.shape[2], k.shape[2]
     if q.shape[1] % k.shape[1] != 0:
         raise ValueError(f"{q.shape[1]} query heads are not a multiple of {k.shape[1]} key/value heads")

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from gencli.backend.attention import KVCache
+from gencli.backend.attention import KVCache, StaticKVCache
 from gencli.backend.decoder_step import DecoderStackParts, FusedDecoder
 
 _UNSET = object()
@@ -29,10 +29,12 @@ class CausalLM(nn.Module):
     context_length: int
     vocab_size: int
 
-    def new_cache(self, batch_size: int, max_len: int) -> KVCache:
-        """A KV cache for ``batch_size`` sequences of up to ``max_len`` positions, in the model's dtype."""
+    def new_cache(self, batch_size: int, max_len: int, *, static: bool = False) -> KVCache:
+        """A KV cache for ``batch_size`` sequences of up to ``max_len`` positions, in the model's dtype
+        (``static``: a :class:`StaticKVCache`, for decoding steps of fixed shapes)."""
         ref = self.get_input_embeddings().weight
-        return KVCache(self.num_layers, batch_size, self.num_kv_heads, self.head_dim, max_len, dtype=ref.dtype, device=ref.device)
+        kind = StaticKVCache if static else KVCache
+        return kind(self.num_layers, batch_size, self.num_kv_heads, self.head_dim, max_len, dtype=ref.dtype, device=ref.device)
 
     def get_input_embeddings(self) -> nn.Embedding:
         raise NotImplementedError
@@ -46,7 +48,7 @@ class CausalLM(nn.Module):
         """The one-call decoding step for the embeddings ``x`` of one new position per sequence, where
         it applies (quantized layers on a CPU: see :mod:`gencli.backend.decoder_step`), else None.
         Built on the first decoding step and kept until the model is moved or re-quantized."""
-        if kv_cache is None or not FusedDecoder.applies(x, kv_cache):
+        if kv_cache is None or isinstance(kv_cache, StaticKVCache) or not FusedDecoder.applies(x, kv_cache):
             return None
         fused = self.__dict__.get("_fused_decoder", _UNSET)
         if fused is _UNSET:
@@ -82,12 +84,21 @@ class CausalLM(nn.Module):
         position_ids: Optional[torch.Tensor] = None,
         attention_mask: Optional[torch.Tensor] = None,
         kv_cache: Optional[KVCache] = None,
+        cache_position: Optional[torch.Tensor] = None,
         logits_to_keep: int = 0,
     ) -> torch.Tensor:
         """The final normalised hidden states (what the LM head multiplies).
 
         ``attention_mask (B, >= cached + L)`` is True for real tokens (left-padded batches); only the
-        last ``logits_to_keep`` positions are kept (0 = all)."""
+        last ``logits_to_keep`` positions are kept (0 = all). With a :class:`StaticKVCache`,
+        ``cache_position (L,)`` gives the slots of the new positions (a tensor, so that a captured
+        step is replayed unchanged) and ``attention_mask`` covers every slot."""
+        if isinstance(kv_cache, StaticKVCache):
+            if cache_position is None:
+                raise ValueError("a static KV cache needs the cache_position of the new tokens")
+            kv_cache.bind(cache_position)
+            if position_ids is None:
+                position_ids = cache_position.unsqueeze(0).expand(input_ids.shape[0], -1)
         pos = self.positions(input_ids, position_ids, kv_cache)
         mask = self.key_mask(attention_mask, kv_cache, input_ids.shape[1])
         hidden = self.backbone(input_ids, pos, mask, kv_cache)
@@ -104,8 +115,8 @@ class CausalLM(nn.Module):
     @staticmethod
     def key_mask(attention_mask: Optional[torch.Tensor], kv_cache: Optional[KVCache], new_len: int) -> Optional[torch.Tensor]:
         """The padding mask over the keys the attention will see (cached ones plus the new ones)."""
-        if attention_mask is None:
-            return None
+        if attention_mask is None or isinstance(kv_cache, StaticKVCache):
+            return attention_mask  # a static cache: the mask covers every slot
         total = (kv_cache.length if kv_cache is not None else 0) + new_len
         return attention_mask[:, :total]
 

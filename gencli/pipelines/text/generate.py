@@ -18,6 +18,7 @@ from gencli.backend.random import make_generator
 from gencli.backend.screened_argmax import ScreenedArgmax
 from gencli.console import Reporter, emit_json
 from gencli.errors import UserError
+from gencli.pipelines.text.decode_step import compiled, decode_step, wants_static
 from gencli.pipelines.text.loading import TextModel
 from gencli.pipelines.text.sampling import SamplingParams, next_tokens
 from gencli.tokenizers.stream import IncrementalDetokenizer, StopStringMatcher
@@ -63,6 +64,8 @@ class GenerationSettings:
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     seed: Optional[int] = None
+    compile: Optional[bool] = None  # the decoding step compiled for replay (None: on CUDA), see decode_step
+    static_cache: Optional[bool] = None  # the fixed-shape step without compiling it (None: when compiled)
 
 
 def check_flags(*, max_new_tokens=None, temperature=None, top_k=None, top_p=None, min_p=None, repetition_penalty=None, stop=()) -> None:
@@ -261,6 +264,7 @@ def generate(
     *,
     on_text: Optional[Callable[[int, str], None]] = None,
     generator: Optional[torch.Generator] = None,
+    on_info: Optional[Callable[[str], None]] = None,
 ) -> list[Completion]:
     """Generate for ``prompts`` (``(text, ids)`` pairs) as one batch.
 
@@ -277,12 +281,20 @@ def generate(
     rows = [_Row(tm, Completion(text, list(ids)), settings, budget) for (text, ids), budget in zip(prompts, budgets)]
     eos = set() if settings.ignore_eos else set(tm.eos_ids)
     seen = batch.seen_tokens(prompts, longest + steps) if params.repetition_penalty != 1.0 else None
-    cache = model.new_cache(b, longest + steps)
-    head = screen_for(tm, params, steps)
+    static, compile_step = wants_static(device, settings.compile, settings.static_cache)
+    cache = model.new_cache(b, longest + steps, static=static)
+    head = None if static else screen_for(tm, params, steps)
+    one_token = decode_step(model, cache, batch.attention_mask) if static else None
+    if one_token is not None and compile_step:
+        one_token = compiled(one_token, on_info)
+    slot = torch.zeros(1, dtype=torch.long, device=device)  # the static step's cache position, written in place
 
     def advance(ids: torch.Tensor, pos: Optional[torch.Tensor], seen_so_far: Optional[torch.Tensor]) -> torch.Tensor:
         """Run ``ids`` through the model (filling the cache) and choose the next token of each row."""
-        hidden = model.hidden_states(ids, position_ids=pos, attention_mask=batch.attention_mask, kv_cache=cache, logits_to_keep=1)[:, -1]
+        if static and ids.shape[1] == 1:
+            return next_tokens(one_token(ids, pos, slot), params, generator, seen_so_far)
+        where = torch.arange(ids.shape[1], device=device) if static else None  # the prompt: slots 0..L-1
+        hidden = model.hidden_states(ids, position_ids=pos, attention_mask=batch.attention_mask, kv_cache=cache, cache_position=where, logits_to_keep=1)[:, -1]
         if head is not None:
             return head(hidden)
         return next_tokens(model.lm_head(hidden), params, generator, seen_so_far)
@@ -307,6 +319,7 @@ def generate(
         pos = (batch.next_pos.view(b, 1) + step).clamp_(max=tm.context_length - 1) if batch.padded else None
         if seen is not None:
             seen[:, cur] = tokens
+        slot.fill_(cur)
         tokens = advance(tokens.view(b, 1), pos, seen[:, : cur + 1] if seen is not None else None)
         host = tokens.tolist()
         decode_steps += 1
