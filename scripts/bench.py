@@ -150,10 +150,10 @@ def main(argv: list[str] | None = None) -> None:
     sides = [args.only] if args.only else all_sides
     pairs = [(a, b) for a, b in (mod.comparisons(args) if hasattr(mod, "comparisons") else [("gencli", "reference")]) if a in sides and b in sides]
     bandwidth = None
-    if args.device == "cpu":
+    if args.device == "cpu" or args.device.startswith("cuda"):
         from bench_cases._machine import read_bandwidth_gbs
 
-        bandwidth = read_bandwidth_gbs(args.threads)
+        bandwidth = read_bandwidth_gbs(args.threads, megabytes=1024 if args.device == "cpu" else 4096, device=args.device)
     with tempfile.TemporaryDirectory(prefix=f"gencli-bench-{args.case}-") as workdir:
         if hasattr(mod, "setup"):
             mod.setup(args, Path(workdir))

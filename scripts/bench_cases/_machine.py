@@ -35,22 +35,25 @@ def cpu_info() -> dict:
     return info
 
 
-def read_bandwidth_gbs(threads: int | None = None, megabytes: int = 1024, rounds: int = 5) -> float:
+def read_bandwidth_gbs(threads: int | None = None, megabytes: int = 1024, rounds: int = 5, device: str = "cpu") -> float:
     """GB/s of a streaming read of a ``megabytes`` fp32 buffer (a sum over it), best of ``rounds``,
-    at ``threads`` torch threads: the memory's speed as a memory-bound kernel on this machine sees it.
-    The buffer is larger than the caches of the CPUs this runs on, so it is read from memory."""
+    at ``threads`` torch threads (or on a GPU ``device``): the memory's speed as a memory-bound kernel
+    sees it. The buffer is larger than the caches of the CPUs this runs on, so it is read from memory."""
     import torch
 
     before = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     try:
-        x = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32)
+        x = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device=device)
         x.sum()  # pages touched before timing
+        sync()
         best = float("inf")
         for _ in range(rounds):
             t = time.perf_counter()
             x.sum()
+            sync()
             best = min(best, time.perf_counter() - t)
         return round(x.numel() * 4 / best / 1e9, 2)
     finally:
