@@ -83,6 +83,8 @@ def test_compiling_falls_back_with_one_warning(monkeypatch):
     step = decode_step.compiled(lambda ids, pos, slot: ids * 2, on_warning=seen.append)
     assert step(torch.tensor([3]), None, torch.tensor([0])).item() == 6
     assert len(seen) == 1 and "decoding eagerly" in seen[0]
-    assert decode_step.wants_static(torch.device("cuda"), None, None) == (True, True)
+    assert decode_step.wants_static(torch.device("cuda"), None, None, 256) == (True, True)
+    assert decode_step.wants_static(torch.device("cuda"), None, None, 20) == (False, False)  # too short to repay compiling
+    assert decode_step.static_capacity(300) == 512 and decode_step.static_capacity(256) == 256
     assert decode_step.wants_static(torch.device("cpu"), None, None) == (False, False)
     assert decode_step.wants_static(torch.device("cpu"), False, True) == (True, False)

@@ -2,9 +2,12 @@
 position, and the one-token step compiled with ``torch.compile(mode="reduce-overhead")`` (CUDA graphs
 on a GPU) so that it is captured once and replayed for every token.
 
-On CUDA the compiled step is the default (``compile=None``); ``compile=True`` asks for it on any
-device, ``False`` turns it off. Where torch cannot compile (no compiler, an unsupported device) the
-step runs eagerly after one warning. The static cache alone (``static_cache=True``) runs the same
+On CUDA the compiled step is the default (``compile=None``) for generations of at least
+``COMPILE_MIN_STEPS`` tokens, which repay the first compile; ``compile=True`` asks for it on any
+device, ``False`` turns it off. The static cache's length is rounded up to ``CAPACITY_MULTIPLE`` so
+that runs of other prompt lengths replay the same shapes (and torch's compile cache serves them).
+Where torch cannot compile (no compiler, an unsupported device) the step runs eagerly after one
+warning. The static cache alone (``static_cache=True``) runs the same
 fixed-shape step without compiling it: the token ids equal those of the growing cache.
 """
 
@@ -20,12 +23,20 @@ from gencli.models.causal_lm import CausalLM
 
 Step = Callable[[torch.Tensor, Optional[torch.Tensor], torch.Tensor], torch.Tensor]
 
+COMPILE_MIN_STEPS = 128
+CAPACITY_MULTIPLE = 256
 
-def wants_static(device: torch.device, compile: Optional[bool], static_cache: Optional[bool]) -> tuple[bool, bool]:
-    """``(static cache, compiled step)`` for a generation on ``device``: compiling is on by default
-    on CUDA; a compiled step always uses the static cache."""
-    compiled = device.type == "cuda" if compile is None else bool(compile)
+
+def wants_static(device: torch.device, compile: Optional[bool], static_cache: Optional[bool], steps: int = COMPILE_MIN_STEPS) -> tuple[bool, bool]:
+    """``(static cache, compiled step)`` for a generation of ``steps`` tokens on ``device``: compiling
+    is on by default on CUDA for long enough generations; a compiled step always uses the static cache."""
+    compiled = (device.type == "cuda" and steps >= COMPILE_MIN_STEPS) if compile is None else bool(compile)
     return compiled or bool(static_cache), compiled
+
+
+def static_capacity(length: int) -> int:
+    """The static cache's length for ``length`` positions: rounded up to a multiple of ``CAPACITY_MULTIPLE``."""
+    return -(-length // CAPACITY_MULTIPLE) * CAPACITY_MULTIPLE
 
 
 def decode_step(model: CausalLM, cache, attention_mask: Optional[torch.Tensor]) -> Step:

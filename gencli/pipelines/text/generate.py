@@ -18,7 +18,7 @@ from gencli.backend.random import make_generator
 from gencli.backend.screened_argmax import ScreenedArgmax
 from gencli.console import Reporter, emit_json
 from gencli.errors import UserError
-from gencli.pipelines.text.decode_step import compiled, decode_step, wants_static
+from gencli.pipelines.text.decode_step import compiled, decode_step, static_capacity, wants_static
 from gencli.pipelines.text.loading import TextModel
 from gencli.pipelines.text.sampling import SamplingParams, next_tokens
 from gencli.tokenizers.stream import IncrementalDetokenizer, StopStringMatcher
@@ -281,10 +281,14 @@ def generate(
     rows = [_Row(tm, Completion(text, list(ids)), settings, budget) for (text, ids), budget in zip(prompts, budgets)]
     eos = set() if settings.ignore_eos else set(tm.eos_ids)
     seen = batch.seen_tokens(prompts, longest + steps) if params.repetition_penalty != 1.0 else None
-    static, compile_step = wants_static(device, settings.compile, settings.static_cache)
-    cache = model.new_cache(b, longest + steps, static=static)
+    static, compile_step = wants_static(device, settings.compile, settings.static_cache, steps)
+    capacity = static_capacity(longest + steps) if static else longest + steps
+    attention_mask = batch.attention_mask
+    if attention_mask is not None and capacity > attention_mask.shape[1]:  # the slots past the run: never seen
+        attention_mask = torch.nn.functional.pad(attention_mask, (0, capacity - attention_mask.shape[1]), value=False)
+    cache = model.new_cache(b, capacity, static=static)
     head = None if static else screen_for(tm, params, steps)
-    one_token = decode_step(model, cache, batch.attention_mask) if static else None
+    one_token = decode_step(model, cache, attention_mask) if static else None
     if one_token is not None and compile_step:
         one_token = compiled(one_token, on_info)
     slot = torch.zeros(1, dtype=torch.long, device=device)  # the static step's cache position, written in place
@@ -294,7 +298,7 @@ def generate(
         if static and ids.shape[1] == 1:
             return next_tokens(one_token(ids, pos, slot), params, generator, seen_so_far)
         where = torch.arange(ids.shape[1], device=device) if static else None  # the prompt: slots 0..L-1
-        hidden = model.hidden_states(ids, position_ids=pos, attention_mask=batch.attention_mask, kv_cache=cache, cache_position=where, logits_to_keep=1)[:, -1]
+        hidden = model.hidden_states(ids, position_ids=pos, attention_mask=attention_mask, kv_cache=cache, cache_position=where, logits_to_keep=1)[:, -1]
         if head is not None:
             return head(hidden)
         return next_tokens(model.lm_head(hidden), params, generator, seen_so_far)
