@@ -29,6 +29,7 @@ from typing import Any, Optional, Sequence
 import torch
 import torch.nn as nn
 
+from gencli.backend.interrupt import check_interrupt
 from gencli.backend.layers import GroupNorm, get_activation
 from gencli.models.attention import Attention
 from gencli.models.autoencoder_kl.tiling import NormStep, TiledStep, Tiling, blend_tiles, blend_tiles_with_shared_statistics, block_steps, module_step
@@ -283,6 +284,7 @@ class Decoder(nn.Module):
     def pixels(self, x: torch.Tensor) -> torch.Tensor:
         """The local part: up blocks and output (features at latent resolution -> image)."""
         for block in self.up_blocks:
+            check_interrupt()
             x = block(x)
         return self.conv_out(self.conv_norm_out(x, "silu"))
 
