@@ -13,3 +13,13 @@ class UserError(Exception):
 
 class CheckpointError(UserError):
     """A checkpoint that cannot be read or does not fit the model it claims to be."""
+
+
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP arrived (``timeout``, ``docker stop``, a closed terminal). A BaseException,
+    like KeyboardInterrupt, so it unwinds every ``finally`` (temporary files are removed) and no
+    ``except Exception`` swallows it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum

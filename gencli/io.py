@@ -44,28 +44,147 @@ def read_json(path: str | os.PathLike, *, expect: type = dict, missing_ok: bool 
     return data
 
 
-def ensure_writable(path: str | os.PathLike, force: bool = False) -> Path:
+def ensure_writable(path: str | os.PathLike, force: bool = False, *, new_folder: bool = False) -> Path:
     """Check up front (before any long work) that ``path`` may be written.
 
-    Refuses an existing file unless ``force`` and a missing parent directory; returns the Path.
-    A device or pipe (``/dev/null``, ``/dev/stdout``, a FIFO) and ``-`` (stdout) are always
-    writable: nothing is lost. A symlink is checked as the file it points to.
+    Refuses an existing file unless ``force``, a missing parent directory and a name the system
+    cannot hold; returns the Path. ``-`` (stdout), a device or a pipe (``/dev/null``, a FIFO) and a
+    descriptor's name (``/dev/stdout``, ``/dev/fd/N``) are written in place and always writable:
+    nothing is lost. A symlink is checked as the file it points to. ``new_folder``: the parent is
+    a folder the command creates (``--out-dir``), so only the name is checked.
     """
     if is_stdout(path):
         return Path(STDOUT)
     p = Path(path)
-    if p.is_dir():
-        raise UserError(f"output '{p}' is a directory")
-    if is_special_file(p):
+    if new_folder and not p.parent.exists():
+        if len(os.fsencode(p.name)) > 255:
+            raise UserError(f"output '{p}': file name too long")
         return p
-    if p.exists() and not force:
-        raise UserError(f"output '{p}' already exists (use --force to overwrite)")
-    parent = _resolved(p).parent
-    if not parent.is_dir():
-        raise UserError(f"output directory '{parent}' does not exist")
+    try:
+        if is_in_place(p):
+            return p
+        if p.is_dir():
+            raise UserError(f"output '{p}' is a directory")
+        if p.exists() and not force:
+            raise UserError(f"output '{p}' already exists (use --force to overwrite)")
+        parent = _resolved(p).parent
+        if not parent.is_dir():
+            raise UserError(f"output directory '{parent}' does not exist")
+    except OSError as exc:
+        raise bad_name(p, exc) from None
     if not os.access(parent, os.W_OK):
         raise UserError(f"output directory '{parent}' is not writable")
+    name_max = _name_max(parent)
+    if len(os.fsencode(p.name)) > name_max:
+        raise UserError(f"output '{p}': file name too long (this file system allows {name_max} bytes)")
     return p
+
+
+def bad_name(p: Path, exc: OSError) -> UserError:
+    """The one-line error for a path the system refuses to look up (too long, a loop...)."""
+    return UserError(f"output '{p}': {exc.strerror or exc}")
+
+
+def _name_max(folder: Path) -> int:
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        return 255
+
+
+# Names of an open descriptor rather than of a file: written in place, whatever they point at
+# (a redirect's regular file too: the shell opened it, the command writes into it).
+DESCRIPTOR_NAMES = ("/dev/stdout", "/dev/stderr", "/dev/fd/", "/proc/self/fd/")
+
+
+def is_in_place(path: str | os.PathLike) -> bool:
+    """An output written where it is, never through a temporary file and a rename: ``-``, a
+    descriptor's name (``/dev/stdout``, ``/dev/fd/1``), a character device or a FIFO."""
+    if is_stdout(path):
+        return True
+    name = os.fspath(path)
+    if name in DESCRIPTOR_NAMES[:2] or name.startswith(DESCRIPTOR_NAMES[2:]):
+        return True
+    return is_special_file(Path(name))
+
+
+def check_output_dir(path: Optional[str | os.PathLike], option: str = "--out-dir") -> Optional[Path]:
+    """A folder the command will write several files into (created when it writes): not ``-``
+    (stdout holds one stream, not a folder), not an existing file. None stays None."""
+    if path is None:
+        return None
+    if is_stdout(path):
+        raise UserError(f"{option} names a folder, and '-' is stdout: give a folder (or -o - for one output)")
+    p = Path(path)
+    try:
+        if p.exists() and not p.is_dir():
+            raise UserError(f"{option} '{p}' is not a directory")
+    except OSError as exc:
+        raise bad_name(p, exc) from None
+    return p
+
+
+def make_output_dir(path: Path) -> Path:
+    """Create the folder of :func:`check_output_dir` (and its parents) when the outputs are ready."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UserError(f"'{path}' is not a directory") from None
+    except OSError as exc:
+        if is_write_failure(exc):
+            raise cannot_write(str(path), exc) from None
+        raise bad_name(path, exc) from None
+    return path
+
+
+def format_name(pattern: str, **fields: Any) -> str:
+    """``pattern`` (an -o file-name pattern) with its placeholders filled; an unknown placeholder or
+    a format spec that does not fit (``{i:q}``) is one UserError naming the pattern."""
+    try:
+        return pattern.format(**fields)
+    except KeyError as exc:
+        raise UserError(f"-o/--out {pattern!r}: unknown placeholder {{{exc.args[0]}}} (use {', '.join('{' + k + '}' for k in fields)})") from None
+    except (ValueError, IndexError, TypeError) as exc:
+        raise UserError(f"-o/--out {pattern!r}: {exc} (use {', '.join('{' + k + '}' for k in fields)}; double a literal brace)") from None
+
+
+def plan_outputs(targets: Iterable[str | os.PathLike], force: bool = False, *, what: str = "outputs", new_folder: bool = False) -> list[Path]:
+    """The output files of a run, checked before any work: each writable (:func:`ensure_writable`),
+    no two the same file (in-place targets such as ``/dev/null`` may repeat). The regular files are
+    registered as pending: a closed stdout (``| head``) does not end the run before they are written."""
+    planned: list[Path] = []
+    seen: dict[Path, int] = {}
+    for k, t in enumerate(targets):
+        p = ensure_writable(t, force, new_folder=new_folder)
+        if not is_in_place(p):
+            key = Path(os.path.normpath(_resolved(p)))
+            if key in seen:
+                raise UserError(f"two {what} would both be written to '{p}': give each its own name")
+            seen[key] = k
+        planned.append(p)
+    _PENDING.update(_resolved(p) for p in planned if not is_in_place(p))
+    return planned
+
+
+def plan_files(
+    names: Sequence[str], *, out: Optional[str | os.PathLike] = None, out_dir: Optional[str | os.PathLike] = None, what: str = "outputs", force: bool = False
+) -> list[Path]:
+    """Where each of a run's outputs goes: ``out`` (exactly one output: a file, ``-`` or a device)
+    or ``out_dir`` (default: the current folder) with ``names``; every target is checked before any
+    work (:func:`plan_outputs`: nothing half-written, nothing replaced without ``force``)."""
+    if out is not None and out_dir is not None:
+        raise UserError("give --out (one output) or --out-dir (a folder), not both")
+    if out is not None:
+        if len(names) != 1:
+            raise UserError(f"--out names one file but there are {len(names)} {what}: use --out-dir")
+        return plan_outputs([out], force, what=what)
+    folder = check_output_dir(out_dir) or Path(".")
+    return plan_outputs([folder / n for n in names], force, what=what, new_folder=True)
+
+
+def forget_pending_outputs() -> None:
+    """The run is over (or failed): no planned output is pending any more."""
+    _PENDING.clear()
 
 
 STDOUT = "-"
@@ -131,9 +250,13 @@ def output_mode(target: Path) -> int:
 _IN_PROGRESS: list[Path] = []
 
 
+# Outputs a run planned (:func:`plan_outputs`) and has not written yet.
+_PENDING: set[Path] = set()
+
+
 def outputs_in_progress() -> list[Path]:
-    """The output files being written now (their final paths)."""
-    return list(_IN_PROGRESS)
+    """The output files being written now, or planned and not written yet (their final paths)."""
+    return list(_IN_PROGRESS) + sorted(_PENDING - set(_IN_PROGRESS))
 
 
 def is_special_file(path: Path) -> bool:
@@ -158,9 +281,9 @@ def atomic_path(path: str | os.PathLike, force: bool = False) -> Iterator[Path]:
     """
     target = ensure_writable(path, force)
     if is_stdout(target):
-        sys.stdout.flush()
         target = Path("/dev/stdout")
-    if is_special_file(target):
+    if is_in_place(target):
+        sys.stdout.flush()
         try:
             yield target
         except OSError as exc:
@@ -185,32 +308,98 @@ def atomic_path(path: str | os.PathLike, force: bool = False) -> Iterator[Path]:
         raise
     finally:
         _IN_PROGRESS.remove(final)
+        _PENDING.discard(final)
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
 
 
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "w", force: bool = False, **kwargs) -> Iterator[IO]:
-    """``open()`` for writing through :func:`atomic_path`; ``-`` writes to ``sys.stdout`` (its
-    binary buffer for a binary ``mode``), which stays open."""
-    if is_stdout(path):
+    """``open()`` for writing through :func:`atomic_path`; ``-`` and ``/dev/stdout`` write to
+    ``sys.stdout`` (its binary buffer for a binary ``mode``), which stays open. Binary data is
+    refused on a terminal (one line: redirect it or name a file)."""
+    if is_stdout(path) or os.fspath(path) == "/dev/stdout":
+        if "b" in mode:
+            refuse_binary_terminal(sys.stdout, path)
+        sys.stdout.flush()
         yield sys.stdout.buffer if "b" in mode else sys.stdout
         sys.stdout.flush()
         return
     with atomic_path(path, force) as tmp:
         with open(tmp, mode, **kwargs) as fh:
+            if "b" in mode:
+                refuse_binary_terminal(fh, path)
             yield fh
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes, force: bool = False) -> Path:
+def refuse_binary_terminal(fh: Any, path: str | os.PathLike) -> None:
+    """Binary data (an image, a latent file) is never written to a terminal: one UserError."""
+    with contextlib.suppress(AttributeError, ValueError, OSError):
+        if fh.isatty():
+            shown = "stdout" if is_stdout(path) else f"'{os.fspath(path)}'"
+            raise UserError(f"{shown} is a terminal: binary output is not written there (redirect it to a file or a pipe, or give -o FILE)")
+
+
+def write_output(path: str | os.PathLike, data: bytes, force: bool = False) -> Path:
+    """The one way a command writes a file's bytes: a regular file atomically (:func:`atomic_path`),
+    ``-``, a descriptor's name, a device or a FIFO in place; never to a terminal."""
     with atomic_open(path, "wb", force) as fh:
         fh.write(data)
     return Path(path)
 
 
+atomic_write_bytes = write_output  # the name the model-saving code knows
+
+
 def read_stdin_lines() -> list[str]:
     """Non-empty, stripped lines from stdin (only ever called when the user passed ``-``)."""
     return [line.strip() for line in sys.stdin if line.strip()]
+
+
+_STDIN_BYTES: list[bytes] = []  # stdin read once, as bytes: every reader of ``-`` in a run sees the same data
+
+
+def read_input_bytes(path: str | os.PathLike) -> bytes:
+    """The bytes of an input file, ``-`` being stdin (read once, whole). A missing or unreadable
+    file is one UserError naming it."""
+    if is_stdout(path):
+        if not _STDIN_BYTES:
+            _STDIN_BYTES.append(sys.stdin.buffer.read())
+        return _STDIN_BYTES[0]
+    p = Path(path)
+    try:
+        return p.read_bytes()
+    except FileNotFoundError:
+        raise UserError(f"'{p}': no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"'{p}': is a directory") from None
+    except OSError as exc:
+        raise UserError(f"cannot read '{p}': {exc.strerror or exc}") from None
+
+
+def input_name(path: str | os.PathLike) -> str:
+    """How messages name an input: ``stdin`` for ``-``, else the path as given."""
+    return "stdin" if is_stdout(path) else os.fspath(path)
+
+
+def read_lines(path: str, *, what: str) -> tuple[list[str], str]:
+    """The lines of a one-item-per-line text file (``-`` = stdin), and how to name it in messages
+    (``stdin`` or ``'PATH'``). A missing, unreadable or non-UTF-8 file is one UserError naming
+    ``what`` (the option it came from)."""
+    if is_stdout(path):
+        return sys.stdin.read().splitlines(), "stdin"
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"cannot read {what} '{p}': it does not exist") from None
+    except IsADirectoryError:
+        raise UserError(f"cannot read {what} '{p}': it is a directory") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{what} '{p}' is not UTF-8 text") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {what} '{p}': {exc.strerror or exc}") from None
+    return text.splitlines(), f"'{p}'"
 
 
 def expand_inputs(args: Sequence[str], *, recursive: bool = False, extensions: Iterable[str] | None = None) -> list[str]:
@@ -225,7 +414,7 @@ def expand_inputs(args: Sequence[str], *, recursive: bool = False, extensions: I
     empty_dirs: list[Path] = []
     for arg in args:
         if arg == "-":
-            out.extend(read_stdin_lines())
+            out.extend(line.strip() for line in read_lines("-", what="stdin")[0] if line.strip())
             continue
         p = Path(arg)
         if p.is_dir():

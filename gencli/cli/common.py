@@ -22,7 +22,7 @@ import typer
 
 from gencli.backend.names import DEVICE_PATTERN
 from gencli.console import Reporter, guarded_stdout, open_output, stderr
-from gencli.errors import UserError
+from gencli.errors import Terminated, UserError
 
 # -- the option vocabulary: one meaning per short option, in every command --------------------------
 # A command that has one of these long options gives it this short form; no command gives a short
@@ -58,7 +58,7 @@ RayAddress = Annotated[
         "--ray",
         metavar="[ADDRESS]",
         help="Run on Ray Data: local (a Ray runtime on this machine; the value of a bare --ray), auto (the cluster `ray start` joined), "
-        "HOST:PORT or ray://HOST:10001. Needs pip install 'gencli[ray]'.",
+        "HOST:PORT or ray://HOST:10001. Needs pip install 'gencli\\[ray]'.",
         rich_help_panel=_RAY,
     ),
 ]
@@ -172,6 +172,15 @@ def _check_device(value: str) -> str:
     return value
 
 
+def _check_seed(value: Optional[int]) -> Optional[int]:
+    """``--seed``: the one seed type (:mod:`gencli.backend.seeds`), refused as a usage error when out of range."""
+    from gencli.backend.seeds import MAX_SEED
+
+    if value is not None and not 0 <= value <= MAX_SEED:
+        raise typer.BadParameter(f"must be from 0 to {MAX_SEED} (2**32 - 1), got {value}")
+    return value
+
+
 def _check_threads(value: Optional[int]) -> Optional[int]:
     if value is not None and value < 1:
         raise typer.BadParameter(f"must be at least 1 (got {value})")
@@ -265,7 +274,7 @@ _COMMON_PARAMS: dict[str, tuple[Any, Any]] = {
         Dtype.auto,
     ),
     "seed": _opt(
-        Annotated[Optional[int], typer.Option("--seed", callback=at_least(0), help="(set per command)", rich_help_panel="Common options")],
+        Annotated[Optional[int], typer.Option("--seed", callback=_check_seed, help="(set per command)", rich_help_panel="Common options")],
         None,
     ),
     "threads": _opt(
@@ -310,17 +319,10 @@ _OUTPUT_PARAMS: dict[str, tuple[Any, Any]] = {
 }
 
 
-class Terminated(BaseException):
-    """SIGTERM or SIGHUP arrived (``timeout``, ``docker stop``, a closed terminal). A BaseException,
-    like KeyboardInterrupt, so it unwinds every ``finally`` (temporary files are removed) and no
-    ``except Exception`` swallows it."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
 def _terminate(signum: int, frame: Any) -> None:
+    from gencli.backend.interrupt import note_signal
+
+    note_signal(signum)  # raised again by the long loops' checks, should this exception be lost
     raise Terminated(signum)
 
 
@@ -346,6 +348,9 @@ def run_guarded(opts: RunOptions, body: Callable[[], Any]) -> Any:
     both after removing partial outputs. A closed stdout (``| head``) -> exit 0, once the output
     files the run was writing are finished (see :class:`gencli.console.StdoutGuard`).
     """
+    from gencli.backend.interrupt import clear_interrupt
+    from gencli.io import forget_pending_outputs
+
     try:
         with _termination_as_exception(), guarded_stdout():
             result = body()
@@ -375,6 +380,9 @@ def run_guarded(opts: RunOptions, body: Callable[[], Any]) -> Any:
         else:
             stderr.print(f"internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", markup=False, style="red")
         raise typer.Exit(1) from None
+    finally:
+        clear_interrupt()
+        forget_pending_outputs()
 
 
 def usage_error_line(exc: typer.TyperException) -> str:
@@ -437,6 +445,24 @@ def _group_parameters(group: type) -> list[inspect.Parameter]:
     return [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=hints[f.name], default=f.default) for f in dataclasses.fields(group)]
 
 
+def reflow(doc: Optional[str]) -> Optional[str]:
+    """A command's docstring as --help shows it: each paragraph one line (the terminal wraps it, never
+    mid-sentence where the source happened to break), paragraphs and list items kept apart."""
+    if not doc:
+        return doc
+    paragraphs = []
+    for block in inspect.cleandoc(doc).split("\n\n"):
+        lines: list[str] = []
+        for line in block.splitlines():
+            line = line.strip()
+            if lines and not line.startswith(("- ", "* ")):
+                lines[-1] += " " + line
+            else:
+                lines.append(line)
+        paragraphs.append("\n".join(lines))
+    return "\n\n".join(paragraphs)
+
+
 # parameters of a command body that :func:`command` supplies itself (typer never sees them)
 _SUPPLIED = ("opts", "distributed")
 
@@ -484,7 +510,7 @@ def command(
         extra = dict(_COMMON_PARAMS) if model_options else {}
         if model_options:
             ann, default = extra["seed"]
-            seed_ann = Annotated[Optional[int], typer.Option("--seed", callback=at_least(0), metavar="INT", help=seed_help, rich_help_panel="Common options")]
+            seed_ann = Annotated[Optional[int], typer.Option("--seed", callback=_check_seed, metavar="INT", help=seed_help, rich_help_panel="Common options")]
             extra["seed"] = (seed_ann, default)
         # a command that names its own outputs (file-name patterns, a grid or a directory) declares
         # ``out``/``force`` itself and writes them; the common ones are then not added
@@ -528,7 +554,8 @@ def command(
         params = own + injected
         wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
         wrapper.__annotations__ = {p.name: p.annotation for p in params}
-        app.command(name, **typer_kwargs)(wrapper)
+        app.command(name, **{"help": reflow(fn.__doc__), **typer_kwargs})(wrapper)
         return fn
 
     return decorate
+

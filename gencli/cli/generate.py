@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
@@ -79,14 +78,14 @@ def generate(
     gencli generate --prompts-file prompts.txt --seed 7 --ray --replicas 4 --out-dir completions/
     """
     from gencli.errors import UserError
-    from gencli.pipelines.text.generate import check_flags
+    from gencli.pipelines.text.generate import check_flags, read_prompts
 
     check_flags(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, stop=stop)
     if system is not None and not chat:
         raise UserError("--system needs --chat")
     if distributed is not None and prompts_file is None:
         raise UserError("--ray needs --prompts-file (one prompt runs in this process)")
-    prompts = _read_prompts(prompt, prompts_file, opts.report)
+    prompts = read_prompts(prompt, prompts_file, opts.report.warn)
     if distributed is not None:
         _generate_on_ray(
             prompts, distributed, opts, echo=echo, batch_size=batch_size, chat=chat, system=system, quantize=quantize, group_size=group_size,
@@ -137,7 +136,7 @@ def _generate_on_ray(prompts, distributed, opts: RunOptions, *, echo: bool, batc
     import functools
 
     from gencli.backend.random import new_seed
-    from gencli.pipelines.text.generate import write_completions
+    from gencli.cli.render import write_completions
     from gencli.pipelines.text.loading import load_text_model
     from gencli.pipelines.text.ray import generate_prompts
     from gencli.weights import resolve_model
@@ -149,7 +148,7 @@ def _generate_on_ray(prompts, distributed, opts: RunOptions, *, echo: bool, batc
     )
     runs = generate_prompts(
         prompts, load, {**settings, "seed": seed}, distributed, report, batch_size=batch_size, chat=chat, system=system, device=opts.device, out=opts.out,
-        echo=echo,
+        echo=echo, write=write_completions,
     )
     if distributed.out_dir:
         n = sum(len(completions) for completions, *_ in runs)
@@ -164,7 +163,8 @@ def _run_batches(tm, encoded, settings, seed: Optional[int], report: Reporter, o
     """Generate for the encoded prompts ``batch_size`` at a time (batch k sampling from
     :func:`~gencli.pipelines.text.generate.batch_generator`) and write the completions to ``out``: streamed
     piece by piece for a single prompt, else each whole (one JSON line each with --json)."""
-    from gencli.pipelines.text.generate import batch_generator, write_completions
+    from gencli.cli.render import write_completions
+    from gencli.pipelines.text.generate import batch_generator
     from gencli.pipelines.text.generate import generate as run
 
     def on_text(row: int, piece: str) -> None:
@@ -181,41 +181,3 @@ def _run_batches(tm, encoded, settings, seed: Optional[int], report: Reporter, o
             yield completions, str(tm.path), tm.context_length, seed
 
     write_completions(batches(), report, out, stream=stream, echo=echo, many=len(encoded) > 1)
-
-
-def _read_prompts(prompt: Optional[str], prompts_file: Optional[str], report: Reporter) -> list[str]:
-    from pathlib import Path
-
-    from gencli.errors import UserError
-
-    if prompt is not None and prompts_file is not None:
-        raise UserError("give either a PROMPT or --prompts-file, not both")
-    if prompt is None and prompts_file is None:
-        raise UserError("no prompt: give a PROMPT, - to read it from stdin, or --prompts-file FILE")
-    if prompts_file is not None:
-        if prompts_file == "-":
-            lines = sys.stdin.read().splitlines()
-        else:
-            p = Path(prompts_file)
-            if not p.is_file():
-                raise UserError(f"prompts file '{p}' does not exist")
-            try:
-                lines = p.read_text(encoding="utf-8").splitlines()
-            except UnicodeDecodeError:
-                raise UserError(f"prompts file '{p}' is not UTF-8 text") from None
-        prompts = [line for line in lines if line.strip()]
-        if not prompts:
-            raise UserError(f"no prompts in '{prompts_file}' (one prompt per line)")
-        blank = [i + 1 for i, line in enumerate(lines) if not line.strip()]
-        if blank:
-            shown = ", ".join(map(str, blank[:5])) + (", ..." if len(blank) > 5 else "")
-            report.warn(f"--prompts-file: skipped {len(blank)} blank line(s) (line {shown}); {len(prompts)} prompt(s) left")
-        return prompts
-    if prompt == "-":
-        text = sys.stdin.read()
-        if text.endswith("\n"):
-            text = text[:-1]  # the newline that echo/heredocs add
-        prompt = text
-    if not prompt.strip():
-        raise UserError("the prompt is empty")
-    return [prompt]

@@ -153,29 +153,12 @@ def replay(
 
     gencli replay star.png -o star-again.png
     """
-    from pathlib import Path
+    from gencli.pipelines.diffusion.replay import plan_replay
 
-    from gencli.errors import UserError
-    from gencli.pipelines.diffusion.png_parameters import read_parameters
-
-    params = read_parameters(image)
-    if opts.model is None:
-        if not params.model:
-            raise UserError(f"'{image}' does not name its model: pass --model")
-        opts.model = params.model
-    if params.denoising_strength is not None and init_image is None:
-        raise UserError(f"'{image}' is an img2img result (Denoising strength {params.denoising_strength:g}): pass its source image with --init-image")
-    if "Mask blur" in params.extra and mask is None:
-        raise UserError(f"'{image}' was inpainted: pass its source image with --init-image and its mask with --mask")
-    if mask is not None and init_image is None:
-        raise UserError("--mask needs --init-image (the image the mask applies to)")
-    settings = DiffusionOptions(
-        negative_prompt=params.negative_prompt or None, steps=params.steps, guidance=params.cfg_scale, guidance_rescale=params.guidance_rescale or None,
-        sampler=params.sampler, width=params.width or None, height=params.height or None, seeds=str(params.seed), clip_skip=params.clip_skip or None,
-        out=out or str(Path(image).with_name(Path(image).stem + "-replay.png")), force=force, vae=vae,
-    )  # fmt: skip
-    flags = settings.flags(strength=params.denoising_strength)
-    _run(opts, params.prompt, settings, flags, "replay", image=init_image, mask=mask, expect_hash=params.model_hash)
+    plan = plan_replay(image, model=opts.model, seed=opts.seed, init_image=init_image, mask=mask, out=out, force=force, vae=vae)
+    opts.model, opts.seed = plan.model, None  # the seed is in the settings' --seeds
+    settings = DiffusionOptions(**plan.settings)
+    _run(opts, plan.params.prompt, settings, plan.flags, "replay", image=init_image, mask=mask, expect_hash=plan.expect_hash)
 
 
 def _run(
@@ -190,40 +173,21 @@ def _run(
     expect_hash: str = "",
     distributed: Optional[RayOptions] = None,
 ) -> None:
-    import sys
-
     from gencli.backend.random import new_seed
-    from gencli.errors import UserError
-    from gencli.pipelines.diffusion.jobs import PromptSpec, check_job_flags, plan_jobs, read_prompts_file
+    from gencli.cli.render import check_binary_stdout
+    from gencli.pipelines.diffusion.jobs import plan_run
     from gencli.weights import resolve_model
 
     report = opts.report
-    out, force, batch_size, prompts_file = settings.out, settings.force, settings.batch_size, settings.prompts_file
-    if batch_size < 1:
-        raise UserError(f"--batch-size must be at least 1 (got {batch_size})")
-    if prompt is not None and prompts_file is not None:
-        raise UserError("give a PROMPT or --prompts-file, not both")
+    out, force, batch_size = settings.out, settings.force, settings.batch_size
+    check_binary_stdout(opts, out)
     if distributed is not None:
-        out = _ray_out(distributed, prompts_file, out)
-    if prompts_file is not None:
-        specs = read_prompts_file(prompts_file)
-    elif prompt is None:
-        raise UserError(f"no prompt: gencli {kind} PROMPT, or --prompts-file FILE ('' is an unconditional prompt)")
-    else:
-        specs = [PromptSpec(sys.stdin.read().strip() if prompt == "-" else prompt)]
-    check_job_flags(flags)
-    for spec in specs:
-        check_job_flags({**flags, **{k: v for k, v in spec.overrides.items() if k in flags}})
-    if opts.seed is not None and opts.seed < 0:
-        raise UserError("--seed must be >= 0")
-    init = _read_init_image(image, flags) if image is not None else None
-    mask_pixels = _read_mask(mask, flags) if mask is not None else None
-    one_image = len(specs) == 1 and not settings.n and not settings.seeds
-    default_out = f"{'txt2img' if kind == 'replay' else kind}-{{seed}}.png" if one_image else f"{kind}-{{i:03d}}-{{seed}}.png"
-    jobs = plan_jobs(
-        specs, negative_prompt=settings.negative_prompt, flags=flags, seed=opts.seed, seeds=settings.seeds, n=settings.n, out=out,
-        default_out=default_out, force=force, new_seed=new_seed,
+        out = _ray_out(distributed, settings.prompts_file, out)
+    plan = plan_run(
+        prompt, settings.prompts_file, kind=kind, flags=flags, negative_prompt=settings.negative_prompt, seed=opts.seed, seeds=settings.seeds,
+        n=settings.n, out=out, force=force, batch_size=batch_size, new_seed=new_seed, image=image, mask=mask,
     )  # fmt: skip
+    jobs = plan.jobs
 
     from gencli.pipelines.diffusion.pipeline import load_pipeline
 
@@ -231,11 +195,12 @@ def _run(
     if distributed is not None:
         import functools
 
+        from gencli.cli.render import report_written
         from gencli.pipelines.diffusion.ray import make_images
 
         load = functools.partial(load_pipeline, path, vae=settings.vae, variant=settings.variant, **opts.load_options())
         for record in make_images(jobs, load, distributed, report, batch_size=batch_size, force=force, device=opts.device):
-            _report_image(opts, record)
+            report_written(opts, record)
         return
     with report.progress("loading model"):
         pipe = load_pipeline(path, vae=settings.vae, variant=settings.variant, **opts.load_options())
@@ -243,7 +208,7 @@ def _run(
     report.debug(f"loaded in {pipe.load_seconds:.2f}s")
     if expect_hash and expect_hash != pipe.model_hash:
         report.warn(f"the image was made with Model hash {expect_hash}, '{path}' has {pipe.model_hash}: the image will differ")
-    _generate(opts, pipe, jobs, batch_size, init, mask_pixels, force)
+    _generate(opts, pipe, jobs, batch_size, plan.init, plan.mask, force)
 
 
 def _ray_out(distributed, prompts_file: Optional[str], out: Optional[str]) -> Optional[str]:
@@ -263,30 +228,8 @@ def _ray_out(distributed, prompts_file: Optional[str], out: Optional[str]) -> Op
     return str(Path(distributed.out_dir) / "txt2img-{i:03d}-{seed}.png")
 
 
-def _read_init_image(image: str, flags: dict[str, Any]):
-    """The img2img source at the run's size: --width/--height, else its own rounded down to 8."""
-    from gencli.errors import UserError
-    from gencli.pipelines.diffusion.pipeline import SIZE_MULTIPLE, prepare_init_image
-    from gencli.pipelines.vision.images import load_image
-
-    pil = load_image(image)
-    w = flags.get("width") or pil.width // SIZE_MULTIPLE * SIZE_MULTIPLE
-    h = flags.get("height") or pil.height // SIZE_MULTIPLE * SIZE_MULTIPLE
-    if w < SIZE_MULTIPLE or h < SIZE_MULTIPLE:
-        raise UserError(f"'{image}' is {pil.width}x{pil.height}: too small (at least {SIZE_MULTIPLE}x{SIZE_MULTIPLE})")
-    flags["width"], flags["height"] = w, h
-    return prepare_init_image(pil, w, h)
-
-
-def _read_mask(mask: str, flags: dict[str, Any]):
-    """The inpainting mask at the run's size (that of the init image, read first)."""
-    from gencli.pipelines.diffusion.pipeline import prepare_mask
-    from gencli.pipelines.vision.images import load_image
-
-    return prepare_mask(load_image(mask), flags["width"], flags["height"])
-
-
 def _generate(opts: RunOptions, pipe, jobs, batch_size: int, init, mask, force: bool) -> None:
+    from gencli.cli.render import report_written
     from gencli.pipelines.diffusion.jobs import model_calls, run_jobs, write_image
 
     report = opts.report
@@ -308,15 +251,5 @@ def _generate(opts: RunOptions, pipe, jobs, batch_size: int, init, mask, force: 
     total = model_calls(pipe, jobs, batch_size) if report.interactive else None
     with report.progress("denoising", total=total) as advance:
         for job, image in run_jobs(pipe, jobs, batch_size=batch_size, init_image=init, mask=mask, on_step=advance, on_notice=notice, on_batch=batch_done):
-            _report_image(opts, write_image(job, image, pipe, force=force))
+            report_written(opts, write_image(job, image, pipe, force=force))
     report.debug(f"{len(jobs)} image(s) in {time.perf_counter() - start:.2f}s")
-
-
-def _report_image(opts: RunOptions, record: dict[str, Any]) -> None:
-    """One image written: its JSON line with --json, else a log line."""
-    from gencli.console import emit_json
-
-    if opts.json:
-        emit_json(record)
-    else:
-        opts.report.log(f"wrote {record['file']} (seed {record['seed']})")

@@ -29,6 +29,7 @@ from typing import Any, Optional, Sequence
 import torch
 import torch.nn as nn
 
+from gencli.backend.interrupt import check_interrupt
 from gencli.backend.layers import GroupNorm, get_activation
 from gencli.checkpoints.config import config_to_dict, read_config
 from gencli.models.attention import Attention
@@ -279,6 +280,7 @@ class Decoder(nn.Module):
     def pixels(self, x: torch.Tensor) -> torch.Tensor:
         """The local part: up blocks and output (features at latent resolution -> image)."""
         for block in self.up_blocks:
+            check_interrupt()
             x = block(x)
         return self.conv_out(self.conv_norm_out(x, "silu"))
 

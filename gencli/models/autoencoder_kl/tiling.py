@@ -32,6 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gencli.backend.interrupt import check_interrupt
 from gencli.backend.layers import GroupNorm
 from gencli.models.resnet2d import ResnetBlock2D
 
@@ -126,12 +127,18 @@ def merge_tiles(tiles, batch: int, out_channels: int, out_h: int, out_w: int, li
     return acc.div_(total).to(like.dtype)
 
 
+def _checked(piece: torch.Tensor) -> torch.Tensor:
+    """A tile about to run, after checking for a pending termination (a long decode stops between tiles)."""
+    check_interrupt()
+    return piece
+
+
 def blend_tiles(run, x: torch.Tensor, in_tile: int, in_stride: int, scale: float, out_channels: int, halo: float = 0.25) -> torch.Tensor:
     """Apply ``run`` to the overlapping tiles of ``x`` (:func:`tile_grid`) and merge the outputs
     (``scale`` times the input's size) with their weights (:func:`merge_tiles`); only one tile's
     activations are alive at a time."""
     b, _, h, w = x.shape
-    outputs = ((run(piece), offset, wt) for piece, offset, wt in tile_grid(x, in_tile, in_stride, scale, halo))
+    outputs = ((run(_checked(piece)), offset, wt) for piece, offset, wt in tile_grid(x, in_tile, in_stride, scale, halo))
     return merge_tiles(outputs, b, out_channels, round(h * scale), round(w * scale), x)
 
 
@@ -269,6 +276,7 @@ def _advance(tiles, norm: Optional[NormStep], shared: Optional[SharedGroupNormSt
         norm.norm.statistics = shared
     try:
         for state, wt in tiles:
+            check_interrupt()
             if norm is not None:
                 out = norm.norm(state.x, norm.activation)
                 if norm.keep_input:

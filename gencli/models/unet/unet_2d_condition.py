@@ -41,6 +41,7 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 import torch.nn as nn
 
+from gencli.backend.interrupt import check_interrupt
 from gencli.backend.layers import Conv2d, GroupNorm, LayerNorm, Linear, get_activation, linear, prepack_convolutions
 from gencli.backend.positional import timestep_embedding
 from gencli.checkpoints.config import read_config
@@ -653,11 +654,14 @@ class UNet2DConditionModel(nn.Module):
         x = self.conv_in(x)
         skips: list[torch.Tensor] = [x]
         for block in self.down_blocks:
+            check_interrupt()
             x, res = block(x, emb, context)
             skips.extend(res)
         if self.mid_block is not None:
+            check_interrupt()
             x = self.mid_block(x, emb, context)
         for i, block in enumerate(self.up_blocks):
+            check_interrupt()
             n = len(block.resnets)
             res, skips = skips[-n:], skips[:-n]
             size = tuple(skips[-1].shape[2:]) if odd_size and i < len(self.up_blocks) - 1 else None

@@ -68,15 +68,9 @@ def load(
 # -- inputs ------------------------------------------------------------------------------------------
 def read_lines(path: str, option: str) -> list[str]:
     """The stripped, non-empty lines of a UTF-8 text file given to ``option`` (``-`` = stdin)."""
-    import sys
+    from gencli.io import read_lines as read
 
-    try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UserError(f"cannot read {option} '{path}': {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{option} '{path}' is not UTF-8 text") from None
-    return [line.strip() for line in text.splitlines() if line.strip()]
+    return [line.strip() for line in read(path, what=option)[0] if line.strip()]
 
 
 def parse_labels(labels: Optional[str], labels_file: Optional[str]) -> list[str]:

@@ -15,15 +15,16 @@ to make, and making them in batches. Torch is imported only by :func:`run_jobs` 
 from __future__ import annotations
 
 import json
-import re
 import string
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
+from gencli.backend.seeds import check_seed
+from gencli.backend.seeds import parse_seeds as _parse_seeds
 from gencli.errors import UserError
-from gencli.io import ensure_writable
+from gencli.io import format_name, plan_outputs
 
 if TYPE_CHECKING:
     import numpy as np
@@ -39,21 +40,9 @@ PROMPT_KEYS = {
 MAX_IMAGES = 100_000
 
 
-def parse_seeds(text: str) -> list[int]:
-    """``"0-3,7"`` -> ``[0, 1, 2, 3, 7]`` (ranges inclusive; seeds are 0 to 2**32 - 1)."""
-    seeds: list[int] = []
-    for part in str(text).split(","):
-        part = part.strip()
-        m = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?", part)
-        if not m:
-            raise UserError(f"--seeds: {part!r} is not a seed or a range such as 0-7 (seeds are non-negative integers)")
-        lo, hi = int(m.group(1)), int(m.group(2) if m.group(2) is not None else m.group(1))
-        if hi < lo:
-            raise UserError(f"--seeds: the range {part!r} runs backwards")
-        if hi >= 2**32 or len(seeds) + hi - lo + 1 > MAX_IMAGES:
-            raise UserError(f"--seeds: {part!r} is too large (seeds below 2**32, at most {MAX_IMAGES} images)")
-        seeds.extend(range(lo, hi + 1))
-    return seeds
+def parse_seeds(text: Any) -> list[int]:
+    """``"0-3,7"`` -> ``[0, 1, 2, 3, 7]`` (:func:`gencli.backend.seeds.parse_seeds`, at most ``MAX_IMAGES``)."""
+    return _parse_seeds(text, limit=MAX_IMAGES)
 
 
 @dataclass
@@ -67,19 +56,11 @@ class PromptSpec:
 def read_prompts_file(path: str) -> list[PromptSpec]:
     """Prompts from a file (``-`` = stdin): plain lines, or JSON objects one per line (blank lines and
     lines starting with ``#`` skipped)."""
-    if path == "-":
-        text = sys.stdin.read()
-        where = "stdin"
-    else:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise UserError(f"--prompts-file '{path}' does not exist") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UserError(f"cannot read --prompts-file '{path}': {exc}") from None
-        where = f"'{path}'"
+    from gencli.io import read_lines
+
+    lines, where = read_lines(path, what="--prompts-file")
     specs = []
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(lines, 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         if line.lstrip().startswith("{"):
@@ -110,6 +91,13 @@ class Job:
     seed: int
     flags: dict[str, Any]  # the settings flags for this image (None = the pipeline's default)
     out: Path
+
+
+def check_image_name(name: str) -> None:
+    """An output name whose type gencli writes (:func:`~gencli.pipelines.vision.images.image_format`)."""
+    from gencli.pipelines.vision.images import image_format
+
+    image_format(name)
 
 
 def check_out_pattern(pattern: str) -> None:
@@ -146,20 +134,19 @@ def plan_jobs(
         spec_seeds = o.get("seeds", seeds)
         count = o.get("n", n)
         if spec_seeds is not None:
-            listed = parse_seeds(",".join(map(str, spec_seeds)) if isinstance(spec_seeds, list) else str(spec_seeds))
+            listed = parse_seeds(spec_seeds)
             if count is not None and count != len(listed):
                 raise UserError(f"-n {count} does not match the {len(listed)} seeds of --seeds")
         else:
             base = o.get("seed", seed)
             if base is None:
                 base = new_seed()
-            if not isinstance(base, int) or base < 0:
-                raise UserError(f"a seed must be a non-negative integer (got {base!r})")
+            check_seed(base, "--seed" if "seed" not in o else "a prompt's \"seed\"")
             if not isinstance(count, int) or isinstance(count, bool):
                 count = 1 if count is None else count
-            listed = [(base + k) % 2**32 for k in range(count)]
             if count < 1:
                 raise UserError(f"-n must be at least 1 (got {count})")
+            listed = [check_seed(base + k, f"--seed {base} with -n {count}: seed") for k in range(count)]
         merged = {**flags, **{k: v for k, v in o.items() if k in SETTING_FLAGS}}
         negative = o.get("negative_prompt", negative_prompt)
         for s in listed:
@@ -172,12 +159,96 @@ def plan_jobs(
         raise UserError(f"-o {pattern!r} names one file for {len(jobs)} images: add {{i}} or {{seed}} to it")
     seen: dict[str, int] = {}
     for job in jobs:
-        name = pattern.format(i=job.index, seed=job.seed)
+        name = format_name(pattern, i=job.index, seed=job.seed)
         if name in seen:
             raise UserError(f"-o {pattern!r} gives images {seen[name]} and {job.index} the same name '{name}': add {{i}} to it")
         seen[name] = job.index
-        job.out = ensure_writable(name, force)
+    check_image_name(format_name(pattern, i=0, seed=jobs[0].seed) if jobs else pattern)
+    for job, target in zip(jobs, plan_outputs([format_name(pattern, i=j.index, seed=j.seed) for j in jobs], force, what="images")):
+        job.out = target
     return jobs
+
+
+@dataclass
+class RunPlan:
+    """A txt2img/img2img/replay run, checked before any model loads: its images, and the img2img
+    source and inpainting mask at the run's size."""
+
+    jobs: list[Job]
+    init: Optional[np.ndarray] = None
+    mask: Optional[np.ndarray] = None
+
+
+def plan_run(
+    prompt: Optional[str],
+    prompts_file: Optional[str],
+    *,
+    kind: str,
+    flags: dict[str, Any],
+    negative_prompt: Optional[str],
+    seed: Optional[int],
+    seeds: Optional[str],
+    n: Optional[int],
+    out: Optional[str],
+    force: bool,
+    batch_size: int,
+    new_seed: Callable[[], int],
+    image: Optional[str] = None,
+    mask: Optional[str] = None,
+) -> RunPlan:
+    """Every check of a ``kind`` run (``txt2img``, ``img2img``, ``replay``) and its plan: the prompts
+    (``PROMPT``, ``-`` = stdin, or a prompts file), the settings, the seeds, the output names
+    (default ``KIND-{seed}.png`` for one image, ``KIND-{i:03d}-{seed}.png`` for many) and the source
+    image and mask (``flags`` gets the run's size from the source image when no size was given)."""
+    if batch_size < 1:
+        raise UserError(f"--batch-size must be at least 1 (got {batch_size})")
+    if prompt is not None and prompts_file is not None:
+        raise UserError("give a PROMPT or --prompts-file, not both")
+    if "-" in (prompt, prompts_file) and "-" in (image, mask):
+        raise UserError("stdin holds either the image or the prompt: give one of them as a file")
+    if prompts_file is not None:
+        specs = read_prompts_file(prompts_file)
+    elif prompt is None:
+        raise UserError(f"no prompt: gencli {kind} PROMPT, or --prompts-file FILE ('' is an unconditional prompt)")
+    else:
+        specs = [PromptSpec(sys.stdin.read().strip() if prompt == "-" else prompt)]
+    check_job_flags(flags)
+    for spec in specs:
+        check_job_flags({**flags, **{k: v for k, v in spec.overrides.items() if k in flags}})
+    if seed is not None:
+        check_seed(seed)
+    init = read_init_image(image, flags) if image is not None else None
+    mask_pixels = read_mask(mask, flags) if mask is not None else None
+    one_image = len(specs) == 1 and not n and not seeds
+    default_out = f"{'txt2img' if kind == 'replay' else kind}-{{seed}}.png" if one_image else f"{kind}-{{i:03d}}-{{seed}}.png"
+    jobs = plan_jobs(
+        specs, negative_prompt=negative_prompt, flags=flags, seed=seed, seeds=seeds, n=n, out=out, default_out=default_out, force=force,
+        new_seed=new_seed,
+    )  # fmt: skip
+    return RunPlan(jobs, init, mask_pixels)
+
+
+def read_init_image(image: str, flags: dict[str, Any]) -> np.ndarray:
+    """The img2img source at the run's size: --width/--height, else its own rounded down to a
+    multiple of 8 (``flags`` gets that size)."""
+    from gencli.pipelines.diffusion.pipeline import SIZE_MULTIPLE, prepare_init_image
+    from gencli.pipelines.vision.images import load_image
+
+    pil = load_image(image)
+    w = flags.get("width") or pil.width // SIZE_MULTIPLE * SIZE_MULTIPLE
+    h = flags.get("height") or pil.height // SIZE_MULTIPLE * SIZE_MULTIPLE
+    if w < SIZE_MULTIPLE or h < SIZE_MULTIPLE:
+        raise UserError(f"'{image}' is {pil.width}x{pil.height}: too small (at least {SIZE_MULTIPLE}x{SIZE_MULTIPLE})")
+    flags["width"], flags["height"] = w, h
+    return prepare_init_image(pil, w, h)
+
+
+def read_mask(mask: str, flags: dict[str, Any]) -> np.ndarray:
+    """The inpainting mask at the run's size (that of the init image, read first)."""
+    from gencli.pipelines.diffusion.pipeline import prepare_mask
+    from gencli.pipelines.vision.images import load_image
+
+    return prepare_mask(load_image(mask), flags["width"], flags["height"])
 
 
 def check_job_flags(job_flags: dict[str, Any]) -> None:
@@ -242,13 +313,14 @@ def run_jobs(
 
 
 def write_image(job: Job, image: Any, pipe: StableDiffusion, *, force: bool, to: Optional[Path] = None) -> dict[str, Any]:
-    """Write one generated image as PNG (its settings in the 'parameters' chunk) to ``job.out`` (or
-    ``to``: the same file by an absolute name, for a Ray worker) and return its JSON record."""
-    from gencli.io import atomic_write_bytes
-    from gencli.pipelines.diffusion.png_parameters import png_bytes
+    """Write one generated image (PNG with its settings in the 'parameters' chunk, or the type its
+    name asks for) to ``job.out`` (or ``to``: the same file by an absolute name, for a Ray worker)
+    and return its JSON record."""
+    from gencli.pipelines.diffusion.png_parameters import PARAMETERS_KEY
+    from gencli.pipelines.vision.images import write_image as write
 
     params = image.parameters(pipe)
-    atomic_write_bytes(to or job.out, png_bytes(image.pixels, params.to_text()), force=force)
+    write(to or job.out, image.pixels, {PARAMETERS_KEY: params.to_text()}, force=force)
     s = image.settings
     return {
         "file": str(job.out), "prompt": image.prompt, "negative_prompt": image.negative_prompt, "seed": image.seed,
@@ -271,4 +343,7 @@ def model_calls(pipe: StableDiffusion, jobs: Sequence[Job], batch_size: int) -> 
     return total
 
 
-__all__ = ["parse_seeds", "PromptSpec", "read_prompts_file", "Job", "plan_jobs", "check_job_flags", "batches", "run_jobs", "write_image", "model_calls"]
+__all__ = [
+    "parse_seeds", "RunPlan", "plan_run", "read_init_image", "read_mask", "PromptSpec", "read_prompts_file", "Job", "plan_jobs", "check_job_flags",
+    "batches", "run_jobs", "write_image", "model_calls",
+]  # fmt: skip

@@ -21,7 +21,7 @@ import torch
 
 from gencli.checkpoints.header import read_header
 from gencli.errors import CheckpointError, UserError
-from gencli.io import atomic_path
+from gencli.io import input_name, is_stdout, read_input_bytes, write_output
 from gencli.pipelines.diffusion.vae import LoadedAutoencoder, images_to_tensor, tensor_to_images
 from gencli.pipelines.generative.loading import LoadedGenerative
 from gencli.pipelines.generative.reconstruct import load_any_vae, read_model_image
@@ -68,34 +68,55 @@ def encode_file(loaded: LoadedAutoencoder, path: str, *, tile: Optional[bool] = 
 
 
 def write_latents(path: Union[str, Path], latents: torch.Tensor, metadata: dict[str, Any], *, force: bool = False) -> Path:
-    """Write unscaled latents ``(B, C, h, w)`` as a latent file (atomically)."""
-    from safetensors.torch import save_file
+    """Write unscaled latents ``(B, C, h, w)`` as a latent file through the output layer (a file
+    atomically; ``-``, a pipe or a device in place)."""
+    from safetensors.torch import save
 
     tensors = {LATENT_KEY: latents.detach().float().cpu().contiguous(), VERSION_KEY: torch.tensor([])}
-    with atomic_path(path, force=force) as tmp:
-        save_file(tensors, str(tmp), metadata={METADATA_KEY: json.dumps(metadata, sort_keys=True)})
-    return Path(path)
+    return write_output(path, save(tensors, metadata={METADATA_KEY: json.dumps(metadata, sort_keys=True)}), force=force)
 
 
 def read_latents(path: Union[str, Path], loaded: LoadedAutoencoder) -> LatentFile:
     """A latent file's unscaled latents for ``loaded`` (scaled ones are unscaled with its config);
-    a file that is not one, or whose latents the model cannot take, is a one-line error."""
+    ``-`` reads the file from stdin. A file that is not one, whose latents the model cannot take,
+    that holds no latent, an empty map or a NaN/infinite value is a one-line error (never a black image)."""
+    if is_stdout(path):
+        import tempfile
+
+        data = read_input_bytes(path)
+        with tempfile.TemporaryDirectory(prefix="gencli-latent-") as folder:
+            tmp = Path(folder) / "stdin.latent.safetensors"
+            tmp.write_bytes(data)
+            try:
+                return _read_latent_file(tmp, loaded, "stdin")
+            except UserError as exc:
+                raise type(exc)(str(exc).replace(str(tmp), "stdin")) from None
+    return _read_latent_file(Path(path), loaded, input_name(path))
+
+
+def _read_latent_file(p: Path, loaded: LoadedAutoencoder, name: str) -> LatentFile:
     from safetensors.torch import load_file
 
-    p = Path(path)
     if not p.is_file():
-        raise UserError(f"latent file '{p}': {'is a directory' if p.is_dir() else 'no such file'}")
+        raise UserError(f"latent file '{name}': {'is a directory' if p.is_dir() else 'no such file'}")
     header = read_header(p)
     if LATENT_KEY not in header.tensors:
         found = ", ".join(sorted(header.tensors)[:4]) or "no tensors"
-        raise CheckpointError(f"'{p}' is not a latent file: no '{LATENT_KEY}' tensor (found {found})")
+        raise CheckpointError(f"'{name}' is not a latent file: no '{LATENT_KEY}' tensor (found {found})")
     info = header.tensors[LATENT_KEY]
     channels = loaded.model.config.latent_channels
     if len(info.shape) != 4 or info.shape[1] != channels:
-        raise UserError(f"'{p}': latents of shape {list(info.shape)} do not fit the model's (N, {channels}, h, w) latents ({loaded.path})")
+        raise UserError(f"'{name}': latents of shape {list(info.shape)} do not fit the model's (N, {channels}, h, w) latents ({loaded.path})")
+    if info.shape[0] == 0:
+        raise UserError(f"'{name}': the latent batch is empty (shape {list(info.shape)}): nothing to decode")
+    if 0 in info.shape[2:]:
+        raise UserError(f"'{name}': the latents have no pixels (shape {list(info.shape)})")
     if not str(info.dtype).upper().startswith(("F", "BF")):
-        raise CheckpointError(f"'{p}': '{LATENT_KEY}' holds {info.dtype} values, not floating point")
+        raise CheckpointError(f"'{name}': '{LATENT_KEY}' holds {info.dtype} values, not floating point")
     z = load_file(str(p))[LATENT_KEY].float()
+    if not bool(torch.isfinite(z).all()):
+        bad = int((~torch.isfinite(z)).sum())
+        raise UserError(f"'{name}': {bad} latent value(s) are NaN or infinite: they would decode to a blank image")
     scaled = VERSION_KEY not in header.tensors
     if scaled:
         z = loaded.model.unscale_latents(z)
@@ -115,8 +136,9 @@ def decode_latents(loaded: LoadedAutoencoder, latents: torch.Tensor, *, tile: Op
 
 
 def latent_stem(path: Union[str, Path]) -> str:
-    """The name a latent file's images are named after: ``cat.latent.safetensors`` -> ``cat``."""
-    name = Path(path).name
+    """The name a latent file's images are named after: ``cat.latent.safetensors`` -> ``cat``
+    (``-``, stdin: ``stdin``)."""
+    name = "stdin" if is_stdout(path) else Path(path).name
     for suffix in (".safetensors", ".latent"):
         if name.endswith(suffix) and len(name) > len(suffix):
             name = name[: -len(suffix)]

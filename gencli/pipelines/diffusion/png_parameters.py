@@ -16,8 +16,8 @@ diffusers' ``clip_skip``.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,26 +97,35 @@ class ImageParameters:
         p = cls("\n".join(prompt_lines), "\n".join(negative_lines))
         known = {"Steps", "Sampler", "Schedule type", "CFG scale", "Seed", "Size", "Model", "Model hash", "Clip skip",
                  "Guidance rescale", "Denoising strength", "VAE", "VAE hash"}  # fmt: skip
-        try:
-            p.steps = int(settings["Steps"])
-            p.sampler = settings.get("Sampler", "")
-            if settings.get("Schedule type", "").lower() == "karras" and "karras" not in p.sampler.lower():
-                p.sampler += " Karras"  # newer files write the schedule apart from the sampler
-            p.cfg_scale = float(settings.get("CFG scale", 7.0))
-            p.seed = int(settings["Seed"])
-            if "Size" in settings:
-                m = _SIZE.match(settings["Size"])
-                if not m:
-                    raise ValueError(f"Size {settings['Size']!r}")
-                p.width, p.height = int(m.group(1)), int(m.group(2))
-            p.clip_skip = max(0, int(settings.get("Clip skip", 1)) - 1)
-            p.guidance_rescale = float(settings.get("Guidance rescale", 0.0))
-            if "Denoising strength" in settings:
-                p.denoising_strength = float(settings["Denoising strength"])
-        except KeyError as exc:
-            raise UserError(f"the image's parameters have no {exc.args[0]!r}") from None
-        except ValueError as exc:
-            raise UserError(f"the image's parameters do not parse: {exc}") from None
+        def value(key: str, kind: type, default: Any = None) -> Any:
+            if key not in settings:
+                if default is None:
+                    raise UserError(f"the image's parameters have no {key!r}")
+                return default
+            try:
+                number = kind(settings[key])
+            except ValueError:
+                number = None
+            if number is None or (kind is float and not math.isfinite(number)):
+                what = "a whole number" if kind is int else "a number"
+                raise UserError(f"the image's parameters say '{key}: {settings[key]}', which is not {what}") from None
+            return number
+
+        p.steps = value("Steps", int)
+        p.sampler = settings.get("Sampler", "")
+        if settings.get("Schedule type", "").lower() == "karras" and "karras" not in p.sampler.lower():
+            p.sampler += " Karras"  # newer files write the schedule apart from the sampler
+        p.cfg_scale = value("CFG scale", float, 7.0)
+        p.seed = value("Seed", int)
+        if "Size" in settings:
+            m = _SIZE.match(settings["Size"])
+            if not m:
+                raise UserError(f"the image's parameters say 'Size: {settings['Size']}', which is not WIDTHxHEIGHT")
+            p.width, p.height = int(m.group(1)), int(m.group(2))
+        p.clip_skip = max(0, value("Clip skip", int, 1) - 1)
+        p.guidance_rescale = value("Guidance rescale", float, 0.0)
+        if "Denoising strength" in settings:
+            p.denoising_strength = value("Denoising strength", float)
         p.model, p.model_hash = settings.get("Model", ""), settings.get("Model hash", "")
         p.vae, p.vae_hash = settings.get("VAE", ""), settings.get("VAE hash", "")
         p.extra = {k: v for k, v in settings.items() if k not in known}
@@ -150,22 +159,23 @@ def _parse_pairs(line: str) -> dict[str, str]:
 def png_bytes(pixels: np.ndarray, parameters: Optional[str]) -> bytes:
     """``pixels (H, W, 3)`` uint8 as PNG bytes, with the ``parameters`` text chunk (deterministic:
     the same pixels and text give the same bytes)."""
-    from PIL import Image, PngImagePlugin
+    from gencli.pipelines.vision.images import image_bytes
 
-    info = PngImagePlugin.PngInfo()
-    if parameters is not None:
-        info.add_text(PARAMETERS_KEY, parameters)
-    buf = io.BytesIO()
-    Image.fromarray(np.ascontiguousarray(pixels), "RGB").save(buf, format="PNG", pnginfo=info)
-    return buf.getvalue()
+    return image_bytes(pixels, "image.png", None if parameters is None else {PARAMETERS_KEY: parameters})
 
 
 def read_parameters(path: str | Path) -> ImageParameters:
     """The :class:`ImageParameters` of a PNG (or any image PIL reads with a ``parameters`` text)."""
+    import io
+
     from PIL import Image, UnidentifiedImageError
 
+    from gencli.io import input_name, is_stdout, read_input_bytes
+
+    source = io.BytesIO(read_input_bytes(path)) if is_stdout(path) else path
+    path = input_name(path)
     try:
-        with Image.open(path) as im:
+        with Image.open(source) as im:
             text = im.info.get(PARAMETERS_KEY) or getattr(im, "text", {}).get(PARAMETERS_KEY)
     except FileNotFoundError:
         raise UserError(f"'{path}' does not exist") from None

@@ -72,8 +72,10 @@ def refuse_without_ray(opts: RayOptions) -> None:
 
 
 def check_out_dir(path: str, force: bool) -> Path:
-    """``--out-dir``: a new directory, or an existing one with ``--force`` (its old shards go)."""
-    p = Path(path)
+    """``--out-dir``: a new directory, or an existing one with ``--force`` (its old shards go); never ``-``."""
+    from gencli.io import check_output_dir
+
+    p = check_output_dir(path)
     if p.exists() and not p.is_dir():
         raise UserError(f"--out-dir '{p}' exists and is not a directory")
     if p.is_dir() and any(p.iterdir()) and not force:

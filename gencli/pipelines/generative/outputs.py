@@ -24,29 +24,25 @@ def image_grid(images: np.ndarray, nrow: int, padding: int = 2) -> np.ndarray:
 
 
 def write_png(path: Union[str, Path], image: np.ndarray, settings: dict[str, Any], *, force: bool = False) -> Path:
-    """An RGB PNG, written atomically, carrying ``settings`` as JSON in a ``gencli`` text chunk."""
-    from PIL import Image
-    from PIL.PngImagePlugin import PngInfo
+    """An RGB image (PNG, or the type the name asks for) written through the output layer, carrying
+    ``settings`` as JSON in a ``gencli`` text chunk."""
+    from gencli.pipelines.vision.images import write_image
 
-    from gencli.io import atomic_path
-
-    info = PngInfo()
-    info.add_text("gencli", json.dumps(settings, sort_keys=True))
-    with atomic_path(path, force=force) as tmp:
-        Image.fromarray(image).save(tmp, format="PNG", pnginfo=info)
-    return Path(path)
+    return write_image(path, image, {"gencli": json.dumps(settings, sort_keys=True)}, force=force)
 
 
 def write_gif(path: Union[str, Path], frames: np.ndarray, settings: dict[str, Any], *, frame_ms: int = 80, force: bool = False) -> Path:
     """An animated GIF looping forever over ``frames`` and back (a latent walk that returns), with
-    ``settings`` as JSON in its comment."""
+    ``settings`` as JSON in its comment, written through the output layer."""
+    import io
+
     from PIL import Image
 
-    from gencli.io import atomic_path
+    from gencli.io import write_output
 
     order = list(frames) + list(frames[-2:0:-1])
     images = [Image.fromarray(f) for f in order]
-    with atomic_path(path, force=force) as tmp:
-        images[0].save(tmp, format="GIF", save_all=True, append_images=images[1:], duration=frame_ms, loop=0,
-                       comment=json.dumps(settings, sort_keys=True).encode())  # fmt: skip
-    return Path(path)
+    buf = io.BytesIO()
+    images[0].save(buf, format="GIF", save_all=True, append_images=images[1:], duration=frame_ms, loop=0,
+                   comment=json.dumps(settings, sort_keys=True).encode())  # fmt: skip
+    return write_output(path, buf.getvalue(), force=force)

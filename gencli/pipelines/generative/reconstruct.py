@@ -72,7 +72,10 @@ def read_model_image(model, path: str) -> tuple[np.ndarray, tuple[int, int], Opt
 
 
 def reconstruct_file(model, path: str, target: Path, *, tile: Optional[bool] = None, force: bool = False) -> Reconstruction:
-    """Reconstruct one image file into ``target`` (a PNG with the model in a text chunk)."""
+    """Reconstruct one image file into ``target`` (a PNG with the model in a text chunk; its folder created)."""
+    from gencli.io import make_output_dir
+
+    make_output_dir(target.parent)
     x, size, resized = read_model_image(model, path)
     if isinstance(model, LoadedGenerative):
         y = reconstruct_vae(model, x)
@@ -83,4 +86,30 @@ def reconstruct_file(model, path: str, target: Path, *, tile: Optional[bool] = N
     return Reconstruction(float(psnr(y, x)[0].clamp(max=99.0)), s, size, resized)
 
 
-__all__ = ["Reconstruction", "load_any_vae", "model_size", "read_model_image", "reconstruct_file"]
+def plan_reconstructions(paths: list[str], out_dir: str, *, force: bool = False) -> tuple[Path, list[Path]]:
+    """The folder and the PNG each input is reconstructed into (named after it), all checked before
+    any work (the folder is created when the first is written): the folder is not a file nor ``-``, no two inputs
+    share a name, nothing is replaced without ``force``."""
+    from gencli.io import check_output_dir, plan_outputs
+
+    folder = check_output_dir(out_dir)
+    targets = [folder / ("stdin.png" if p == "-" else Path(p).stem + ".png") for p in paths]
+    seen: dict[Path, str] = {}
+    for p, t in zip(paths, targets):
+        if t in seen:
+            raise UserError(f"'{p}' and '{seen[t]}' would both be written to '{t}': rename one")
+        seen[t] = p
+    return folder, plan_outputs(targets, force, what="reconstructions", new_folder=True)
+
+
+def results_table(rows: list[dict]):
+    """The PSNR/SSIM table of a run (plain rows on a pipe: no box)."""
+    from rich.table import Table
+
+    table = Table("image", "output", "PSNR (dB)", "SSIM", box=None, header_style="bold", show_edge=False, pad_edge=False)
+    for r in rows:
+        table.add_row(r["image"], r["output"], f"{r['psnr']:.2f}", f"{r['ssim']:.4f}")
+    return table
+
+
+__all__ = ["Reconstruction", "plan_reconstructions", "results_table", "load_any_vae", "model_size", "read_model_image", "reconstruct_file"]

@@ -16,7 +16,6 @@ import torch
 
 from gencli.backend.random import make_generator
 from gencli.backend.screened_argmax import ScreenedArgmax
-from gencli.console import Reporter, emit_json
 from gencli.errors import UserError
 from gencli.pipelines.text.decode_step import compiled, decode_step, static_capacity, wants_static
 from gencli.pipelines.text.loading import TextModel
@@ -347,30 +346,35 @@ def _timing(tm: TextModel, prompt_tokens: int, batch_size: int, t_prefill: float
     }
 
 
-def write_completions(batches, report: Reporter, out, *, stream: bool = False, echo: bool = False, many: bool = True) -> None:
-    """Write each batch's completions (``batches``: ``(completions, model path, context length,
-    seed)`` in prompt order) as they come: JSON lines with --json, else the texts (a blank line between
-    them when ``many``; only the line end when ``stream``ed already)."""
-    context_warned = False
-    for completions, model_path, context_length, seed in batches:
-        for c in completions:
-            if c.hit_context and not context_warned:
-                report.warn(f"stopped at the model's context length ({context_length} tokens)")
-                context_warned = True
-            if report.json:
-                emit_json(c.as_json(model_path, seed), out)
-            elif stream:
-                out.write("\n")
-            else:
-                out.write((c.prompt if echo else "") + c.text + "\n")
-                if many:
-                    out.write("\n")
-            out.flush()
-        t = completions[0].timing
-        report.debug(
-            f"prefill {t['prefill_s']:.3f}s ({t['prefill_tokens_per_s'] or 0:.1f} tokens/s), "
-            f"decode {t['decode_s']:.3f}s ({t['decode_tokens_per_s'] or 0:.1f} tokens/s), batch of {len(completions)}"
-        )
+def read_prompts(prompt: Optional[str], prompts_file: Optional[str], warn: Callable[[str], None]) -> list[str]:
+    """The prompts of a run: ``prompt`` (``-`` = stdin, its last line end dropped) or the lines of
+    ``prompts_file`` (``-`` = stdin; blank lines skipped, with a warning saying which)."""
+    from gencli.io import read_lines
+
+    if prompt is not None and prompts_file is not None:
+        raise UserError("give either a PROMPT or --prompts-file, not both")
+    if prompt is None and prompts_file is None:
+        raise UserError("no prompt: give a PROMPT, - to read it from stdin, or --prompts-file FILE")
+    if prompts_file is not None:
+        lines, where = read_lines(prompts_file, what="--prompts-file")
+        prompts = [line for line in lines if line.strip()]
+        if not prompts:
+            raise UserError(f"no prompts in {where} (one prompt per line)")
+        blank = [i + 1 for i, line in enumerate(lines) if not line.strip()]
+        if blank:
+            shown = ", ".join(map(str, blank[:5])) + (", ..." if len(blank) > 5 else "")
+            warn(f"--prompts-file: skipped {len(blank)} blank line(s) (line {shown}); {len(prompts)} prompt(s) left")
+        return prompts
+    if prompt == "-":
+        import sys
+
+        text = sys.stdin.read()
+        if text.endswith("\n"):
+            text = text[:-1]  # the newline that echo/heredocs add
+        prompt = text
+    if not prompt.strip():
+        raise UserError("the prompt is empty")
+    return [prompt]
 
 
 def batch_generator(seed: Optional[int], index: int) -> Optional[torch.Generator]:

@@ -6,7 +6,7 @@ numerics depend on the composition of its batch) and samples from the same gener
 :func:`~gencli.pipelines.text.generate.batch_generator` of ``(seed, k)``, so the completions are those of the
 single-process run. The driver yields them in prompt order (Ray Data keeps the order); with
 ``--out-dir`` each replica writes its batch as one shard instead, in the single-process format
-(:func:`~gencli.pipelines.text.generate.write_completions`: JSON lines with ``--json``, in ``.jsonl`` shards,
+(the command's own writer, passed in as ``write``: JSON lines with ``--json``, in ``.jsonl`` shards,
 else the texts, in ``.txt`` shards), so the shards read in name order are the single-process output.
 The replicas' warnings come back with their batches and are shown once each.
 """
@@ -37,6 +37,7 @@ class TextReplica:
         json_lines: bool = False,
         echo: bool = False,
         many: bool = True,
+        write: Optional[Callable[..., None]] = None,
     ):
         from gencli.pipelines.text.generate import resolve_settings
 
@@ -46,12 +47,12 @@ class TextReplica:
             self.settings = resolve_settings(self.tm.generation_config, **settings, warn=self.report.warn)
         self.seed = seed if not self.settings.sampling.greedy else None
         self.chat, self.system, self.out_dir = chat, system, out_dir
-        self.echo, self.many = echo, many
+        self.echo, self.many, self.write = echo, many, write
 
     def __call__(self, frame):
         import pandas as pd
 
-        from gencli.pipelines.text.generate import batch_generator, encode_prompt, generate, write_completions
+        from gencli.pipelines.text.generate import batch_generator, encode_prompt, generate
 
         rows = []
         for index, prompts_json in zip(frame["batch"].tolist(), frame["prompts"].tolist()):
@@ -62,7 +63,7 @@ class TextReplica:
                     suffix = ".jsonl" if self.report.json else ".txt"
                     with open_output(str(Path(self.out_dir) / shard_name((index,), suffix)), True) as fh:
                         batch = (completions, str(self.tm.path), self.tm.context_length, self.seed)
-                        write_completions([batch], self.report, fh, echo=self.echo, many=self.many)
+                        self.write([batch], self.report, fh, echo=self.echo, many=self.many)
             model = {"model": str(self.tm.path), "context": self.tm.context_length, "seed": -1 if self.seed is None else self.seed}
             rows.append({"batch": index, "completions": pickle.dumps(completions), "warnings": self.report.take(), **model})
         return pd.DataFrame(rows)
@@ -81,19 +82,23 @@ def generate_prompts(
     device: str = "auto",
     out: Optional[str] = None,
     echo: bool = False,
+    write: Optional[Callable[..., None]] = None,
 ) -> Iterator[tuple[list, str, int, Optional[int]]]:
     """Per batch of prompts, in prompt order: ``(completions, model path, context length, seed)``
     (the seed None when decoding greedily). ``settings`` are :func:`~gencli.pipelines.text.generate.resolve_settings`'s
     keyword arguments, with the run's seed (one seed for every replica). With ``--out-dir`` the
-    shards are written as ``report.json`` says (``echo``: the prompt before each text)."""
+    shards are written by ``write`` (the command's writer of completions) as ``report.json`` says
+    (``echo``: the prompt before each text)."""
     check_options(ray_opts, out=out)
+    if ray_opts.out_dir and write is None:
+        raise TypeError("--out-dir: generate_prompts needs the writer of the shards")
     batches = [{"batch": k, "prompts": json.dumps(list(prompts[i : i + batch_size]))} for k, i in enumerate(range(0, len(prompts), batch_size))]
     with ray_runtime(ray_opts, report, device=device) as cluster, ray_task_errors():
         import ray.data
 
         out_dir = str(prepare_out_dir(ray_opts.out_dir).resolve()) if ray_opts.out_dir else None
         replica = {"load": load, "settings": settings, "chat": chat, "system": system, "seed": settings.get("seed"), "out_dir": out_dir}
-        replica.update(json_lines=report.json, echo=echo, many=len(prompts) > 1)
+        replica.update(json_lines=report.json, echo=echo, many=len(prompts) > 1, write=write)
         ds = ray.data.from_items(batches, override_num_blocks=max(1, len(batches))).map_batches(
             TextReplica, batch_size=1, batch_format="pandas", fn_constructor_kwargs=replica, **cluster.actor_pool()
         )

@@ -57,11 +57,24 @@ class ImageReadError(UserError):
 
 
 # -- reading -------------------------------------------------------------------------------------
+SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")  # integer grey: 16-bit samples (0..65535)
+
+
 def to_rgb(image: Image.Image) -> Image.Image:
-    """RGB version of ``image``; any transparency is composited onto white (as transformers does)."""
+    """RGB version of ``image``, the same rule for every mode PIL reads: 16-bit (and 32-bit integer)
+    grey scaled to 8 bits (PIL alone clips them to white), palette, CMYK, 1-bit and grey converted,
+    and any transparency (RGBA, LA, a palette's or a grey image's transparent colour) composited
+    onto white (as transformers' ``convert_to_rgb`` does)."""
     if image.mode == "RGB":
         return image
-    has_alpha = "A" in image.getbands() or image.info.get("transparency") is not None
+    if image.mode in SIXTEEN_BIT_MODES:
+        grey = np.asarray(image).astype(np.float64)
+        image = Image.fromarray(np.clip(np.rint(grey / 257.0), 0, 255).astype(np.uint8), "L")
+    elif image.mode == "F":
+        grey = np.nan_to_num(np.asarray(image, dtype=np.float64), nan=0.0)
+        scale = 255.0 if grey.size and grey.max() <= 1.0 else 1.0  # float images hold 0..1 (TIFF, EXR) or 0..255
+        image = Image.fromarray(np.clip(np.rint(grey * scale), 0, 255).astype(np.uint8), "L")
+    has_alpha = "A" in image.getbands() or "a" in image.getbands() or image.info.get("transparency") is not None
     if has_alpha:
         rgba = image.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
@@ -70,18 +83,28 @@ def to_rgb(image: Image.Image) -> Image.Image:
 
 
 def load_image(path: str | Path) -> Image.Image:
-    """Read an image file: decoded now, EXIF orientation applied, converted to RGB.
+    """Read an image file (``-`` = the image on stdin): decoded now, EXIF orientation applied,
+    converted to RGB (:func:`to_rgb`).
 
     Raises :class:`ImageReadError` (exit code 2 in the CLI) for a missing, unreadable or corrupt file.
     """
-    p = Path(path)
-    name = str(path)
-    if not p.exists():
-        raise ImageReadError(name, "no such file")
-    if p.is_dir():
-        raise ImageReadError(name, "is a directory (use --recursive, or pass the directory itself to read its images)")
+    import io
+
+    from gencli.io import input_name, is_stdout, read_input_bytes
+
+    name = input_name(path)
+    if is_stdout(path):
+        source: Any = io.BytesIO(read_input_bytes(path))
+        if not source.getbuffer().nbytes:
+            raise ImageReadError(name, "no image on stdin (it was empty)")
+    else:
+        source = Path(path)
+        if not source.exists():
+            raise ImageReadError(name, "no such file")
+        if source.is_dir():
+            raise ImageReadError(name, "is a directory (use --recursive, or pass the directory itself to read its images)")
     try:
-        with Image.open(p) as im:
+        with Image.open(source) as im:
             im.load()
             if getattr(im, "n_frames", 1) > 1:
                 im.seek(0)
@@ -97,6 +120,55 @@ def load_image(path: str | Path) -> Image.Image:
     if image.width < 1 or image.height < 1:
         raise ImageReadError(name, "the image is empty")
     return image
+
+
+# -- writing -------------------------------------------------------------------------------------
+def image_format(path: str | Path) -> str:
+    """The PIL format an output image is written in, from its name's suffix (``.png``, ``.jpg``,
+    ``.webp``, ...); PNG for ``-``, a device or a name without a suffix. A suffix that is not an
+    image type PIL writes is one UserError (a ``.jpg`` never holds PNG bytes)."""
+    from gencli.io import is_in_place
+
+    suffix = Path(path).suffix.lower()
+    if is_in_place(path) or not suffix:
+        return "PNG"
+    fmt = Image.registered_extensions().get(suffix)
+    if fmt is None or fmt not in Image.SAVE:
+        raise UserError(f"output '{path}': '{suffix}' is not an image type gencli writes (use .png, .jpg, .webp, .bmp, .tif or .gif)")
+    return fmt
+
+
+def image_bytes(pixels: Any, path: str | Path, text: Optional[dict[str, str]] = None) -> bytes:
+    """uint8 RGB ``pixels (H, W, 3)`` (or a PIL image) encoded in the format ``path`` names
+    (:func:`image_format`), deterministic bytes. ``text`` goes into PNG text chunks, and into the
+    comment of a JPEG or GIF."""
+    import io
+
+    fmt = image_format(path)
+    image = pixels if isinstance(pixels, Image.Image) else Image.fromarray(np.ascontiguousarray(pixels), "RGB")
+    options: dict[str, Any] = {}
+    if fmt == "PNG" and text:
+        from PIL.PngImagePlugin import PngInfo
+
+        info = PngInfo()
+        for key, value in text.items():
+            info.add_text(key, value)
+        options["pnginfo"] = info
+    elif fmt in ("JPEG", "GIF") and text:
+        options["comment"] = "\n".join(text.values()).encode()
+    if fmt == "JPEG":
+        options["quality"] = 95
+    buf = io.BytesIO()
+    image.save(buf, format=fmt, **options)
+    return buf.getvalue()
+
+
+def write_image(path: str | Path, pixels: Any, text: Optional[dict[str, str]] = None, *, force: bool = False) -> Path:
+    """Write one image through the output layer (:func:`gencli.io.write_output`): atomically to a
+    file, in place to ``-``, a pipe or a device, in the format its name asks for."""
+    from gencli.io import write_output
+
+    return write_output(path, image_bytes(pixels, path, text), force=force)
 
 
 # -- preprocessing -------------------------------------------------------------------------------

@@ -1,0 +1,90 @@
+"""``gencli replay``: the settings of a run read back from a PNG's ``parameters``, and the rules for
+regenerating it (no torch). A value that came from the PNG is named as the PNG names it, never as a
+flag the user did not pass."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from gencli.backend.seeds import check_seed
+from gencli.errors import UserError
+from gencli.io import input_name, is_stdout
+from gencli.pipelines.diffusion.png_parameters import ImageParameters, read_parameters
+
+# the flag a setting has on the command line -> the key the PNG's parameters give it
+PNG_KEYS = {"--steps": "Steps", "--guidance": "CFG scale", "--guidance-rescale": "Guidance rescale", "--sampler": "Sampler", "--width": "Size",
+            "--height": "Size", "--clip-skip": "Clip skip", "--strength": "Denoising strength"}  # fmt: skip
+
+
+@dataclass
+class Replay:
+    """What to run again: the settings (``DiffusionOptions`` fields), the sampling flags, the model
+    and its expected hash, and the output file."""
+
+    params: ImageParameters
+    settings: dict[str, Any]
+    flags: dict[str, Any]
+    model: str
+    expect_hash: str
+
+
+def plan_replay(
+    image: str, *, model: Optional[str], seed: Optional[int], init_image: Optional[str], mask: Optional[str], out: Optional[str], force: bool,
+    vae: Optional[str],
+) -> Replay:  # fmt: skip
+    """Read ``image``'s parameters and check them, and the flags given with them, before any model loads.
+
+    ``--seed`` replaces the PNG's seed; ``--model`` its model (which must otherwise be found: an
+    embedded default or a path here)."""
+    from gencli.pipelines.diffusion.jobs import check_job_flags
+    from gencli.weights import resolve_model
+
+    name = input_name(image)
+    params = read_parameters(image)
+    if model is None:
+        if not params.model:
+            raise UserError(f"'{name}' does not name its model: pass --model")
+        try:
+            resolve_model(params.model)
+        except UserError:
+            raise UserError(
+                f"'{name}' was made with model '{params.model}', which is neither a path here nor an embedded default: pass it with --model"
+            ) from None
+        model = params.model
+    if params.denoising_strength is not None and init_image is None:
+        raise UserError(f"'{name}' is an img2img result (Denoising strength {params.denoising_strength:g}): pass its source image with --init-image")
+    if params.denoising_strength is None and init_image is not None:
+        raise UserError(f"'{name}' is a txt2img result (its parameters have no Denoising strength): --init-image is for img2img results")
+    if "Mask blur" in params.extra and mask is None:
+        raise UserError(f"'{name}' was inpainted: pass its source image with --init-image and its mask with --mask")
+    if mask is not None and init_image is None:
+        raise UserError("--mask needs --init-image (the image the mask applies to)")
+    chosen = check_seed(seed) if seed is not None else check_seed(params.seed, f"'{name}': the PNG's Seed")
+    stem = "stdin" if is_stdout(image) else Path(image).stem
+    settings = dict(
+        negative_prompt=params.negative_prompt or None, steps=params.steps, guidance=params.cfg_scale, guidance_rescale=params.guidance_rescale or None,
+        sampler=params.sampler, width=params.width or None, height=params.height or None, seeds=str(chosen), clip_skip=params.clip_skip or None,
+        out=out or str(Path(image).with_name(stem + "-replay.png")), force=force, vae=vae,
+    )  # fmt: skip
+    flags = {k: settings[k] for k in ("steps", "guidance", "guidance_rescale", "sampler", "width", "height", "clip_skip")}
+    flags["strength"] = params.denoising_strength
+    try:
+        check_job_flags(flags)
+    except UserError as exc:
+        raise from_the_png(name, exc) from None
+    return Replay(params, settings, flags, model, params.model_hash)
+
+
+def from_the_png(name: str, exc: UserError) -> UserError:
+    """A settings error whose value came from the PNG: named by the PNG's key, not by a flag."""
+    message = str(exc)
+    m = re.match(r"(--[a-z-]+)\b", message)
+    if m and m.group(1) in PNG_KEYS:
+        message = f"the PNG's '{PNG_KEYS[m.group(1)]}'" + message[m.end() :]
+    return UserError(f"'{name}': {message} (the value comes from the image's parameters, not from a flag)")
+
+
+__all__ = ["Replay", "plan_replay", "from_the_png", "PNG_KEYS"]

@@ -1,0 +1,126 @@
+"""What a ``sample`` run makes and where it goes, decided before any model loads (no torch): the
+flag rules, the seeds (:mod:`gencli.backend.seeds`), the file names and their checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from gencli.backend.seeds import check_seed, parse_seeds
+from gencli.errors import UserError
+from gencli.io import check_output_dir, make_output_dir, plan_files, plan_outputs
+
+MAX_SAMPLES = 4096  # -n and --seeds beyond this are refused (one grid, one process)
+DEFAULT_COUNT = 16
+
+
+@dataclass
+class SamplePlan:
+    """One ``sample`` run: the seeds, what is written (``"files"``: one PNG per sample, ``"gif"``:
+    a latent walk, ``"grid"``: one image) and where."""
+
+    family: str
+    seeds: list[int]
+    interpolate: Optional[int]
+    kind: str
+    targets: list[Path]
+    nrow: Optional[int] = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    out_dir: Optional[Path] = None
+
+
+def plan_samples(
+    family: str,
+    *,
+    n: Optional[int],
+    seeds: Optional[str],
+    seed: Optional[int],
+    out: Optional[str],
+    out_dir: Optional[str],
+    nrow: Optional[int],
+    interpolate: Optional[int],
+    gif: bool,
+    truncation: float,
+    temperature: float,
+    force: bool,
+    new_seed: Callable[[], int],
+) -> SamplePlan:
+    """Check a ``sample`` command line and plan its outputs (every target checked before any work)."""
+    if n is not None and seeds is not None:
+        raise UserError("give -n (seeds --seed, --seed+1, ...) or --seeds (the exact seeds), not both")
+    count = DEFAULT_COUNT if n is None else n
+    if not 1 <= count <= MAX_SAMPLES:
+        raise UserError(f"-n must be between 1 and {MAX_SAMPLES}, got {count}")
+    if family == "gan" and not 0.0 < truncation <= 1.0:
+        raise UserError(f"--truncation must lie in (0, 1], got {truncation}")
+    if family == "vae" and not temperature > 0.0:
+        raise UserError(f"--temperature must be positive, got {temperature}")
+    if family == "vae" and truncation != 1.0:
+        raise UserError("--truncation is for GANs; a VAE's prior is scaled with --temperature")
+    if family == "gan" and temperature != 1.0:
+        raise UserError("--temperature is for VAEs; a GAN's latents are pulled in with --truncation")
+    if out is not None and out_dir is not None:
+        raise UserError("give --out (a grid) or --out-dir (one PNG per sample), not both")
+    if gif and interpolate is None:
+        raise UserError("--gif writes a latent walk: give --interpolate STEPS")
+    if gif and out_dir is not None:
+        raise UserError("--gif writes one file: use --out, not --out-dir")
+    folder = check_output_dir(out_dir)
+    base = check_seed(seed) if seed is not None else new_seed()
+    if seeds is not None:
+        chosen = parse_seeds(seeds, limit=MAX_SAMPLES)
+    else:
+        chosen = [check_seed(base + k, f"--seed {base} with -n {count}: seed") for k in range(count)]
+    if interpolate is not None:
+        if len(chosen) != 2:
+            if seeds is not None:
+                raise UserError(f"--interpolate walks between two seeds: --seeds gave {len(chosen)}")
+            chosen = [base, check_seed(base + 1, f"--seed {base} with --interpolate: seed")]
+        if interpolate > MAX_SAMPLES:
+            raise UserError(f"--interpolate must be at most {MAX_SAMPLES}")
+    settings: dict[str, Any] = {"family": family, **({"temperature": temperature} if family == "vae" else {"truncation": truncation})}
+    if folder is not None:
+        if interpolate is not None:
+            names = [f"{family}-walk-{chosen[0]}-{chosen[1]}-{i:03d}.png" for i in range(interpolate)]
+        else:
+            names = [f"{family}-seed{s}.png" for s in chosen]
+        targets = plan_files(names, out_dir=folder, what="samples", force=force)
+        return SamplePlan(family, chosen, interpolate, "files", targets, nrow, settings, folder)
+    target = out if out is not None else ("samples.gif" if gif else "samples.png")
+    if not gif:
+        from gencli.pipelines.vision.images import image_format
+
+        image_format(target)
+    return SamplePlan(family, chosen, interpolate, "gif" if gif else "grid", plan_outputs([target], force), nrow, settings)
+
+
+def write_samples(plan: SamplePlan, images: Any, model: str, *, force: bool) -> list[dict[str, Any]]:
+    """Write a run's images as :func:`plan_samples` planned; one record per written file
+    (``{"file", "seed"}`` or ``{"file", "seeds", ...}``)."""
+    from gencli.pipelines.generative import outputs
+
+    settings = {"model": model, **plan.settings}
+    written: list[dict[str, Any]] = []
+    if plan.kind == "files":
+        make_output_dir(plan.out_dir)
+        for i, (t, im) in enumerate(zip(plan.targets, images)):
+            if plan.interpolate is not None:
+                record: dict[str, Any] = {"seeds": plan.seeds, "t": round(i / (plan.interpolate - 1), 6)}
+            else:
+                record = {"seed": plan.seeds[i]}
+            outputs.write_png(t, im, {**settings, **record}, force=force)
+            written.append({"file": str(t), **record})
+        return written
+    target = plan.targets[0]
+    if plan.kind == "gif":
+        record = {"seeds": plan.seeds, "steps": plan.interpolate}
+        outputs.write_gif(target, images, {**settings, **record}, force=force)
+    else:
+        record = {"seeds": plan.seeds} if plan.interpolate is None else {"seeds": plan.seeds, "steps": plan.interpolate}
+        cols = plan.nrow or (plan.interpolate or max(1, round(len(images) ** 0.5)))
+        outputs.write_png(target, outputs.image_grid(images, cols), {**settings, **record, "nrow": cols}, force=force)
+    return [{"file": str(target), **record}]
+
+
+__all__ = ["MAX_SAMPLES", "SamplePlan", "plan_samples", "write_samples"]
