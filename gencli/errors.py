@@ -23,3 +23,8 @@ class Terminated(BaseException):
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
+
+
+class Notice(UserWarning):
+    """A notice for the user from below the command line (a placement choice it overrode, say): the
+    command shows it as one ``warning:`` line, once."""

@@ -6,6 +6,9 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from typing import Optional
+
+from gencli.errors import UserError
 
 
 def usable_cores() -> int:
@@ -19,6 +22,28 @@ def usable_cores() -> int:
     if quota is not None:
         cores = min(cores, quota)
     return max(1, cores)
+
+
+def threads_from_env() -> Optional[int]:
+    """``$GENCLI_THREADS`` (unset or empty: None); anything but a positive integer is a UserError."""
+    raw = os.environ.get("GENCLI_THREADS", "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise UserError(f"GENCLI_THREADS must be a positive integer (got '{raw}')")
+    return int(raw)
+
+
+def requested_threads(threads: Optional[int]) -> tuple[Optional[int], Optional[str]]:
+    """``(threads, notice)``: ``--threads`` (else ``$GENCLI_THREADS``, else None: the work chooses)
+    capped at the usable cores, and the notice saying so when it asked for more."""
+    source = "--threads"
+    if threads is None:
+        threads, source = threads_from_env(), "GENCLI_THREADS"
+    cores = usable_cores()
+    if threads is not None and threads > cores:
+        return cores, f"{source} {threads} is more than the {cores} usable CPU core(s): using {cores}"
+    return threads, None
 
 
 def _cgroup_cpu_quota() -> int | None:

@@ -31,14 +31,15 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import warnings
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 import torch
 
-from gencli.backend.cores import usable_cores
+from gencli.backend.cores import requested_threads, usable_cores
 from gencli.backend.names import DEVICE_PATTERN
-from gencli.errors import UserError
+from gencli.errors import Notice, UserError
 
 FamilyKind = Literal["transformer", "decoder", "float"]
 
@@ -162,8 +163,12 @@ def default_threads(family_kind: FamilyKind, n_params: Optional[int], cores: int
 
 
 def set_threads(threads: Optional[int], family_kind: FamilyKind = "transformer", n_params: Optional[int] = None) -> int:
-    """Set torch's CPU thread count: ``threads`` (``--threads`` / ``$GENCLI_THREADS``) capped at the
-    usable cores, else :func:`default_threads`. Returns the count set."""
+    """Set torch's CPU thread count: ``threads`` (``--threads``, else ``$GENCLI_THREADS``) capped at the
+    usable cores (with a :class:`~gencli.errors.Notice` when it asked for more), else
+    :func:`default_threads`. Returns the count set."""
+    threads, notice = requested_threads(threads)
+    if notice is not None:
+        warnings.warn(notice, Notice, stacklevel=2)
     cores = usable_cores()
     n = min(int(threads), cores) if threads else default_threads(family_kind, n_params, cores)
     if torch.get_num_threads() != n:

@@ -10,11 +10,11 @@ from __future__ import annotations
 import contextlib
 import enum
 import inspect
-import os
 import signal
 import sys
 import threading
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from typing import IO, Annotated, Any, Callable, Iterator, Optional
 
@@ -22,7 +22,7 @@ import typer
 
 from gencli.backend.names import DEVICE_PATTERN
 from gencli.console import Reporter, guarded_stdout, open_output, stderr
-from gencli.errors import Terminated, UserError
+from gencli.errors import Notice, Terminated, UserError
 
 # -- the option vocabulary: one meaning per short option, in every command --------------------------
 # A command that has one of these long options gives it this short form; no command gives a short
@@ -187,31 +187,6 @@ def _check_threads(value: Optional[int]) -> Optional[int]:
     return value
 
 
-def threads_from_env() -> Optional[int]:
-    """``$GENCLI_THREADS`` (unset or empty: None); anything but a positive integer is a UserError."""
-    raw = os.environ.get("GENCLI_THREADS", "").strip()
-    if not raw:
-        return None
-    if not raw.isdigit() or int(raw) < 1:
-        raise UserError(f"GENCLI_THREADS must be a positive integer (got '{raw}')")
-    return int(raw)
-
-
-def cap_threads(threads: Optional[int], report: Reporter) -> Optional[int]:
-    """``--threads`` (else ``$GENCLI_THREADS``, else None: the pipeline chooses) capped at the usable
-    cores, with a notice when it asked for more."""
-    from gencli.backend.cores import usable_cores
-
-    source = "--threads"
-    if threads is None:
-        threads, source = threads_from_env(), "GENCLI_THREADS"
-    cores = usable_cores()
-    if threads is not None and threads > cores:
-        report.warn(f"{source} {threads} is more than the {cores} usable CPU core(s): using {cores}")
-        threads = cores
-    return threads
-
-
 @dataclass
 class RunOptions:
     """The options every command accepts: what to load and where (passed on to the pipeline, which
@@ -340,6 +315,24 @@ def _termination_as_exception() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+@contextlib.contextmanager
+def _notices_as_warnings(opts: RunOptions) -> Iterator[None]:
+    """:class:`gencli.errors.Notice` warnings raised below the command line become ``warning:`` lines
+    (once each); other Python warnings are shown as Python shows them."""
+    with warnings.catch_warnings():
+        original = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if issubclass(category, Notice):
+                opts.report.warn(str(message))
+            else:
+                original(message, category, filename, lineno, file, line)
+
+        warnings.simplefilter("default", Notice)
+        warnings.showwarning = show
+        yield
+
+
 def run_guarded(opts: RunOptions, body: Callable[[], Any]) -> Any:
     """Run a command body, mapping errors onto the exit-code contract.
 
@@ -352,7 +345,7 @@ def run_guarded(opts: RunOptions, body: Callable[[], Any]) -> Any:
     from gencli.io import forget_pending_outputs
 
     try:
-        with _termination_as_exception(), guarded_stdout():
+        with _termination_as_exception(), guarded_stdout(), _notices_as_warnings(opts):
             result = body()
             sys.stdout.flush()
             return result
@@ -535,8 +528,6 @@ def command(
             def body() -> Any:
                 if report.quiet and report.verbose:
                     raise UserError("--quiet and --verbose contradict each other: choose one")
-                if model_options:
-                    opts.threads = cap_threads(opts.threads, report)
                 if opts.out is not None:
                     from gencli.io import ensure_writable
 
