@@ -42,7 +42,7 @@ def sample(
     steps: Annotated[Optional[int], typer.Option("--steps", help="DDPM: denoising steps (default: 1000 for ddpm, 50 for ddim).")] = None,
     sampler: Annotated[Optional[str], typer.Option("--sampler", "-s", help="DDPM: ddpm, ddim or another gencli sampler (default: the model's).")] = None,
     eta: Annotated[Optional[float], typer.Option("--eta", help="DDPM with --sampler ddim: noise in [0, 1] (0 deterministic, 1 DDPM-like).")] = None,
-    batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="DDPM: images denoised together (1 keeps every seed's bytes fixed).")] = None,
+    batch_size: Annotated[Optional[int], typer.Option("--batch-size", "-b", help="DDPM: images denoised together (1 keeps every seed's bytes fixed).")] = None,
     class_label: Annotated[Optional[int], typer.Option("--class-label", help="DDPM: the class of a class-conditional model.")] = None,
     force: Annotated[bool, typer.Option("--force", "-f", help="Overwrite existing outputs.")] = False,
     *,
