@@ -320,3 +320,22 @@ def test_bad_inputs_are_one_line_exit_2(folders, tmp_path):
     one_error_line(run_cli("text2text", "-m", str(broken), "x"), "sentencepiece")
     (broken / "spiece.model").unlink()
     one_error_line(run_cli("text2text", "-m", str(broken), "x"), "spiece.model")
+
+
+def test_shapes_text2text_pairs_and_baseline():
+    import numpy as np
+
+    from gencli.data import shapes
+    from gencli.data import shapes_text2text as st
+
+    scenes = [shapes.make_scene(s) for s in shapes.split_seeds("test", 200)]
+    for scene in scenes:
+        assert st.parse_structure(st.structure(scene)) == scene.labels()
+        # the baseline is written from the caption templates: exact on every complete one
+        for style in st.TRAIN_STYLES + st.HELDOUT_STYLES:
+            assert st.baseline_parse(scene.caption(style)) == st.structure(scene)
+    assert sum(st.baseline_parse(st.paraphrase(s, "paren")) == st.structure(s) for s in scenes) == 0
+    rng = np.random.default_rng(0)
+    tasks = [st.pair(s, rng) for s in range(50)]
+    assert {a.split(":")[0] for a, _ in tasks} == {"parse", "describe"}
+    assert all(st.parse_structure(b) is not None for a, b in tasks if a.startswith(st.PARSE))
