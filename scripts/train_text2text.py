@@ -25,6 +25,7 @@ Steps (each cached under --run-dir, so an interrupted run resumes where it stopp
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import sys
@@ -43,7 +44,7 @@ from gencli.data import shapes  # noqa: E402
 from gencli.data import shapes_text2text as st  # noqa: E402
 from gencli.io import atomic_write_bytes  # noqa: E402
 from gencli.models.t5 import T5Config, T5ForConditionalGeneration  # noqa: E402
-from gencli.training import parse_training_args, resume, save_checkpoint, set_lr, training_parser, warmup_cosine_lr  # noqa: E402
+from gencli.training import StepBudget, parse_training_args, prefetched, resume, save_checkpoint, set_lr, training_parser, warmup_cosine_lr  # noqa: E402
 
 PAD, EOS, UNK = 0, 1, 2
 
@@ -90,7 +91,7 @@ def t5_init_(model: T5ForConditionalGeneration) -> None:
                 p.normal_(std=cfg.d_ff**-0.5)
 
 
-def make_batch(sp, step: int, batch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def make_batch(sp, step: int, *, batch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(input_ids, attention_mask, decoder_input_ids, labels)`` of step ``step`` (depends on the step alone)."""
     rng = np.random.default_rng([step, 0x7E57])
     seeds = rng.integers(0, len(shapes.SPLITS["train"]), size=batch)
@@ -187,12 +188,17 @@ def main() -> None:
     model.to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
     ckpt = run / "checkpoint.pt"
-    step, history, _ = resume(ckpt, model=model, optimizer=opt)
+    step, history, state = resume(ckpt, model=model, optimizer=opt)
+    if state and "steps" in state and args.time_budget:  # a resumed --time-budget run goes on from the length it planned
+        args.steps = state["steps"]
     log(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, vocabulary {cfg.vocab_size}; starting at step {step} of {args.steps}")
     t0, seen = time.perf_counter(), 0
+    budget = StepBudget(args.time_budget)
+    budget.begin(step)
+    data = prefetched(functools.partial(make_batch, sp, batch=args.batch), step, 10**9, args.data_workers)
     while step < args.steps:
         set_lr(opt, warmup_cosine_lr(step, args.steps, args.lr, warmup=args.warmup, floor=args.lr * 0.05))
-        input_ids, mask, dec, labels = (t.to(device) for t in make_batch(sp, step, args.batch))
+        input_ids, mask, dec, labels = (t.to(device) for t in next(data))
         logits = model(input_ids, dec, mask)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100)
         opt.zero_grad(set_to_none=True)
@@ -201,11 +207,14 @@ def main() -> None:
         opt.step()
         step += 1
         seen += 1
+        planned = budget.steps(step)
+        if planned is not None:
+            args.steps = max(step, planned)
         if step % 50 == 0 or step == args.steps:
             rate = seen / (time.perf_counter() - t0)
             log(f"step {step}/{args.steps} loss {loss.item():.4f} ({rate:.2f} steps/s)")
         if step % args.ckpt_every == 0 or step == args.steps:
-            save_checkpoint(ckpt, {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "command": history})
+            save_checkpoint(ckpt, {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "steps": args.steps, "command": history})
     model.eval()
     export(model.cpu(), run, out, history)
     results = evaluate(out, args.eval_scenes)
