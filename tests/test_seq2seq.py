@@ -339,3 +339,25 @@ def test_shapes_text2text_pairs_and_baseline():
     tasks = [st.pair(s, rng) for s in range(50)]
     assert {a.split(":")[0] for a, _ in tasks} == {"parse", "describe"}
     assert all(st.parse_structure(b) is not None for a, b in tasks if a.startswith(st.PARSE))
+
+
+def test_greedy_with_the_screened_head_gives_the_same_ids(folders, monkeypatch):
+    """Greedy steps choose by the exact screened argmax of a large head (forced on here for the tiny
+    one); a pick the masks ban falls back to the full product."""
+    from gencli.backend.screened_argmax import ScreenedArgmax
+    from gencli.pipelines.seq2seq import generate as seq2seq
+
+    sm = _ours(folders["t5-v1.0"])
+    if not ScreenedArgmax.supported(sm.model.lm_head.weight):
+        pytest.skip("no screened argmax on this CPU")
+    encoded, input_ids, mask = _batch(sm, INPUTS)
+    plain = {}
+    for case in ({}, {"min_new_tokens": 9}, {"no_repeat_ngram_size": 2}):
+        settings = seq2seq.resolve_settings(sm.generation_config, max_new_tokens=12, eos_ids=sm.eos_ids, temperature=0.0, **case)
+        plain[str(case)] = [o.token_ids for o in seq2seq.generate(sm, encoded, settings)]
+    monkeypatch.setattr(seq2seq, "SCREEN_MIN_HEAD_BYTES", 0)
+    monkeypatch.setattr(seq2seq, "SCREEN_MIN_STEPS", 0)
+    for case in ({}, {"min_new_tokens": 9}, {"no_repeat_ngram_size": 2}):
+        settings = seq2seq.resolve_settings(sm.generation_config, max_new_tokens=12, eos_ids=sm.eos_ids, temperature=0.0, **case)
+        assert [o.token_ids for o in seq2seq.generate(sm, encoded, settings)] == plain[str(case)], case
+    assert sm.screen is not None

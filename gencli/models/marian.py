@@ -228,7 +228,7 @@ class MarianMTModel(Seq2SeqLM):
     def cross_attention_kv(self, encoder_hidden: torch.Tensor) -> CrossKV:
         return [layer.encoder_attn.project_kv(encoder_hidden) for layer in self.model.decoder.layers]
 
-    def decode(
+    def decode_hidden(
         self,
         decoder_input_ids: torch.Tensor,
         cross_kv: CrossKV,
@@ -241,7 +241,14 @@ class MarianMTModel(Seq2SeqLM):
         x = x + dec.embed_positions(start, decoder_input_ids.shape[1], x.dtype)
         for i, layer in enumerate(dec.layers):
             x = layer(x, cross_kv[i], encoder_mask, kv_cache[i] if kv_cache is not None else None)
-        return self.lm_head(x) + self.final_logits_bias.to(x.dtype)
+        return x
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden) + self.final_logits_bias.to(hidden.dtype)
+
+    @property
+    def plain_head(self) -> bool:
+        return False
 
 
 # old exports store the fixed position tables; they are computed from the config instead

@@ -36,6 +36,10 @@ from gencli.tokenizers.stream import IncrementalDetokenizer
 
 DEFAULT_MAX_NEW_TOKENS = 256
 NEG = -1.0e9  # transformers' "never chosen" score in beam search
+# greedy steps choose their token by the exact screened argmax of the LM head (see
+# gencli.backend.screened_argmax) once the head is large and the budget long enough to repay the copy
+SCREEN_MIN_HEAD_BYTES = 32 * 2**20
+SCREEN_MIN_STEPS = 32
 
 
 @dataclass
@@ -294,9 +298,48 @@ def generate(
     return outputs
 
 
+def screen_for(sm: Seq2SeqModel, settings: Seq2SeqSettings):
+    """The exact screened argmax of the LM head for plain greedy steps of a large fp32 head on a CPU
+    with oneDNN's int8 or bf16 kernels (built once per loaded model), else None."""
+    from gencli.backend.screened_argmax import ScreenedArgmax
+
+    params = settings.sampling
+    if not params.greedy or params.repetition_penalty != 1.0 or not sm.model.plain_head:
+        return None
+    weight = sm.model.lm_head.weight
+    if sm.screen is None and not sm.screen_failed:
+        if settings.max_new_tokens < SCREEN_MIN_STEPS or weight.numel() * weight.element_size() < SCREEN_MIN_HEAD_BYTES:
+            return None
+        if not ScreenedArgmax.supported(weight):
+            return None
+        try:
+            sm.screen = ScreenedArgmax(weight)
+        except ValueError:  # no copy passed its exactness check on this CPU
+            sm.screen_failed = True
+    return sm.screen
+
+
+def _screened(screen, hidden: torch.Tensor, seqs: torch.Tensor, settings: Seq2SeqSettings, eos_ids: list[int], step: int) -> Optional[torch.Tensor]:
+    """The greedy tokens by the screened argmax, or None where a masking processor bans one of them
+    (the masks only lower banned tokens to -inf: an unbanned argmax is the masked argmax too)."""
+    if settings.forced_eos_ids and step == settings.max_new_tokens - 1:
+        return None
+    tokens = screen(hidden)
+    banned = set(settings.suppressed_ids) | (set(eos_ids) if step < settings.min_new_tokens else set())
+    picks = tokens.tolist()
+    if banned and any(t in banned for t in picks):
+        return None
+    if settings.no_repeat_ngram_size > 0:
+        rows = _banned_ngrams(seqs.tolist(), settings.no_repeat_ngram_size)
+        if any(t in row for t, row in zip(picks, rows)):
+            return None
+    return tokens
+
+
 def _sample(sm: Seq2SeqModel, inputs, settings: Seq2SeqSettings, cross_kv, mask, on_text, generator) -> tuple[list[Output], int]:
     """Greedy decoding or sampling, one token per row and step."""
     model, device = sm.model, sm.placement.device
+    screen = screen_for(sm, settings)
     b = len(inputs)
     eos = torch.tensor(sm.eos_ids or [-1], device=device)
     cache = model.new_cache(b, settings.max_new_tokens + 1)
@@ -307,9 +350,11 @@ def _sample(sm: Seq2SeqModel, inputs, settings: Seq2SeqSettings, cross_kv, mask,
     params: SamplingParams = settings.sampling
     steps = 0
     for step in range(settings.max_new_tokens):
-        logits = model.decode(seqs[:, -1:], cross_kv, mask, cache)[:, -1].float()
-        logits = _mask_scores(logits, seqs, settings, sm.eos_ids, step)
-        tokens = next_tokens(logits, params, generator, seqs if params.repetition_penalty != 1.0 else None)
+        hidden = model.decode_hidden(seqs[:, -1:], cross_kv, mask, cache)[:, -1]
+        tokens = _screened(screen, hidden, seqs, settings, sm.eos_ids, step) if screen is not None else None
+        if tokens is None:
+            logits = _mask_scores(model.logits(hidden).float(), seqs, settings, sm.eos_ids, step)
+            tokens = next_tokens(logits, params, generator, seqs if params.repetition_penalty != 1.0 else None)
         tokens = torch.where(unfinished, tokens, torch.full_like(tokens, sm.pad_id))
         seqs = torch.cat([seqs, tokens[:, None]], dim=1)
         steps += 1

@@ -38,6 +38,8 @@ class Seq2SeqModel:
     decoder_start_id: int
     max_source_tokens: int  # inputs longer than this are truncated (or refused)
     load_seconds: float
+    screen: Any = None  # the screened argmax of the LM head (greedy decoding), built on first use
+    screen_failed: bool = False  # no exact screen could be built on this CPU: not tried again
 
 
 def _ids(value: Any) -> list[int]:
