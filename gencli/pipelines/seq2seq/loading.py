@@ -84,18 +84,18 @@ def load_seq2seq_model(path: Path, *, device: str = "auto", dtype: str = "auto",
     family, arch = family_of(src)
     folder = src.folder or Path(path)
     tokenizer = load_seq2seq_tokenizer(folder, family)
-    keys = set(src.tensor_infos()) if not src.is_pickle else set()
-    if family == "t5":
-        cfg: Any = t5.T5Config.from_hf(src.config, has_lm_head="lm_head.weight" in keys)
-        factory, keymap = (lambda: t5.T5ForConditionalGeneration(cfg)), t5.HF_KEYMAP
-        window = int(src.config.get("n_positions") or 512)
-    else:
-        cfg = marian.MarianConfig.from_hf(src.config, has_final_logits_bias="final_logits_bias" in keys or src.is_pickle)
-        factory, keymap = (lambda: marian.MarianMTModel(cfg)), marian.HF_KEYMAP
-        window = cfg.max_position_embeddings
-    placement = choose_placement(device, dtype, "decoder", threads, n_params=src.num_parameters())
     reader = open_reader(src, allow_pickle=allow_pickle)
     try:
+        keys = set(reader.keys())
+        if family == "t5":
+            cfg: Any = t5.T5Config.from_hf(src.config, has_lm_head="lm_head.weight" in keys)
+            factory, keymap = (lambda: t5.T5ForConditionalGeneration(cfg)), t5.HF_KEYMAP
+            window = int(src.config.get("n_positions") or 512)
+        else:
+            cfg = marian.MarianConfig.from_hf(src.config, has_final_logits_bias="final_logits_bias" in keys)
+            factory, keymap = (lambda: marian.MarianMTModel(cfg)), marian.HF_KEYMAP
+            window = cfg.max_position_embeddings
+        placement = choose_placement(device, dtype, "decoder", threads, n_params=src.num_parameters())
         model = load_state(build_on_meta(factory), reader, keymap, device=placement.device, dtype=placement.dtype, config=src.config)
     finally:
         reader.close()
