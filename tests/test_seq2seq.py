@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests._seq2seq_fixtures import EXTRA_IDS, INPUTS, marian_checkpoint, t5_checkpoint
+from tests._seq2seq_fixtures import EXTRA_IDS, INPUTS, bart_checkpoint, marian_checkpoint, t5_checkpoint
 from tests.conftest import one_error_line, run_cli
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -22,6 +22,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
         "t5-v1.0": t5_checkpoint(root / "t5-v1.0", "v1.0", seed=0),
         "t5-v1.1": t5_checkpoint(root / "t5-v1.1", "v1.1", seed=1),
         "marian": marian_checkpoint(root / "marian", seed=2),
+        "bart": bart_checkpoint(root / "bart", seed=4),
     }
 
 
@@ -32,6 +33,10 @@ def _ours(folder: Path):
 
 
 def _reference(folder: Path, family: str):
+    if family == "bart":
+        from transformers import BartForConditionalGeneration
+
+        return BartForConditionalGeneration.from_pretrained(folder).eval()
     if family == "marian":
         from transformers import MarianMTModel
 
@@ -51,7 +56,7 @@ def _batch(sm, texts):
     return encoded, input_ids, mask
 
 
-FAMILIES = [("t5-v1.0", "t5"), ("t5-v1.1", "t5"), ("marian", "marian")]
+FAMILIES = [("t5-v1.0", "t5"), ("t5-v1.1", "t5"), ("marian", "marian"), ("bart", "bart")]
 
 
 @pytest.mark.parametrize("name,family", FAMILIES)
@@ -224,6 +229,21 @@ def test_marian_defaults_come_from_generation_config(folders):
         want = _reference(folders["marian"], "marian").generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=10)
     assert got == _generated(sm, want)
     assert all(g[-1] == 0 for g in got)  # the forced end token on the last step at the latest
+
+
+def test_bart_generation_config_forces_the_first_and_last_tokens(folders):
+    from gencli.pipelines.seq2seq.generate import generate, resolve_settings
+
+    sm = _ours(folders["bart"])
+    settings = resolve_settings(sm.generation_config, eos_ids=sm.eos_ids, max_new_tokens=12)
+    assert (settings.forced_bos_id, settings.forced_eos_ids, settings.num_beams, settings.no_repeat_ngram_size) == (0, [2], 4, 3)
+    assert settings.min_new_tokens == 4 and settings.length_penalty == 2.0 and settings.early_stopping is True
+    encoded, input_ids, mask = _batch(sm, INPUTS)
+    got = [o.token_ids for o in generate(sm, encoded, settings)]
+    with torch.no_grad():
+        want = _reference(folders["bart"], "bart").generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=12)
+    assert got == _generated(sm, want)
+    assert all(g[0] == 0 and g[-1] == 2 and len(g) >= 5 for g in got)
 
 
 def test_seeded_sampling_draws_like_transformers(folders):

@@ -1,6 +1,6 @@
 """Text-to-text generation from a loaded :class:`~gencli.pipelines.seq2seq.loading.Seq2SeqModel`.
 
-One decoding loop for T5 and Marian. A batch of sources is right-padded and encoded once; the
+One decoding loop for T5, Marian and BART. A batch of sources is right-padded and encoded once; the
 cross-attention keys/values of every decoder layer are projected once from the encoder output; the
 decoder then runs one token per step through a preallocated self-attention KV cache.
 
@@ -15,8 +15,9 @@ decoder then runs one token per step through a preallocated self-attention KV ca
 
 The logits processors run in transformers' order on the raw logits (greedy, sampling) or on the
 log-probabilities (beam search): repetition penalty, ``no_repeat_ngram_size``, suppressed tokens
-(single-token ``bad_words_ids``), ``min_new_tokens`` (and ``min_length``), the forced end token on the
-last step (``forced_eos_token_id``), then temperature, top-k, top-p. The masks commute with the
+(single-token ``bad_words_ids``), ``min_new_tokens`` (and ``min_length``), the forced first token
+(``forced_bos_token_id``), the forced end token on the last step (``forced_eos_token_id``), then
+temperature, top-k, top-p. The masks commute with the
 sampling processors, so they are applied first here.
 """
 
@@ -53,6 +54,7 @@ class Seq2SeqSettings:
     early_stopping: Union[bool, str] = False
     no_repeat_ngram_size: int = 0
     forced_eos_ids: list[int] = field(default_factory=list)
+    forced_bos_id: Optional[int] = None  # the first new token (BART's forced_bos_token_id)
     suppressed_ids: list[int] = field(default_factory=list)
     seed: Optional[int] = None
 
@@ -147,6 +149,7 @@ def resolve_settings(
         length_penalty=float(_first(length_penalty, gen_cfg.get("length_penalty"), 1.0)), early_stopping=stop_early,
         no_repeat_ngram_size=int(_first(no_repeat_ngram_size, gen_cfg.get("no_repeat_ngram_size"), 0)),
         forced_eos_ids=forced_ids, suppressed_ids=[int(b) for b in bad], seed=seed,
+        forced_bos_id=int(gen_cfg["forced_bos_token_id"]) if gen_cfg.get("forced_bos_token_id") is not None else None,
     )  # fmt: skip
 
 
@@ -227,6 +230,9 @@ def _mask_scores(scores: torch.Tensor, seqs: torch.Tensor, settings: Seq2SeqSett
         scores[:, settings.suppressed_ids] = float("-inf")
     if step < settings.min_new_tokens and eos_ids:
         scores[:, eos_ids] = float("-inf")
+    if settings.forced_bos_id is not None and step == 0:
+        scores.fill_(float("-inf"))
+        scores[:, settings.forced_bos_id] = 0.0
     if settings.forced_eos_ids and step == settings.max_new_tokens - 1:
         scores.fill_(float("-inf"))
         scores[:, settings.forced_eos_ids] = 0.0
@@ -322,7 +328,7 @@ def screen_for(sm: Seq2SeqModel, settings: Seq2SeqSettings):
 def _screened(screen, hidden: torch.Tensor, seqs: torch.Tensor, settings: Seq2SeqSettings, eos_ids: list[int], step: int) -> Optional[torch.Tensor]:
     """The greedy tokens by the screened argmax, or None where a masking processor bans one of them
     (the masks only lower banned tokens to -inf: an unbanned argmax is the masked argmax too)."""
-    if settings.forced_eos_ids and step == settings.max_new_tokens - 1:
+    if (settings.forced_eos_ids and step == settings.max_new_tokens - 1) or (settings.forced_bos_id is not None and step == 0):
         return None
     tokens = screen(hidden)
     banned = set(settings.suppressed_ids) | (set(eos_ids) if step < settings.min_new_tokens else set())
