@@ -133,3 +133,27 @@ def marian_checkpoint(folder: Path, seed: int = 0, shared: bool = True) -> Path:
                   "pad_token_id": pad}  # fmt: skip
     _save(model, folder, generation=generation)
     return folder
+
+
+def bart_checkpoint(folder: Path, seed: int = 0) -> Path:
+    """A BART folder (tokenizer.json with <s> <pad> </s> <unk> first) with bart-large-cnn's kind of
+    generation settings: forced first and last tokens, 4 beams, no_repeat_ngram_size 3, length penalty 2."""
+    import torch
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    from tests._text_fixtures import hf_json_tokenizer
+
+    vocab = hf_json_tokenizer(folder, ["<s>", "<pad>", "</s>", "<unk>"])
+    torch.manual_seed(seed)
+    cfg = BartConfig(
+        vocab_size=vocab, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=48,
+        decoder_ffn_dim=48, max_position_embeddings=64, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, init_std=0.3,
+        forced_bos_token_id=None, forced_eos_token_id=None,
+    )  # fmt: skip
+    model = BartForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        model.final_logits_bias.normal_(std=0.1)
+    generation = {"bos_token_id": 0, "decoder_start_token_id": 2, "eos_token_id": 2, "pad_token_id": 1, "forced_bos_token_id": 0, "forced_eos_token_id": 2,
+                  "no_repeat_ngram_size": 3, "num_beams": 4, "length_penalty": 2.0, "early_stopping": True, "max_length": 40, "min_length": 5}  # fmt: skip
+    _save(model, folder, generation=generation)
+    return folder

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests._seq2seq_fixtures import EXTRA_IDS, INPUTS, marian_checkpoint, t5_checkpoint
+from tests._seq2seq_fixtures import EXTRA_IDS, INPUTS, bart_checkpoint, marian_checkpoint, t5_checkpoint
 from tests.conftest import one_error_line, run_cli
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -22,6 +22,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
         "t5-v1.0": t5_checkpoint(root / "t5-v1.0", "v1.0", seed=0),
         "t5-v1.1": t5_checkpoint(root / "t5-v1.1", "v1.1", seed=1),
         "marian": marian_checkpoint(root / "marian", seed=2),
+        "bart": bart_checkpoint(root / "bart", seed=4),
     }
 
 
@@ -32,6 +33,10 @@ def _ours(folder: Path):
 
 
 def _reference(folder: Path, family: str):
+    if family == "bart":
+        from transformers import BartForConditionalGeneration
+
+        return BartForConditionalGeneration.from_pretrained(folder).eval()
     if family == "marian":
         from transformers import MarianMTModel
 
@@ -51,7 +56,7 @@ def _batch(sm, texts):
     return encoded, input_ids, mask
 
 
-FAMILIES = [("t5-v1.0", "t5"), ("t5-v1.1", "t5"), ("marian", "marian")]
+FAMILIES = [("t5-v1.0", "t5"), ("t5-v1.1", "t5"), ("marian", "marian"), ("bart", "bart")]
 
 
 @pytest.mark.parametrize("name,family", FAMILIES)
@@ -226,6 +231,21 @@ def test_marian_defaults_come_from_generation_config(folders):
     assert all(g[-1] == 0 for g in got)  # the forced end token on the last step at the latest
 
 
+def test_bart_generation_config_forces_the_first_and_last_tokens(folders):
+    from gencli.pipelines.seq2seq.generate import generate, resolve_settings
+
+    sm = _ours(folders["bart"])
+    settings = resolve_settings(sm.generation_config, eos_ids=sm.eos_ids, max_new_tokens=12)
+    assert (settings.forced_bos_id, settings.forced_eos_ids, settings.num_beams, settings.no_repeat_ngram_size) == (0, [2], 4, 3)
+    assert settings.min_new_tokens == 4 and settings.length_penalty == 2.0 and settings.early_stopping is True
+    encoded, input_ids, mask = _batch(sm, INPUTS)
+    got = [o.token_ids for o in generate(sm, encoded, settings)]
+    with torch.no_grad():
+        want = _reference(folders["bart"], "bart").generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=12)
+    assert got == _generated(sm, want)
+    assert all(g[0] == 0 and g[-1] == 2 and len(g) >= 5 for g in got)
+
+
 def test_seeded_sampling_draws_like_transformers(folders):
     """Sampling draws from a CPU generator seeded like torch's global one: on a CPU, the same
     seed gives transformers' tokens (top-k 50 and the temperature as transformers applies them)."""
@@ -320,3 +340,44 @@ def test_bad_inputs_are_one_line_exit_2(folders, tmp_path):
     one_error_line(run_cli("text2text", "-m", str(broken), "x"), "sentencepiece")
     (broken / "spiece.model").unlink()
     one_error_line(run_cli("text2text", "-m", str(broken), "x"), "spiece.model")
+
+
+def test_shapes_text2text_pairs_and_baseline():
+    import numpy as np
+
+    from gencli.data import shapes
+    from gencli.data import shapes_text2text as st
+
+    scenes = [shapes.make_scene(s) for s in shapes.split_seeds("test", 200)]
+    for scene in scenes:
+        assert st.parse_structure(st.structure(scene)) == scene.labels()
+        # the baseline is written from the caption templates: exact on every complete one
+        for style in st.TRAIN_STYLES + st.HELDOUT_STYLES:
+            assert st.baseline_parse(scene.caption(style)) == st.structure(scene)
+    assert sum(st.baseline_parse(st.paraphrase(s, "paren")) == st.structure(s) for s in scenes) == 0
+    rng = np.random.default_rng(0)
+    tasks = [st.pair(s, rng) for s in range(50)]
+    assert {a.split(":")[0] for a, _ in tasks} == {"parse", "describe"}
+    assert all(st.parse_structure(b) is not None for a, b in tasks if a.startswith(st.PARSE))
+
+
+def test_greedy_with_the_screened_head_gives_the_same_ids(folders, monkeypatch):
+    """Greedy steps choose by the exact screened argmax of a large head (forced on here for the tiny
+    one); a pick the masks ban falls back to the full product."""
+    from gencli.backend.screened_argmax import ScreenedArgmax
+    from gencli.pipelines.seq2seq import generate as seq2seq
+
+    sm = _ours(folders["t5-v1.0"])
+    if not ScreenedArgmax.supported(sm.model.lm_head.weight):
+        pytest.skip("no screened argmax on this CPU")
+    encoded, input_ids, mask = _batch(sm, INPUTS)
+    plain = {}
+    for case in ({}, {"min_new_tokens": 9}, {"no_repeat_ngram_size": 2}):
+        settings = seq2seq.resolve_settings(sm.generation_config, max_new_tokens=12, eos_ids=sm.eos_ids, temperature=0.0, **case)
+        plain[str(case)] = [o.token_ids for o in seq2seq.generate(sm, encoded, settings)]
+    monkeypatch.setattr(seq2seq, "SCREEN_MIN_HEAD_BYTES", 0)
+    monkeypatch.setattr(seq2seq, "SCREEN_MIN_STEPS", 0)
+    for case in ({}, {"min_new_tokens": 9}, {"no_repeat_ngram_size": 2}):
+        settings = seq2seq.resolve_settings(sm.generation_config, max_new_tokens=12, eos_ids=sm.eos_ids, temperature=0.0, **case)
+        assert [o.token_ids for o in seq2seq.generate(sm, encoded, settings)] == plain[str(case)], case
+    assert sm.screen is not None

@@ -323,7 +323,8 @@ _COMMAND_FOR = {
         ("ViTForImageClassification", "DeiTForImageClassification", "DeiTForImageClassificationWithTeacher"), ("an image classifier", "gencli classify")
     ),
     **dict.fromkeys(
-        ("T5ForConditionalGeneration", "MT5ForConditionalGeneration", "MarianMTModel"), ("a text-to-text model", "gencli text2text or gencli translate")
+        ("T5ForConditionalGeneration", "MT5ForConditionalGeneration", "MarianMTModel", "BartForConditionalGeneration"),
+        ("a text-to-text model", "gencli text2text or gencli translate"),
     ),
     "CLIPModel": ("an image-text model", "gencli zeroshot or gencli similarity"),
     "TemporalFusionTransformer": ("a forecasting model", "gencli forecast"),

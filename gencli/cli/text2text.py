@@ -1,4 +1,4 @@
-"""`gencli text2text TEXT...` and `gencli translate TEXT...`: T5 and Marian encoder-decoder checkpoints."""
+"""`gencli text2text TEXT...` and `gencli translate TEXT...`: T5, Marian and BART encoder-decoder checkpoints."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def text2text(
     *,
     opts: RunOptions,
 ) -> None:
-    """Text in, text out with a T5 / Flan-T5 / mT5 or Marian checkpoint: one output line per input.
+    """Text in, text out with a T5 / Flan-T5 / mT5, Marian or BART checkpoint: one output line per input.
 
     Decoding settings not given as flags come from the checkpoint's generation_config.json.
     Examples:
@@ -134,7 +134,7 @@ def _run(texts, prompts_file, opts: RunOptions, *, prefix: Optional[str], batch_
     check_flags(**{k: flags[k] for k in ("num_beams", "num_return_sequences", "max_new_tokens", "min_new_tokens", "no_repeat_ngram_size", "temperature",
                                           "top_k", "top_p", "repetition_penalty")})  # fmt: skip
     if opts.model is None and DEFAULT_MODEL is None:
-        raise UserError("no model: pass --model with a T5 or Marian checkpoint folder (no embedded text-to-text default ships yet)")
+        raise UserError("no model: pass --model with a T5, Marian or BART checkpoint folder (no embedded text-to-text default ships yet)")
     inputs = _read_inputs(texts, prompts_file, opts.report)
     if prefix is not None:
         inputs = [prefix + t for t in inputs]

@@ -55,6 +55,8 @@ class MarianConfig:
     share_encoder_decoder_embeddings: bool = True
     normalize_before: bool = False
     has_final_logits_bias: bool = True  # the checkpoint stores final_logits_bias (else zeros)
+    learned_positions: bool = False  # BART: a learned position table (offset by 2) instead of the sinusoid
+    layernorm_embedding: bool = False  # BART: a LayerNorm on the embeddings + positions of each stack
     pad_token_id: Any = 58100
     eos_token_id: Any = 0
     decoder_start_token_id: Any = 58100
@@ -100,6 +102,25 @@ class SinusoidalPositions(nn.Module):
         if start + n > self.n_positions:
             raise ValueError(f"position {start + n - 1} is past the model's {self.n_positions} positions")
         return self.table[start : start + n].to(dtype)
+
+
+class LearnedPositions(nn.Embedding):
+    """BART's learned position table: ``max_position_embeddings + 2`` rows, position p at row p + 2."""
+
+    offset = 2
+
+    def __init__(self, n_positions: int, dim: int):
+        super().__init__(n_positions + self.offset, dim)
+
+    def forward(self, start: int, n: int, dtype: torch.dtype) -> torch.Tensor:  # type: ignore[override]
+        if start + n + self.offset > self.weight.shape[0]:
+            raise ValueError(f"position {start + n - 1} is past the model's {self.weight.shape[0] - self.offset} positions")
+        return self.weight[start + self.offset : start + n + self.offset].to(dtype)
+
+
+def _positions(cfg: "MarianConfig") -> nn.Module:
+    kind = LearnedPositions if cfg.learned_positions else SinusoidalPositions
+    return kind(cfg.max_position_embeddings, cfg.d_model)
 
 
 class MarianAttention(nn.Module):
@@ -170,7 +191,9 @@ class MarianEncoder(nn.Module):
     def __init__(self, cfg: MarianConfig, embed_tokens: nn.Embedding):
         super().__init__()
         self.embed_tokens = embed_tokens
-        self.embed_positions = SinusoidalPositions(cfg.max_position_embeddings, cfg.d_model)
+        self.embed_positions = _positions(cfg)
+        if cfg.layernorm_embedding:
+            self.layernorm_embedding = LayerNorm(cfg.d_model)
         self.layers = nn.ModuleList(MarianEncoderLayer(cfg) for _ in range(cfg.encoder_layers))
 
 
@@ -178,7 +201,9 @@ class MarianDecoder(nn.Module):
     def __init__(self, cfg: MarianConfig, embed_tokens: nn.Embedding):
         super().__init__()
         self.embed_tokens = embed_tokens
-        self.embed_positions = SinusoidalPositions(cfg.max_position_embeddings, cfg.d_model)
+        self.embed_positions = _positions(cfg)
+        if cfg.layernorm_embedding:
+            self.layernorm_embedding = LayerNorm(cfg.d_model)
         self.layers = nn.ModuleList(MarianDecoderLayer(cfg) for _ in range(cfg.decoder_layers))
 
 
@@ -221,6 +246,8 @@ class MarianMTModel(Seq2SeqLM):
         enc = self.model.encoder
         x = enc.embed_tokens(input_ids) * self.embed_scale
         x = x + enc.embed_positions(0, input_ids.shape[1], x.dtype)
+        if self.config.layernorm_embedding:
+            x = enc.layernorm_embedding(x)
         for layer in enc.layers:
             x = layer(x, attention_mask)
         return x
@@ -228,7 +255,7 @@ class MarianMTModel(Seq2SeqLM):
     def cross_attention_kv(self, encoder_hidden: torch.Tensor) -> CrossKV:
         return [layer.encoder_attn.project_kv(encoder_hidden) for layer in self.model.decoder.layers]
 
-    def decode(
+    def decode_hidden(
         self,
         decoder_input_ids: torch.Tensor,
         cross_kv: CrossKV,
@@ -239,9 +266,18 @@ class MarianMTModel(Seq2SeqLM):
         start = kv_cache.length if kv_cache is not None else 0
         x = dec.embed_tokens(decoder_input_ids) * self.embed_scale
         x = x + dec.embed_positions(start, decoder_input_ids.shape[1], x.dtype)
+        if self.config.layernorm_embedding:
+            x = dec.layernorm_embedding(x)
         for i, layer in enumerate(dec.layers):
             x = layer(x, cross_kv[i], encoder_mask, kv_cache[i] if kv_cache is not None else None)
-        return self.lm_head(x) + self.final_logits_bias.to(x.dtype)
+        return x
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden) + self.final_logits_bias.to(hidden.dtype)
+
+    @property
+    def plain_head(self) -> bool:
+        return False
 
 
 # old exports store the fixed position tables; they are computed from the config instead

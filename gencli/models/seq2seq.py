@@ -44,6 +44,27 @@ class Seq2SeqLM(nn.Module):
         """The keys and values of every decoder layer's cross-attention, computed once per source."""
         raise NotImplementedError
 
+    def decode_hidden(
+        self,
+        decoder_input_ids: torch.Tensor,
+        cross_kv: CrossKV,
+        encoder_mask: Optional[torch.Tensor] = None,
+        kv_cache: Optional[KVCache] = None,
+    ) -> torch.Tensor:
+        """``decoder_input_ids (B, n)`` (the positions after what ``kv_cache`` holds) -> the hidden states
+        ``(B, n, d_model)`` the LM head multiplies."""
+        raise NotImplementedError
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head (plus any logits bias) on hidden states from :meth:`decode_hidden`."""
+        return self.lm_head(hidden)
+
+    @property
+    def plain_head(self) -> bool:
+        """True when the logits are the LM head's product alone (no bias): greedy decoding may then
+        choose tokens by a screened argmax over the head."""
+        return True
+
     def decode(
         self,
         decoder_input_ids: torch.Tensor,
@@ -52,7 +73,7 @@ class Seq2SeqLM(nn.Module):
         kv_cache: Optional[KVCache] = None,
     ) -> torch.Tensor:
         """``decoder_input_ids (B, n)`` (the positions after what ``kv_cache`` holds) -> logits ``(B, n, V)``."""
-        raise NotImplementedError
+        return self.logits(self.decode_hidden(decoder_input_ids, cross_kv, encoder_mask, kv_cache))
 
     def forward(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Teacher-forced logits ``(B, n, V)`` of ``decoder_input_ids`` given the source (no cache)."""

@@ -266,7 +266,7 @@ class T5ForConditionalGeneration(Seq2SeqLM):
     def cross_attention_kv(self, encoder_hidden: torch.Tensor) -> CrossKV:
         return [block.layer[1].EncDecAttention.project_kv(encoder_hidden) for block in self.decoder.block]
 
-    def decode(
+    def decode_hidden(
         self,
         decoder_input_ids: torch.Tensor,
         cross_kv: CrossKV,
@@ -286,7 +286,7 @@ class T5ForConditionalGeneration(Seq2SeqLM):
         x = stack.final_layer_norm(x)
         if self.output_scale is not None:
             x = x * self.output_scale
-        return self.lm_head(x)
+        return x
 
 
 # old exports carry an unused position-bias table in the first decoder block's cross attention

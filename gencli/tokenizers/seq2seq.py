@@ -191,8 +191,8 @@ class MarianTokenizer(TextTokenizer):
 
 
 def load_seq2seq_tokenizer(folder: Path, family: str) -> TextTokenizer:
-    """The tokenizer of a T5 or Marian folder: ``tokenizer.json`` when present (T5), else the
-    sentencepiece files of the family."""
+    """The tokenizer of a T5, Marian or BART folder: ``tokenizer.json`` when present (T5, BART), else
+    the family's own files (sentencepiece models; BART: GPT-2's vocab.json + merges.txt)."""
     folder = Path(folder)
     if folder.is_file():
         folder = folder.parent
@@ -203,6 +203,11 @@ def load_seq2seq_tokenizer(folder: Path, family: str) -> TextTokenizer:
         if not (folder / "source.spm").is_file():
             raise UserError(f"no tokenizer in '{folder}': a Marian checkpoint needs source.spm, target.spm and vocab.json")
         return MarianTokenizer(folder, tok_config)
+    if family == "bart":
+        tok = load_tokenizer(folder)  # tokenizer.json, or GPT-2's vocab.json + merges.txt
+        if not (folder / "tokenizer.json").is_file():  # BART writes <s> TEXT </s>
+            tok.add_bos = tok.add_eos = True
+        return tok
     if (folder / "tokenizer.json").is_file():
         return load_tokenizer(folder)
     if (folder / "spiece.model").is_file():

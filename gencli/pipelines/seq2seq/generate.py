@@ -1,6 +1,6 @@
 """Text-to-text generation from a loaded :class:`~gencli.pipelines.seq2seq.loading.Seq2SeqModel`.
 
-One decoding loop for T5 and Marian. A batch of sources is right-padded and encoded once; the
+One decoding loop for T5, Marian and BART. A batch of sources is right-padded and encoded once; the
 cross-attention keys/values of every decoder layer are projected once from the encoder output; the
 decoder then runs one token per step through a preallocated self-attention KV cache.
 
@@ -15,8 +15,9 @@ decoder then runs one token per step through a preallocated self-attention KV ca
 
 The logits processors run in transformers' order on the raw logits (greedy, sampling) or on the
 log-probabilities (beam search): repetition penalty, ``no_repeat_ngram_size``, suppressed tokens
-(single-token ``bad_words_ids``), ``min_new_tokens`` (and ``min_length``), the forced end token on the
-last step (``forced_eos_token_id``), then temperature, top-k, top-p. The masks commute with the
+(single-token ``bad_words_ids``), ``min_new_tokens`` (and ``min_length``), the forced first token
+(``forced_bos_token_id``), the forced end token on the last step (``forced_eos_token_id``), then
+temperature, top-k, top-p. The masks commute with the
 sampling processors, so they are applied first here.
 """
 
@@ -36,6 +37,10 @@ from gencli.tokenizers.stream import IncrementalDetokenizer
 
 DEFAULT_MAX_NEW_TOKENS = 256
 NEG = -1.0e9  # transformers' "never chosen" score in beam search
+# greedy steps choose their token by the exact screened argmax of the LM head (see
+# gencli.backend.screened_argmax) once the head is large and the budget long enough to repay the copy
+SCREEN_MIN_HEAD_BYTES = 32 * 2**20
+SCREEN_MIN_STEPS = 32
 
 
 @dataclass
@@ -49,6 +54,7 @@ class Seq2SeqSettings:
     early_stopping: Union[bool, str] = False
     no_repeat_ngram_size: int = 0
     forced_eos_ids: list[int] = field(default_factory=list)
+    forced_bos_id: Optional[int] = None  # the first new token (BART's forced_bos_token_id)
     suppressed_ids: list[int] = field(default_factory=list)
     seed: Optional[int] = None
 
@@ -143,6 +149,7 @@ def resolve_settings(
         length_penalty=float(_first(length_penalty, gen_cfg.get("length_penalty"), 1.0)), early_stopping=stop_early,
         no_repeat_ngram_size=int(_first(no_repeat_ngram_size, gen_cfg.get("no_repeat_ngram_size"), 0)),
         forced_eos_ids=forced_ids, suppressed_ids=[int(b) for b in bad], seed=seed,
+        forced_bos_id=int(gen_cfg["forced_bos_token_id"]) if gen_cfg.get("forced_bos_token_id") is not None else None,
     )  # fmt: skip
 
 
@@ -223,6 +230,9 @@ def _mask_scores(scores: torch.Tensor, seqs: torch.Tensor, settings: Seq2SeqSett
         scores[:, settings.suppressed_ids] = float("-inf")
     if step < settings.min_new_tokens and eos_ids:
         scores[:, eos_ids] = float("-inf")
+    if settings.forced_bos_id is not None and step == 0:
+        scores.fill_(float("-inf"))
+        scores[:, settings.forced_bos_id] = 0.0
     if settings.forced_eos_ids and step == settings.max_new_tokens - 1:
         scores.fill_(float("-inf"))
         scores[:, settings.forced_eos_ids] = 0.0
@@ -294,9 +304,48 @@ def generate(
     return outputs
 
 
+def screen_for(sm: Seq2SeqModel, settings: Seq2SeqSettings):
+    """The exact screened argmax of the LM head for plain greedy steps of a large fp32 head on a CPU
+    with oneDNN's int8 or bf16 kernels (built once per loaded model), else None."""
+    from gencli.backend.screened_argmax import ScreenedArgmax
+
+    params = settings.sampling
+    if not params.greedy or params.repetition_penalty != 1.0 or not sm.model.plain_head:
+        return None
+    weight = sm.model.lm_head.weight
+    if sm.screen is None and not sm.screen_failed:
+        if settings.max_new_tokens < SCREEN_MIN_STEPS or weight.numel() * weight.element_size() < SCREEN_MIN_HEAD_BYTES:
+            return None
+        if not ScreenedArgmax.supported(weight):
+            return None
+        try:
+            sm.screen = ScreenedArgmax(weight)
+        except ValueError:  # no copy passed its exactness check on this CPU
+            sm.screen_failed = True
+    return sm.screen
+
+
+def _screened(screen, hidden: torch.Tensor, seqs: torch.Tensor, settings: Seq2SeqSettings, eos_ids: list[int], step: int) -> Optional[torch.Tensor]:
+    """The greedy tokens by the screened argmax, or None where a masking processor bans one of them
+    (the masks only lower banned tokens to -inf: an unbanned argmax is the masked argmax too)."""
+    if (settings.forced_eos_ids and step == settings.max_new_tokens - 1) or (settings.forced_bos_id is not None and step == 0):
+        return None
+    tokens = screen(hidden)
+    banned = set(settings.suppressed_ids) | (set(eos_ids) if step < settings.min_new_tokens else set())
+    picks = tokens.tolist()
+    if banned and any(t in banned for t in picks):
+        return None
+    if settings.no_repeat_ngram_size > 0:
+        rows = _banned_ngrams(seqs.tolist(), settings.no_repeat_ngram_size)
+        if any(t in row for t, row in zip(picks, rows)):
+            return None
+    return tokens
+
+
 def _sample(sm: Seq2SeqModel, inputs, settings: Seq2SeqSettings, cross_kv, mask, on_text, generator) -> tuple[list[Output], int]:
     """Greedy decoding or sampling, one token per row and step."""
     model, device = sm.model, sm.placement.device
+    screen = screen_for(sm, settings)
     b = len(inputs)
     eos = torch.tensor(sm.eos_ids or [-1], device=device)
     cache = model.new_cache(b, settings.max_new_tokens + 1)
@@ -307,9 +356,11 @@ def _sample(sm: Seq2SeqModel, inputs, settings: Seq2SeqSettings, cross_kv, mask,
     params: SamplingParams = settings.sampling
     steps = 0
     for step in range(settings.max_new_tokens):
-        logits = model.decode(seqs[:, -1:], cross_kv, mask, cache)[:, -1].float()
-        logits = _mask_scores(logits, seqs, settings, sm.eos_ids, step)
-        tokens = next_tokens(logits, params, generator, seqs if params.repetition_penalty != 1.0 else None)
+        hidden = model.decode_hidden(seqs[:, -1:], cross_kv, mask, cache)[:, -1]
+        tokens = _screened(screen, hidden, seqs, settings, sm.eos_ids, step) if screen is not None else None
+        if tokens is None:
+            logits = _mask_scores(model.logits(hidden).float(), seqs, settings, sm.eos_ids, step)
+            tokens = next_tokens(logits, params, generator, seqs if params.repetition_penalty != 1.0 else None)
         tokens = torch.where(unfinished, tokens, torch.full_like(tokens, sm.pad_id))
         seqs = torch.cat([seqs, tokens[:, None]], dim=1)
         steps += 1

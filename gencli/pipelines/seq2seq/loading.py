@@ -13,14 +13,14 @@ from gencli.models.seq2seq import Seq2SeqLM
 from gencli.tokenizers.seq2seq import load_seq2seq_tokenizer
 from gencli.tokenizers.text import TextTokenizer, read_json
 
-SUPPORTED = "T5ForConditionalGeneration, MT5ForConditionalGeneration, MarianMTModel"
+SUPPORTED = "T5ForConditionalGeneration, MT5ForConditionalGeneration, MarianMTModel, BartForConditionalGeneration"
 WANTED = "a text-to-text model"
 # generation settings an old config.json carries itself (transformers reads them there when the
 # folder has no generation_config.json)
 _GENERATION_KEYS = (
     "max_length", "max_new_tokens", "min_length", "min_new_tokens", "num_beams", "length_penalty", "early_stopping", "no_repeat_ngram_size",
     "do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "num_return_sequences", "bad_words_ids", "forced_eos_token_id",
-    "decoder_start_token_id", "eos_token_id", "pad_token_id",
+    "decoder_start_token_id", "eos_token_id", "pad_token_id", "forced_bos_token_id",
 )  # fmt: skip
 
 
@@ -30,7 +30,7 @@ class Seq2SeqModel:
     tokenizer: TextTokenizer
     placement: Placement
     path: Path
-    family: str  # "t5" | "marian"
+    family: str  # "t5" | "marian" | "bart"
     architecture: str
     generation_config: dict[str, Any]  # config.json's generation keys, overridden by generation_config.json
     eos_ids: list[int]
@@ -38,6 +38,8 @@ class Seq2SeqModel:
     decoder_start_id: int
     max_source_tokens: int  # inputs longer than this are truncated (or refused)
     load_seconds: float
+    screen: Any = None  # the screened argmax of the LM head (greedy decoding), built on first use
+    screen_failed: bool = False  # no exact screen could be built on this CPU: not tried again
 
 
 def _ids(value: Any) -> list[int]:
@@ -52,7 +54,7 @@ def family_of(src) -> tuple[str, str]:
     """``(family, architecture)`` from config.json; another architecture is a one-line error naming
     the command that runs it."""
     from gencli.checkpoints.formats import wrong_family
-    from gencli.models import marian, t5
+    from gencli.models import bart, marian, t5
 
     config = src.config or {}
     archs = config.get("architectures") or []
@@ -62,6 +64,8 @@ def family_of(src) -> tuple[str, str]:
         return "t5", arch or "T5ForConditionalGeneration"
     if arch in marian.ARCHITECTURES or (arch is None and model_type in marian.MODEL_TYPES):
         return "marian", arch or "MarianMTModel"
+    if arch in bart.ARCHITECTURES or (arch is None and model_type in bart.MODEL_TYPES):
+        return "bart", arch or "BartForConditionalGeneration"
     raise wrong_family(src, WANTED, f"gencli text2text runs {SUPPORTED}")
 
 
@@ -71,7 +75,7 @@ def load_seq2seq_model(path: Path, *, device: str = "auto", dtype: str = "auto",
     from gencli.checkpoints.formats import open_source, wrong_family
     from gencli.checkpoints.loader import build_on_meta, load_state
     from gencli.checkpoints.reader import open_reader
-    from gencli.models import marian, t5
+    from gencli.models import bart, marian, t5
 
     start = time.perf_counter()
     src = open_source(path, allow_pickle=allow_pickle)
@@ -82,18 +86,22 @@ def load_seq2seq_model(path: Path, *, device: str = "auto", dtype: str = "auto",
     family, arch = family_of(src)
     folder = src.folder or Path(path)
     tokenizer = load_seq2seq_tokenizer(folder, family)
-    keys = set(src.tensor_infos()) if not src.is_pickle else set()
-    if family == "t5":
-        cfg: Any = t5.T5Config.from_hf(src.config, has_lm_head="lm_head.weight" in keys)
-        factory, keymap = (lambda: t5.T5ForConditionalGeneration(cfg)), t5.HF_KEYMAP
-        window = int(src.config.get("n_positions") or 512)
-    else:
-        cfg = marian.MarianConfig.from_hf(src.config, has_final_logits_bias="final_logits_bias" in keys or src.is_pickle)
-        factory, keymap = (lambda: marian.MarianMTModel(cfg)), marian.HF_KEYMAP
-        window = cfg.max_position_embeddings
-    placement = choose_placement(device, dtype, "decoder", threads, n_params=src.num_parameters())
     reader = open_reader(src, allow_pickle=allow_pickle)
     try:
+        keys = set(reader.keys())
+        if family == "t5":
+            cfg: Any = t5.T5Config.from_hf(src.config, has_lm_head="lm_head.weight" in keys)
+            factory, keymap = (lambda: t5.T5ForConditionalGeneration(cfg)), t5.HF_KEYMAP
+            window = int(src.config.get("n_positions") or 512)
+        elif family == "bart":
+            cfg = bart.config_from_hf(src.config, has_final_logits_bias="final_logits_bias" in keys)
+            factory, keymap = (lambda: bart.BartForConditionalGeneration(cfg)), bart.HF_KEYMAP
+            window = cfg.max_position_embeddings
+        else:
+            cfg = marian.MarianConfig.from_hf(src.config, has_final_logits_bias="final_logits_bias" in keys)
+            factory, keymap = (lambda: marian.MarianMTModel(cfg)), marian.HF_KEYMAP
+            window = cfg.max_position_embeddings
+        placement = choose_placement(device, dtype, "decoder", threads, n_params=src.num_parameters())
         model = load_state(build_on_meta(factory), reader, keymap, device=placement.device, dtype=placement.dtype, config=src.config)
     finally:
         reader.close()
