@@ -257,3 +257,14 @@ def test_bad_input_is_one_line_and_writes_nothing(folders, tmp_path):
         one_error_line(invoke(*args), needle)
     assert not out.exists() and not list(tmp_path.glob("x-*"))
     one_error_line(CliRunner().invoke(__import__("gencli.cli", fromlist=["app"]).app, ["sample", "gan", "--steps", "3"]), "--steps is for sample ddpm")
+
+
+@pytest.mark.parametrize("sampler", ["euler_a", "dpmpp_2m_karras", "heun"])
+def test_the_other_samplers_run_in_pixel_space_seed_by_seed(folders, sampler):
+    from gencli.pipelines.ddpm import sampling
+
+    loaded = _load(folders["new"])  # learned variance: these samplers read the mean channels
+    both = sampling.generate(loaded, [0, 1], sampler=sampler, steps=4, class_label=0)
+    alone = sampling.generate(loaded, [1], sampler=sampler, steps=4, class_label=0)
+    assert both.shape == (2, 8, 8, 3) and both.std() > 0
+    assert np.array_equal(both[1], alone[0])

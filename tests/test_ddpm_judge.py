@@ -65,3 +65,20 @@ def test_blurred_warped_and_empty_images_do_not(judge, scenes):
     empty = np.stack([np.full_like(im, sc.background_rgb) for im, sc in zip(images, truth)])
     report = judge.judge(empty)
     assert report["matching"] == 0.0 and report["empty"] == 1.0
+
+
+def test_eval_generative_judges_a_ddpm_pipeline_folder(tmp_path):
+    diffusers = pytest.importorskip("diffusers")
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from scripts import eval_generative
+
+    torch.manual_seed(0)
+    unet = diffusers.UNet2DModel(sample_size=16, block_out_channels=(8, 16), layers_per_block=1, norm_num_groups=4, attention_head_dim=8,
+                                 down_block_types=("DownBlock2D", "AttnDownBlock2D"), up_block_types=("AttnUpBlock2D", "UpBlock2D"))  # fmt: skip
+    diffusers.DDPMPipeline(unet=unet, scheduler=diffusers.DDPMScheduler(num_train_timesteps=20)).save_pretrained(tmp_path / "p")
+    report = eval_generative.evaluate("ddpm", str(tmp_path / "p"), 6, [2.0, 3.0], threads=1, sampler="ddim")
+    assert [s["steps"] for s in report["samples"]] == [2, 3]
+    assert all(0.0 <= s["geometric"]["matching"] <= 1.0 and s["n"] == 6 for s in report["samples"])
+    assert "matching a shape (IoU >= 0.8)" in eval_generative.markdown(report)

@@ -32,7 +32,7 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 import torch.nn as nn
 
-from gencli.backend.layers import Conv2d, GroupNorm, get_activation
+from gencli.backend.layers import Conv2d, GroupNorm, get_activation, prepack_convolutions
 from gencli.backend.positional import timestep_embedding
 from gencli.checkpoints.config import read_config
 from gencli.models.attention import Attention
@@ -294,14 +294,30 @@ class UNet2DModel(nn.Module):
             self.up_blocks.append(block(cfg, i, cin, prev, out, add_upsample=i < cfg.num_levels - 1))  # type: ignore[arg-type]
         self.conv_norm_out = GroupNorm(cfg.norm_num_groups, ch[0], eps=cfg.norm_eps)
         self.conv_out = Conv2d(ch[0], cfg.out_channels, kernel_size=3, padding=1)
+        self.channels_last = False
+
+    def use_channels_last(self, enabled: bool = True, *, weights: bool = True) -> "UNet2DModel":
+        """Run the feature maps in channels-last memory (what oneDNN's CPU convolutions work in; the
+        pixel attention's token layout is then a free view), the conv weights converted to match
+        unless ``weights=False`` (packed convolutions do not read them again)."""
+        self.channels_last = enabled
+        if weights:
+            self.to(memory_format=torch.channels_last if enabled else torch.contiguous_format)
+        return self
+
+    def prepack_convolutions(self, enabled: bool = True) -> "UNet2DModel":
+        """Keep every convolution's weight in oneDNN's layout after the first CPU inference call
+        (:class:`gencli.backend.layers.Conv2d`): inference only, reversed by ``enabled=False``."""
+        prepack_convolutions(self, enabled)
+        return self
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.conv_in.weight.dtype
+        return self.time_embedding.linear_1.weight.dtype  # not a conv: packed convolutions drop their weight
 
     @property
     def device(self) -> torch.device:
-        return self.conv_in.weight.device
+        return self.time_embedding.linear_1.weight.device
 
     def _timesteps(self, timestep: torch.Tensor | float | int, batch: int) -> torch.Tensor:
         if not torch.is_tensor(timestep):
@@ -334,7 +350,7 @@ class UNet2DModel(nn.Module):
 
     def forward(self, sample: torch.Tensor, timestep: torch.Tensor | float | int, class_labels: Optional[torch.Tensor] = None) -> torch.Tensor:
         in_dtype = sample.dtype
-        x = sample.to(self.device, self.dtype)
+        x = sample.to(self.device, self.dtype, memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
         if self.config.center_input_sample:
             x = 2 * x - 1.0
         emb = self.time_embed(timestep, x.shape[0], class_labels)
@@ -350,7 +366,7 @@ class UNet2DModel(nn.Module):
             res, skips = skips[-n:], skips[:-n]
             x = block(x, res, emb)
         x = self.conv_out(self.conv_norm_out(x, "silu"))
-        return x.to(in_dtype)
+        return x.to(in_dtype, memory_format=torch.contiguous_format)
 
 
 __all__ = ["UNet2DConfig", "UNet2DModel", "AttnDownBlock2D", "AttnUpBlock2D", "UNetMidBlock2D", "DOWN_BLOCK_TYPES", "UP_BLOCK_TYPES"]

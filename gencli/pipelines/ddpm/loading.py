@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from gencli.backend.device import Placement
+from gencli.backend.layers import prepack_convolutions
 from gencli.checkpoints.formats import CheckpointSource, open_source
 from gencli.checkpoints.loader import load_model
 from gencli.checkpoints.reader import TensorReader
@@ -139,11 +140,19 @@ class LoadedDDPM:
 
 
 def load_unet(checkpoint: DDPMCheckpoint, placement: Placement, *, allow_pickle: bool = False) -> UNet2DModel:
-    """The UNet of ``checkpoint`` in ``placement`` (memory-mapped, each tensor moved once)."""
+    """The UNet of ``checkpoint`` in ``placement`` (memory-mapped, each tensor moved once); on a CPU
+    with channels-last feature maps and its convolution weights packed for oneDNN on the first call."""
     cfg = checkpoint.unet_config
+    cpu = placement.device.type == "cpu"
+    private = (lambda _name, target: target.ndim == 4) if cpu else None  # conv weights are repacked: no views of the mapped file
     with TensorReader(checkpoint.unet_source, allow_pickle=allow_pickle) as reader:
-        unet = load_model(lambda: UNet2DModel(cfg), reader, device=placement.device, dtype=placement.dtype, config=dict(cfg.raw), what="a UNet2DModel")
-    return unet.eval()
+        unet = load_model(lambda: UNet2DModel(cfg), reader, device=placement.device, dtype=placement.dtype, config=dict(cfg.raw), what="a UNet2DModel",
+                          private=private)  # fmt: skip
+    unet.eval()
+    if cpu:  # what the SD UNet runs fastest with on a CPU (scripts/bench.py ddpm measures it)
+        packing = prepack_convolutions(unet, True)
+        unet.use_channels_last(True, weights=not packing)
+    return unet
 
 
 def open_ddpm(

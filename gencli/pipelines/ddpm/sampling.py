@@ -36,8 +36,14 @@ def default_steps(checkpoint: DDPMCheckpoint, sampler: str) -> int:
 
 
 def make_scheduler(checkpoint: DDPMCheckpoint, sampler: str, eta: float = 0.0) -> Scheduler:
-    """A fresh sampler ``sampler`` on the folder's scheduler config (DDIM's ``eta`` when not 0)."""
-    return get_scheduler(sampler, checkpoint.scheduler_config, **({"eta": eta} if eta else {}))
+    """A fresh sampler ``sampler`` on the folder's scheduler config (DDIM's ``eta`` when not 0).
+
+    Only DDPM reads a learned variance; the other samplers get the config without ``variance_type``
+    (:func:`denoise` hands them the mean channels of a learned-variance model)."""
+    config = dict(checkpoint.scheduler_config)
+    if resolve_sampler(sampler).class_name != "DDPMScheduler":
+        config.pop("variance_type", None)
+    return get_scheduler(sampler, config, **({"eta": eta} if eta else {}))
 
 
 def check_settings(checkpoint: DDPMCheckpoint, sampler: str, steps: int, eta: float, class_label: Optional[int]) -> None:
@@ -82,6 +88,7 @@ def denoise(
     generators = [torch.Generator("cpu").manual_seed(int(s)) for s in seeds]
     scheduler = make_scheduler(loaded.checkpoint, sampler, eta)
     scheduler.set_timesteps(steps, device=device)
+    scheduler.set_begin_index(0)  # a schedule that repeats a timestep (Karras sigmas on cosine betas) steps through it in order
     height, width = cfg.image_size
     shape = (len(seeds), cfg.in_channels, height, width)
     x = randn_tensor(shape, generators, device=device, dtype=torch.float32) * scheduler.init_noise_sigma
