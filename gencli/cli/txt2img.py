@@ -55,6 +55,11 @@ VariantOpt = _opt(Optional[str], "--variant", help="diffusers weight variant to 
 StrengthOpt = _opt(float, "--strength", help="How much to change the image, in (0, 1]: the share of the steps run.", show_default=True)
 InitImageOpt = _opt(Optional[str], "--init-image", help="The source image of an img2img PNG.", panel=_IO)
 MaskOpt = _opt(Optional[str], "--mask", help="Inpaint: an image, white where IMAGE is repainted, black where it is kept.", panel=_IO)
+LoraOpt = _opt(
+    Optional[list[str]], "--lora", help="A LoRA to merge: FILE or FILE:WEIGHT (repeatable; kohya/A1111 or diffusers format; weight 1 by default).",
+    panel="Common options",
+)  # fmt: skip
+LoraDirOpt = _opt(Optional[str], "--lora-dir", help="Where the prompt's <lora:NAME:WEIGHT> tags are looked up (NAME.safetensors).", panel="Common options")
 PromptArg = Annotated[Optional[str], typer.Argument(metavar="PROMPT", help="The prompt ('' = unconditional); - reads it from stdin.", show_default=False)]
 
 
@@ -78,6 +83,8 @@ class DiffusionOptions:
     prompts_file: PromptsFileOpt = None
     vae: VaeOpt = None
     variant: VariantOpt = None
+    lora: LoraOpt = None
+    lora_dir: LoraDirOpt = None
 
     def flags(self, **more: Any) -> dict[str, Any]:
         """The sampling settings a prompt's JSON line may override (``diffusion_jobs.check_job_flags``), plus ``more``."""
@@ -142,6 +149,8 @@ def replay(
     init_image: InitImageOpt = None,
     mask: MaskOpt = None,
     vae: VaeOpt = None,
+    lora: LoraOpt = None,
+    lora_dir: LoraDirOpt = None,
     *,
     opts: RunOptions,
 ) -> None:
@@ -156,6 +165,7 @@ def replay(
     from pathlib import Path
 
     from gencli.errors import UserError
+    from gencli.pipelines.diffusion.lora import replay_loras
     from gencli.pipelines.diffusion.png_parameters import read_parameters
 
     params = read_parameters(image)
@@ -172,10 +182,11 @@ def replay(
     settings = DiffusionOptions(
         negative_prompt=params.negative_prompt or None, steps=params.steps, guidance=params.cfg_scale, guidance_rescale=params.guidance_rescale or None,
         sampler=params.sampler, width=params.width or None, height=params.height or None, seeds=str(params.seed), clip_skip=params.clip_skip or None,
-        out=out or str(Path(image).with_name(Path(image).stem + "-replay.png")), force=force, vae=vae,
+        out=out or str(Path(image).with_name(Path(image).stem + "-replay.png")), force=force, vae=vae, lora_dir=lora_dir,
     )  # fmt: skip
     flags = settings.flags(strength=params.denoising_strength)
-    _run(opts, params.prompt, settings, flags, "replay", image=init_image, mask=mask, expect_hash=params.model_hash)
+    loras = replay_loras(params.extra, [params.prompt, params.negative_prompt], lora or [], lora_dir, allow_pickle=opts.allow_pickle)
+    _run(opts, params.prompt, settings, flags, "replay", image=init_image, mask=mask, expect_hash=params.model_hash, loras=(loras, params.extra))
 
 
 def _run(
@@ -189,6 +200,7 @@ def _run(
     mask: Optional[str] = None,
     expect_hash: str = "",
     distributed: Optional[RayOptions] = None,
+    loras: Optional[tuple[list, dict]] = None,
 ) -> None:
     import sys
 
@@ -225,21 +237,28 @@ def _run(
         default_out=default_out, force=force, new_seed=new_seed,
     )  # fmt: skip
 
+    from gencli.pipelines.diffusion.lora import lora_hash_warnings, run_loras
     from gencli.pipelines.diffusion.pipeline import load_pipeline
 
+    prompts = [t for j in jobs for t in (j.prompt, j.negative_prompt)]
+    lora_specs = loras[0] if loras is not None else run_loras(settings.lora or [], prompts, settings.lora_dir, allow_pickle=opts.allow_pickle)
     path = resolve_model(opts.model, DEFAULT_MODEL)
     if distributed is not None:
         import functools
 
         from gencli.pipelines.diffusion.ray import make_images
 
-        load = functools.partial(load_pipeline, path, vae=settings.vae, variant=settings.variant, **opts.load_options())
+        load = functools.partial(load_pipeline, path, vae=settings.vae, variant=settings.variant, loras=lora_specs, **opts.load_options())
         for record in make_images(jobs, load, distributed, report, batch_size=batch_size, force=force, device=opts.device):
             _report_image(opts, record)
         return
     with report.progress("loading model"):
-        pipe = load_pipeline(path, vae=settings.vae, variant=settings.variant, **opts.load_options())
+        pipe = load_pipeline(path, vae=settings.vae, variant=settings.variant, loras=lora_specs, **opts.load_options())
     report.debug(pipe.describe())
+    for applied in pipe.loras:
+        report.debug(applied.describe())
+    for line in lora_hash_warnings(loras[1].get("Lora hashes", ""), pipe.loras) if loras is not None else []:
+        report.warn(line)
     report.debug(f"loaded in {pipe.load_seconds:.2f}s")
     if expect_hash and expect_hash != pipe.model_hash:
         report.warn(f"the image was made with Model hash {expect_hash}, '{path}' has {pipe.model_hash}: the image will differ")

@@ -48,6 +48,7 @@ from gencli.errors import CheckpointError, UserError
 from gencli.io import read_json
 from gencli.models.unet.single_file import UNET_PREFIX, prediction_type_hint, unet_family
 from gencli.models.unet.unet_2d_condition import UNet2DConditionModel
+from gencli.pipelines.diffusion.lora import AppliedLora, LoraSpec, apply_loras, lora_hashes_text, strip_lora_tags
 from gencli.pipelines.diffusion.png_parameters import ImageParameters, files_hash
 from gencli.pipelines.diffusion.prompt_encoding import PromptEmbeddings, PromptEncoder, prompt_encoder_from_pipeline_folder, prompt_encoder_from_single_file
 from gencli.pipelines.diffusion.unet_loading import load_unet_from_folder, load_unet_from_reader
@@ -97,6 +98,7 @@ class StableDiffusion:
     generation_config: dict[str, Any] = field(default_factory=dict)
     vae_override: Optional[Path] = None
     load_seconds: float = 0.0
+    loras: list[AppliedLora] = field(default_factory=list)  # merged into the weights at load
     _hashes: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
@@ -211,8 +213,10 @@ def load_pipeline(
     dtype: str = "auto",
     threads: Optional[int] = None,
     allow_pickle: bool = False,
+    loras: Sequence[LoraSpec] = (),
 ) -> StableDiffusion:
-    """A Stable Diffusion pipeline from a diffusers folder or a single-file checkpoint (see the module doc)."""
+    """A Stable Diffusion pipeline from a diffusers folder or a single-file checkpoint (see the module
+    doc), with ``loras`` merged into its weights (:mod:`gencli.pipelines.diffusion.lora`)."""
     start = time.perf_counter()
     src = open_source(path, allow_pickle=allow_pickle, variant=variant)
     placement = choose_placement(device, dtype, "transformer", threads)
@@ -249,9 +253,10 @@ def load_pipeline(
         layout = "single-file"
     _check_fit(unet, autoencoder, encoder, src.path)
     check_generation_config(generation_config, src.path)
+    applied = apply_loras(unet, encoder, loras, allow_pickle=allow_pickle)
     return StableDiffusion(
         unet, autoencoder, encoder, scheduler_config, placement, Path(src.path), layout, weights,
-        generation_config, vae_path, time.perf_counter() - start,
+        generation_config, vae_path, time.perf_counter() - start, applied,
     )  # fmt: skip
 
 
@@ -394,8 +399,20 @@ class GeneratedImage:
             cfg_scale=s.guidance, seed=self.seed, width=s.width, height=s.height, model=pipe.name, model_hash=pipe.model_hash,
             clip_skip=s.clip_skip, guidance_rescale=s.guidance_rescale, denoising_strength=s.strength,
             vae=pipe.vae_override.stem if pipe.vae_override is not None else "", vae_hash=pipe.vae_hash,
-            extra={"Mask blur": "0"} if self.inpainted else {},
+            extra={**({"Mask blur": "0"} if self.inpainted else {}), **lora_parameters(pipe.loras)},
         )  # fmt: skip
+
+
+def lora_parameters(applied: Sequence[AppliedLora]) -> dict[str, str]:
+    """The PNG parameters of the merged LoRAs: A1111's ``Lora hashes`` (name: short hash), and the
+    weights of those given by ``--lora`` (not by a prompt tag) as ``Lora weights`` for replay."""
+    if not applied:
+        return {}
+    out = {"Lora hashes": lora_hashes_text(applied)}
+    flagged = [a for a in applied if not a.spec.from_tag]
+    if flagged:
+        out["Lora weights"] = ", ".join(f"{a.name}: {a.spec.weight:g}" for a in flagged)
+    return out
 
 
 @dataclass
@@ -427,7 +444,10 @@ def rescale_noise_cfg(noise_cfg: torch.Tensor, noise_pred_text: torch.Tensor, gu
 def _conditioning(
     pipe: StableDiffusion, prompts: list[str], negative: Optional[list[str]], settings: GenerationSettings
 ) -> tuple[torch.Tensor, Optional[dict[str, torch.Tensor]], list[str]]:
-    """The UNet's context (unconditional rows first under CFG), SDXL's added conditioning, notices."""
+    """The UNet's context (unconditional rows first under CFG), SDXL's added conditioning, notices.
+    ``<lora:...>`` tags are not encoded (the LoRAs were merged at load)."""
+    prompts = [strip_lora_tags(p) for p in prompts]
+    negative = None if negative is None else [strip_lora_tags(p) for p in negative]
     cond, uncond = pipe.prompt_encoder.encode_prompt(
         prompts, negative, do_classifier_free_guidance=settings.classifier_free_guidance, clip_skip=settings.clip_skip or None
     )
