@@ -210,3 +210,237 @@ def test_cli_lora_flag_tag_parameters_and_replay(sd1_folder, tmp_path, monkeypat
     broken.write_bytes(other.read_bytes()[:200])
     one_error_line(invoke("a", "--lora", str(broken), "-o", "d.png"), "broken.safetensors")
     assert not (tmp_path / "c.png").exists() and not (tmp_path / "d.png").exists()
+    # prompt weighting: an unbalanced bracket is a warning; --no-weighting reads brackets as text,
+    # is recorded as A1111's "Emphasis: None" and replayed so
+    r = invoke("a (red star", "-o", "w.png")
+    assert r.exit_code == 0 and "warning: unbalanced brackets" in r.stderr, r.output
+    r = invoke("a (red star", "-o", "nw.png", "--no-weighting")
+    assert r.exit_code == 0, r.output
+    assert "Emphasis: None" in Image.open("nw.png").info["parameters"] and "Emphasis" not in Image.open("w.png").info["parameters"]
+    assert _diff(np.asarray(Image.open("w.png")), np.asarray(Image.open("nw.png"))) > 0
+    r = CliRunner().invoke(app, ["replay", "nw.png", "-m", str(sd1_folder), "-o", "nw2.png"])
+    assert r.exit_code == 0, r.output
+    assert open("nw.png", "rb").read() == open("nw2.png", "rb").read()
+
+
+# -- prompt weighting and long prompts ----------------------------------------------------------------
+@pytest.mark.parametrize(
+    "text, want",
+    [  # the examples of A1111's prompt_parser.parse_prompt_attention docstring
+        ("normal text", [["normal text", 1.0]]),
+        ("an (important) word", [["an ", 1.0], ["important", 1.1], [" word", 1.0]]),
+        ("(unbalanced", [["unbalanced", 1.1]]),
+        ("\\(literal\\]", [["(literal]", 1.0]]),
+        ("(unnecessary)(parens)", [["unnecessaryparens", 1.1]]),
+        (
+            "a (((house:1.3)) [on] a (hill:0.5), sun, (((sky))).",
+            [
+                ["a ", 1.0],
+                ["house", 1.5730000000000004],
+                [" ", 1.1],
+                ["on", 1.0],
+                [" a ", 1.1],
+                ["hill", 0.55],
+                [", sun, ", 1.1],
+                ["sky", 1.4641000000000006],
+                [".", 1.1],
+            ],
+        ),  # fmt: skip
+        # and the rest of the syntax
+        ("((word))", [["word", 1.2100000000000002]]),
+        ("[word]", [["word", 1 / 1.1]]),
+        ("(word:1.3) x", [["word", 1.3], [" x", 1.0]]),
+        ("a BREAK b", [["a", 1.0], ["BREAK", -1], ["b", 1.0]]),
+        ("a) b", [["a) b", 1.0]]),  # a bracket that closes nothing is text
+        ("photo: a cat", [["photo: a cat", 1.0]]),
+    ],
+)
+def test_parse_prompt_attention_matches_a1111(text, want):
+    from gencli.pipelines.diffusion.prompt_weighting import parse_prompt_attention
+
+    got = parse_prompt_attention(text)
+    assert [t for t, _ in got] == [t for t, _ in want]
+    assert [w for _, w in got] == pytest.approx([w for _, w in want], rel=1e-12)
+
+
+def test_bracket_notices_and_bad_weights():
+    from gencli.pipelines.diffusion.prompt_weighting import bracket_notice, parse_prompt_attention
+
+    assert bracket_notice("a (b) [c] \\( d") is None
+    assert "'(' left open" in bracket_notice("a (b")
+    assert "')' closing nothing" in bracket_notice("a b)")
+    with pytest.raises(UserError, match="not a number"):
+        parse_prompt_attention("(word:1.2.3)")
+
+
+def a1111_reference(tokenizer, encoders, runs, *, chunks=None, penultimate=False):
+    """A1111's encoding written from its algorithm (FrozenCLIPEmbedderWithCustomWords), on
+    transformers' tokenizer and text encoders: ``runs`` are the parser's [text, weight] pairs (no
+    commas near a chunk end here, so its comma backtracking never moves words); every run is
+    tokenized on its own; the tokens fill chunks of 75; each chunk is [BOS] + tokens + [EOS], padded
+    with EOS and then, after the first EOS, with the tokenizer's pad token, and is encoded on its own;
+    its states multiplied by the token weights and scaled back to the mean they had before (the
+    "Original" emphasis); the chunks concatenated along the tokens; SDXL's encoders (penultimate
+    layer, no final norm) concatenated along the features, the pooled output that of chunk 0."""
+    ids, weights = [], []
+    for text, w in runs:
+        t = tokenizer(text, add_special_tokens=False).input_ids
+        ids += t
+        weights += [w] * len(t)
+    n = max(1, -(-len(ids) // 75)) if chunks is None else chunks
+    outs, pooled = [], None
+    for c in range(n):
+        part, pw = ids[75 * c : 75 * (c + 1)], weights[75 * c : 75 * (c + 1)]
+        fill = 75 - len(part)
+        toks = [tokenizer.bos_token_id, *part, *[tokenizer.eos_token_id] * fill, tokenizer.eos_token_id]
+        mult = torch.tensor([1.0, *pw, *[1.0] * fill, 1.0])
+        per_encoder = []
+        for enc in encoders:
+            row = list(toks)
+            end = row.index(tokenizer.eos_token_id)
+            pad = enc["pad"]
+            row = row[: end + 1] + [pad] * (77 - end - 1)
+            with torch.no_grad():
+                out = enc["model"](torch.tensor([row]), output_hidden_states=True)
+            z = out.hidden_states[-2] if penultimate else out.last_hidden_state
+            mean = z.mean()
+            z = z * mult[None, :, None]
+            z = z * (mean / z.mean())
+            per_encoder.append(z)
+            if c == 0 and hasattr(out, "text_embeds"):
+                pooled = out.text_embeds
+        outs.append(torch.cat(per_encoder, dim=-1))
+    return torch.cat(outs, dim=1), pooled
+
+
+LONG = "a small red star at the top left on a blue background next to " + " ".join(["a green circle and a yellow square"] * 20)
+
+
+@pytest.mark.parametrize("family", ["sd1", "sdxl"])
+def test_weighted_and_long_prompts_match_a1111_reference(family, tmp_path_factory):
+    folder = _folder(family, tmp_path_factory)
+    ref = _reference(family, folder)
+    pipe = load_pipeline(folder, device="cpu", dtype="float32")
+    enc = pipe.prompt_encoder
+    xl = family == "sdxl"
+    encoders = [{"model": ref.text_encoder, "pad": ref.tokenizer.pad_token_id}]
+    if xl:
+        encoders.append({"model": ref.text_encoder_2, "pad": ref.tokenizer_2.pad_token_id})
+    if not xl:
+        # the random encoder's final LayerNorm has no bias: every state would have mean 0, and the
+        # emphasis' rescaling by the ratio of two means of about 0 would be noise in both
+        bias = torch.randn(ref.text_encoder.final_layer_norm.bias.shape, generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            ref.text_encoder.final_layer_norm.bias.copy_(bias)
+            enc.text_encoder.tower.final_layer_norm.bias.copy_(bias)
+    # a prompt without brackets of at most 75 tokens: exactly today's (diffusers') encoding
+    plain = enc.encode_prompts(PROMPTS, weighting=True)
+    today = enc.encode_prompts(PROMPTS)
+    assert torch.equal(plain.hidden_states, today.hidden_states) and plain.hidden_states.shape[1] == 77
+    # weights
+    prompt = "a (red:1.5) star, [blue] background, ((green))"
+    runs = [["a ", 1.0], ["red", 1.5], [" star, ", 1.0], ["blue", 1 / 1.1], [" background, ", 1.0], ["green", 1.21]]
+    want, want_pooled = a1111_reference(ref.tokenizer, encoders, runs, penultimate=xl)
+    got = enc.encode_prompts([prompt], weighting=True)
+    assert torch.allclose(got.hidden_states, want, atol=1e-5)
+    assert not torch.allclose(got.hidden_states, enc.encode_prompts([prompt], weighting=False).hidden_states, atol=1e-3)
+    if xl:
+        assert torch.allclose(got.pooled, want_pooled, atol=1e-5)
+    # a long prompt: 3 chunks of 75 (no truncation notice), with a weighted word in the second
+    long = LONG + " (tiny:0.7) dots"
+    n_tokens = len(ref.tokenizer(long, add_special_tokens=False).input_ids)
+    assert 150 < n_tokens <= 225
+    cut = long.index(" (tiny")
+    want, want_pooled = a1111_reference(ref.tokenizer, encoders, [[long[:cut] + " ", 1.0], ["tiny", 0.7], [" dots", 1.0]], penultimate=xl)
+    cond, uncond = enc.encode_prompt([long], ["blurry"], weighting=True)
+    assert cond.hidden_states.shape[1] == 3 * 77 and not cond.notices
+    assert torch.allclose(cond.hidden_states, want, atol=1e-5)
+    if xl:
+        assert torch.allclose(cond.pooled, want_pooled, atol=1e-5)
+    # the negative prompt padded to the same number of chunks with the empty prompt's
+    neg, _ = a1111_reference(ref.tokenizer, encoders, [["blurry", 1.0]], chunks=3, penultimate=xl)
+    assert uncond.hidden_states.shape == cond.hidden_states.shape
+    assert torch.allclose(uncond.hidden_states, neg, atol=1e-5)
+    # BREAK starts a new chunk
+    assert enc.encode_prompts(["a red star BREAK a blue sky"], weighting=True).hidden_states.shape[1] == 2 * 77
+
+
+def test_comma_backtracking_moves_words_after_a_comma():
+    from gencli.pipelines.diffusion.prompt_weighting import tokenize_chunks
+    from gencli.tokenizers.clip_bpe import CLIPTokenizer
+
+    tok = CLIPTokenizer.from_openai_bpe()
+    words = ["cat"] * 70 + [","] + ["dog"] * 10  # the comma is 70 tokens in: the 5 dogs that fit move on
+    chunks = tokenize_chunks(tok, " ".join(words))
+    assert len(chunks) == 2 and all(len(c.tokens) == 77 for c in chunks)
+    dog = tok.tokenize_ids("dog")[0]
+    assert chunks[0].tokens[72] == tok.eos_token_id and dog not in chunks[0].tokens
+    assert chunks[1].tokens[1:11] == [dog] * 10
+
+
+# -- few-step sampling ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "config, steps",
+    [
+        ({}, 4),
+        ({"beta_schedule": "scaled_linear", "set_alpha_to_one": False, "steps_offset": 1, "prediction_type": "v_prediction"}, 8),
+        ({"original_inference_steps": 25, "clip_sample": True, "timestep_scaling": 5.0}, 3),
+        ({}, 1),
+    ],
+)
+def test_lcm_matches_diffusers_step_for_step(config, steps):
+    from gencli.schedulers import get_scheduler
+
+    want = diffusers.LCMScheduler(**config)
+    got = get_scheduler("lcm", config)
+    want.set_timesteps(steps)
+    got.set_timesteps(steps)
+    got.set_begin_index(0)
+    assert torch.equal(got.timesteps, want.timesteps) and got.display_name == "LCM"
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, 8, 8, generator=g)
+    x_ref = x.clone()
+    gens, gens_ref = ([torch.Generator().manual_seed(s) for s in (5, 6)] for _ in range(2))
+    for t in want.timesteps:
+        out = torch.randn(2, 4, 8, 8, generator=g)
+        ref = want.step(out, t, x_ref, generator=gens_ref)
+        mine = got.step(out, t, x, generator=gens)
+        x, x_ref = mine.prev_sample, ref.prev_sample
+        assert torch.allclose(x, x_ref, atol=1e-6) and torch.allclose(mine.pred_original_sample, ref.denoised, atol=1e-6)
+    with pytest.raises(UserError, match="at most"):
+        get_scheduler("lcm", {}).set_timesteps(51)
+
+
+@pytest.fixture(scope="module")
+def sd1_pipe(sd1_folder):
+    return load_pipeline(sd1_folder, device="cpu", dtype="float32")
+
+
+def test_lcm_and_trailing_one_step_images_match_diffusers(sd1_folder, sd1_pipe):
+    """--sampler lcm at 4 steps and guidance 1 (LCM-LoRA's settings), and SD-Turbo's one Euler step
+    with trailing spacing and no guidance, against diffusers' pipelines with those schedulers."""
+    ref = _reference("sd1", sd1_folder)
+
+    def reference(steps, guidance):
+        out = ref(prompt=PROMPTS, num_inference_steps=steps, height=SIZE, width=SIZE, guidance_scale=guidance,
+                  generator=[torch.Generator().manual_seed(s) for s in SEEDS], output_type="np").images  # fmt: skip
+        return (out * 255).round().astype(np.uint8)
+
+    def ours(pipe, sampler, steps, guidance):
+        settings = resolve_settings(pipe, steps=steps, guidance=guidance, sampler=sampler, width=SIZE, height=SIZE)
+        return np.stack([g.pixels for g in generate(pipe, PROMPTS, SEEDS, settings)])
+
+    ref.scheduler = diffusers.LCMScheduler.from_config(ref.scheduler.config)
+    want = reference(4, 1.0)
+    assert _diff(ours(sd1_pipe, "lcm", 4, 1.0), want) <= MAX_PIXEL_DIFF
+    ref.scheduler = diffusers.EulerDiscreteScheduler.from_config(ref.scheduler.config, timestep_spacing="trailing")
+    want = reference(1, 0.0)
+    turbo = load_pipeline(sd1_folder, device="cpu", dtype="float32", timestep_spacing="trailing")
+    got = ours(turbo, "euler", 1, 0.0)
+    assert _diff(got, want) <= MAX_PIXEL_DIFF
+    assert _diff(got, ours(sd1_pipe, "euler", 1, 0.0)) > 10  # leading spacing starts elsewhere
+    params = generate(turbo, PROMPTS[:1], SEEDS[:1], resolve_settings(turbo, steps=1, guidance=0.0, sampler="lcm", width=SIZE, height=SIZE))[0]
+    text = params.parameters(turbo).to_text()
+    assert "Sampler: LCM" in text and "Timestep spacing: trailing" in text
+    with pytest.raises(UserError, match="--timestep-spacing"):
+        load_pipeline(sd1_folder, device="cpu", dtype="float32", timestep_spacing="sideways")

@@ -60,6 +60,8 @@ LoraOpt = _opt(
     panel="Common options",
 )  # fmt: skip
 LoraDirOpt = _opt(Optional[str], "--lora-dir", help="Where the prompt's <lora:NAME:WEIGHT> tags are looked up (NAME.safetensors).", panel="Common options")
+NoWeightingOpt = _opt(bool, "--no-weighting", help="Read (word:1.2), (word), [word] as text, not as A1111's attention weights.", show_default=True)
+SpacingOpt = _opt(Optional[str], "--timestep-spacing", help="leading, trailing (SD-Turbo) or linspace, over the model's scheduler config.")
 PromptArg = Annotated[Optional[str], typer.Argument(metavar="PROMPT", help="The prompt ('' = unconditional); - reads it from stdin.", show_default=False)]
 
 
@@ -85,6 +87,8 @@ class DiffusionOptions:
     variant: VariantOpt = None
     lora: LoraOpt = None
     lora_dir: LoraDirOpt = None
+    no_weighting: NoWeightingOpt = False
+    timestep_spacing: SpacingOpt = None
 
     def flags(self, **more: Any) -> dict[str, Any]:
         """The sampling settings a prompt's JSON line may override (``diffusion_jobs.check_job_flags``), plus ``more``."""
@@ -183,6 +187,7 @@ def replay(
         negative_prompt=params.negative_prompt or None, steps=params.steps, guidance=params.cfg_scale, guidance_rescale=params.guidance_rescale or None,
         sampler=params.sampler, width=params.width or None, height=params.height or None, seeds=str(params.seed), clip_skip=params.clip_skip or None,
         out=out or str(Path(image).with_name(Path(image).stem + "-replay.png")), force=force, vae=vae, lora_dir=lora_dir,
+        no_weighting=params.extra.get("Emphasis") == "None", timestep_spacing=params.extra.get("Timestep spacing") or None,
     )  # fmt: skip
     flags = settings.flags(strength=params.denoising_strength)
     loras = replay_loras(params.extra, [params.prompt, params.negative_prompt], lora or [], lora_dir, allow_pickle=opts.allow_pickle)
@@ -248,12 +253,14 @@ def _run(
 
         from gencli.pipelines.diffusion.ray import make_images
 
-        load = functools.partial(load_pipeline, path, vae=settings.vae, variant=settings.variant, loras=lora_specs, **opts.load_options())
+        load = functools.partial(load_pipeline, path, vae=settings.vae, variant=settings.variant, loras=lora_specs, prompt_weighting=not settings.no_weighting,
+                                 timestep_spacing=settings.timestep_spacing, **opts.load_options())
         for record in make_images(jobs, load, distributed, report, batch_size=batch_size, force=force, device=opts.device):
             _report_image(opts, record)
         return
     with report.progress("loading model"):
-        pipe = load_pipeline(path, vae=settings.vae, variant=settings.variant, loras=lora_specs, **opts.load_options())
+        pipe = load_pipeline(path, vae=settings.vae, variant=settings.variant, loras=lora_specs, prompt_weighting=not settings.no_weighting,
+                             timestep_spacing=settings.timestep_spacing, **opts.load_options())
     report.debug(pipe.describe())
     for applied in pipe.loras:
         report.debug(applied.describe())

@@ -58,6 +58,7 @@ from gencli.schedulers.base import Scheduler, load_scheduler_config
 
 GENERATION_CONFIG = "generation_config.json"
 REQUIRED_COMPONENTS = ("unet", "vae", "scheduler")
+TIMESTEP_SPACINGS = ("leading", "trailing", "linspace")  # diffusers' timestep_spacing values
 MAX_SIDE = 4096  # the largest width or height accepted (pixels)
 SIZE_MULTIPLE = 8
 
@@ -99,6 +100,8 @@ class StableDiffusion:
     vae_override: Optional[Path] = None
     load_seconds: float = 0.0
     loras: list[AppliedLora] = field(default_factory=list)  # merged into the weights at load
+    prompt_weighting: bool = True  # A1111's (word:1.2) syntax (long prompts are chunked either way)
+    timestep_spacing: Optional[str] = None  # set over the scheduler config's by --timestep-spacing
     _hashes: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
@@ -214,6 +217,8 @@ def load_pipeline(
     threads: Optional[int] = None,
     allow_pickle: bool = False,
     loras: Sequence[LoraSpec] = (),
+    prompt_weighting: bool = True,
+    timestep_spacing: Optional[str] = None,
 ) -> StableDiffusion:
     """A Stable Diffusion pipeline from a diffusers folder or a single-file checkpoint (see the module
     doc), with ``loras`` merged into its weights (:mod:`gencli.pipelines.diffusion.lora`)."""
@@ -253,10 +258,14 @@ def load_pipeline(
         layout = "single-file"
     _check_fit(unet, autoencoder, encoder, src.path)
     check_generation_config(generation_config, src.path)
+    if timestep_spacing is not None:
+        if timestep_spacing not in TIMESTEP_SPACINGS:
+            raise UserError(f"--timestep-spacing must be one of {', '.join(TIMESTEP_SPACINGS)} (got {timestep_spacing!r})")
+        scheduler_config = {**scheduler_config, "timestep_spacing": timestep_spacing}
     applied = apply_loras(unet, encoder, loras, allow_pickle=allow_pickle)
     return StableDiffusion(
         unet, autoencoder, encoder, scheduler_config, placement, Path(src.path), layout, weights,
-        generation_config, vae_path, time.perf_counter() - start, applied,
+        generation_config, vae_path, time.perf_counter() - start, applied, prompt_weighting, timestep_spacing,
     )  # fmt: skip
 
 
@@ -399,7 +408,8 @@ class GeneratedImage:
             cfg_scale=s.guidance, seed=self.seed, width=s.width, height=s.height, model=pipe.name, model_hash=pipe.model_hash,
             clip_skip=s.clip_skip, guidance_rescale=s.guidance_rescale, denoising_strength=s.strength,
             vae=pipe.vae_override.stem if pipe.vae_override is not None else "", vae_hash=pipe.vae_hash,
-            extra={**({"Mask blur": "0"} if self.inpainted else {}), **lora_parameters(pipe.loras)},
+            extra={**({"Mask blur": "0"} if self.inpainted else {}), **lora_parameters(pipe.loras), **({} if pipe.prompt_weighting else {"Emphasis": "None"}),
+                   **({"Timestep spacing": pipe.timestep_spacing} if pipe.timestep_spacing else {})},
         )  # fmt: skip
 
 
@@ -449,8 +459,9 @@ def _conditioning(
     prompts = [strip_lora_tags(p) for p in prompts]
     negative = None if negative is None else [strip_lora_tags(p) for p in negative]
     cond, uncond = pipe.prompt_encoder.encode_prompt(
-        prompts, negative, do_classifier_free_guidance=settings.classifier_free_guidance, clip_skip=settings.clip_skip or None
-    )
+        prompts, negative, do_classifier_free_guidance=settings.classifier_free_guidance, clip_skip=settings.clip_skip or None,
+        weighting=pipe.prompt_weighting,
+    )  # fmt: skip
     parts: list[PromptEmbeddings] = [uncond, cond] if uncond is not None else [cond]
     notices = [n for p in parts for n in p.notices]
     context = torch.cat([p.hidden_states for p in parts])
