@@ -221,6 +221,11 @@ def test_cli_lora_flag_tag_parameters_and_replay(sd1_folder, tmp_path, monkeypat
     r = CliRunner().invoke(app, ["replay", "nw.png", "-m", str(sd1_folder), "-o", "nw2.png"])
     assert r.exit_code == 0, r.output
     assert open("nw.png", "rb").read() == open("nw2.png", "rb").read()
+    # an embedding used by name from --embeddings-dir
+    save_lora({"emb_params": torch.randn(2, 32)}, loras / "shapey.safetensors")
+    r = invoke("a shapey star", "--embeddings-dir", str(loras), "-o", "ti.png")
+    assert r.exit_code == 0, r.output
+    assert "TI: shapey" in Image.open("ti.png").info["parameters"]
 
 
 # -- prompt weighting and long prompts ----------------------------------------------------------------
@@ -444,3 +449,65 @@ def test_lcm_and_trailing_one_step_images_match_diffusers(sd1_folder, sd1_pipe):
     assert "Sampler: LCM" in text and "Timestep spacing: trailing" in text
     with pytest.raises(UserError, match="--timestep-spacing"):
         load_pipeline(sd1_folder, device="cpu", dtype="float32", timestep_spacing="sideways")
+
+
+# -- textual inversion ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", ["sd1", "sdxl"])
+def test_textual_inversion_matches_diffusers(family, tmp_path_factory, tmp_path):
+    """A1111's emb_params file (2 vectors, token = the file's stem) and diffusers' one-token file on
+    SD 1.x, SDXL's clip_l/clip_g file: the prompt embeddings equal those of diffusers'
+    load_textual_inversion (per text encoder for SDXL, as diffusers loads them)."""
+    from gencli.pipelines.diffusion.textual_inversion import EmbeddingSpec, expand_prompt
+
+    folder = _folder(family, tmp_path_factory)
+    ref = _reference(family, folder)
+    g = torch.Generator().manual_seed(7)
+    prompt = "a photo of shapey on a <blob> background"
+    if family == "sdxl":
+        a1111 = save_lora({"clip_l": torch.randn(2, 32, generator=g), "clip_g": torch.randn(2, 64, generator=g)}, tmp_path / "shapey.safetensors")
+        from safetensors.torch import load_file
+
+        state = load_file(str(a1111))
+        ref.load_textual_inversion(state["clip_l"], token="shapey", text_encoder=ref.text_encoder, tokenizer=ref.tokenizer)
+        ref.load_textual_inversion(state["clip_g"], token="shapey", text_encoder=ref.text_encoder_2, tokenizer=ref.tokenizer_2)
+        specs = [EmbeddingSpec(a1111, "shapey")]
+        prompt = "a photo of shapey on a blue background"
+        want = ref.encode_prompt(prompt=prompt, device="cpu", do_classifier_free_guidance=False)
+        want, want_pooled = want[0], want[2]
+    else:
+        a1111 = save_lora({"emb_params": torch.randn(2, 32, generator=g)}, tmp_path / "shapey.safetensors")
+        diff = save_lora({"<blob>": torch.randn(32, generator=g)}, tmp_path / "learned_embeds.safetensors")
+        ref.load_textual_inversion(str(a1111), token="shapey")
+        ref.load_textual_inversion(str(diff))
+        specs = [EmbeddingSpec(a1111, "shapey"), EmbeddingSpec(diff, "<blob>")]
+        want, want_pooled = ref.encode_prompt(prompt, "cpu", 1, False)[0], None
+    pipe = load_pipeline(folder, device="cpu", dtype="float32", embeddings=specs)
+    assert [e.vectors for e in pipe.embeddings][0] == 2
+    got = pipe.prompt_encoder.encode_prompts([expand_prompt(prompt, pipe.embeddings)], weighting=True)
+    assert torch.allclose(got.hidden_states, want, atol=1e-5)
+    if want_pooled is not None:
+        assert torch.allclose(got.pooled, want_pooled, atol=1e-5)
+    plain = load_pipeline(folder, device="cpu", dtype="float32").prompt_encoder.encode_prompts([prompt], weighting=True)
+    assert not torch.allclose(got.hidden_states, plain.hidden_states, atol=1e-3)
+
+
+def test_bad_embeddings_are_one_line_errors(sd1_folder, tmp_path):
+    from gencli.pipelines.diffusion.textual_inversion import EmbeddingSpec, parse_embedding_option, run_embeddings
+
+    def bad(state, match, token="thing", error=CheckpointError):
+        f = save_lora(state, tmp_path / f"{token}.safetensors")
+        with pytest.raises(error, match=match):
+            load_pipeline(sd1_folder, device="cpu", dtype="float32", embeddings=[EmbeddingSpec(f, token)])
+
+    bad({"emb_params": torch.zeros(1, 64)}, "64-wide vectors, text_encoder takes 32")
+    bad({"clip_l": torch.zeros(1, 32), "clip_g": torch.zeros(1, 64)}, "SDXL embedding")
+    bad({"a": torch.zeros(1, 32), "b": torch.zeros(1, 32)}, "not a textual-inversion embedding")
+    bad({"emb_params": torch.zeros(1, 32)}, "already in the tokenizer", token="cat", error=UserError)
+    f = save_lora({"emb_params": torch.zeros(1, 32)}, tmp_path / "trunc.safetensors")
+    f.write_bytes(f.read_bytes()[:-10])
+    with pytest.raises(CheckpointError, match="truncated"):
+        load_pipeline(sd1_folder, device="cpu", dtype="float32", embeddings=[EmbeddingSpec(f, "trunc")])
+    assert parse_embedding_option(f"{f}:<mine>") == EmbeddingSpec(f, "<mine>")
+    assert run_embeddings([], tmp_path, ["a trunc b", None]) == [EmbeddingSpec(f, "trunc")]
+    with pytest.raises(UserError, match="does not exist"):
+        parse_embedding_option(str(tmp_path / "none.safetensors"))

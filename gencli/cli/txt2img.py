@@ -62,6 +62,11 @@ LoraOpt = _opt(
 LoraDirOpt = _opt(Optional[str], "--lora-dir", help="Where the prompt's <lora:NAME:WEIGHT> tags are looked up (NAME.safetensors).", panel="Common options")
 NoWeightingOpt = _opt(bool, "--no-weighting", help="Read (word:1.2), (word), [word] as text, not as A1111's attention weights.", show_default=True)
 SpacingOpt = _opt(Optional[str], "--timestep-spacing", help="leading, trailing (SD-Turbo) or linspace, over the model's scheduler config.")
+EmbeddingOpt = _opt(
+    Optional[list[str]], "--embedding", help="A textual-inversion embedding: FILE or FILE:TOKEN (repeatable; the token is the file's stem).",
+    panel="Common options",
+)  # fmt: skip
+EmbeddingsDirOpt = _opt(Optional[str], "--embeddings-dir", help="Embeddings used by name in the prompt (NAME.safetensors).", panel="Common options")
 PromptArg = Annotated[Optional[str], typer.Argument(metavar="PROMPT", help="The prompt ('' = unconditional); - reads it from stdin.", show_default=False)]
 
 
@@ -89,6 +94,8 @@ class DiffusionOptions:
     lora_dir: LoraDirOpt = None
     no_weighting: NoWeightingOpt = False
     timestep_spacing: SpacingOpt = None
+    embedding: EmbeddingOpt = None
+    embeddings_dir: EmbeddingsDirOpt = None
 
     def flags(self, **more: Any) -> dict[str, Any]:
         """The sampling settings a prompt's JSON line may override (``diffusion_jobs.check_job_flags``), plus ``more``."""
@@ -155,6 +162,8 @@ def replay(
     vae: VaeOpt = None,
     lora: LoraOpt = None,
     lora_dir: LoraDirOpt = None,
+    embedding: EmbeddingOpt = None,
+    embeddings_dir: EmbeddingsDirOpt = None,
     *,
     opts: RunOptions,
 ) -> None:
@@ -187,6 +196,7 @@ def replay(
         negative_prompt=params.negative_prompt or None, steps=params.steps, guidance=params.cfg_scale, guidance_rescale=params.guidance_rescale or None,
         sampler=params.sampler, width=params.width or None, height=params.height or None, seeds=str(params.seed), clip_skip=params.clip_skip or None,
         out=out or str(Path(image).with_name(Path(image).stem + "-replay.png")), force=force, vae=vae, lora_dir=lora_dir,
+        embedding=embedding, embeddings_dir=embeddings_dir,
         no_weighting=params.extra.get("Emphasis") == "None", timestep_spacing=params.extra.get("Timestep spacing") or None,
     )  # fmt: skip
     flags = settings.flags(strength=params.denoising_strength)
@@ -247,6 +257,9 @@ def _run(
 
     prompts = [t for j in jobs for t in (j.prompt, j.negative_prompt)]
     lora_specs = loras[0] if loras is not None else run_loras(settings.lora or [], prompts, settings.lora_dir, allow_pickle=opts.allow_pickle)
+    from gencli.pipelines.diffusion.textual_inversion import run_embeddings
+
+    embeddings = run_embeddings(settings.embedding or [], settings.embeddings_dir, prompts, allow_pickle=opts.allow_pickle)
     path = resolve_model(opts.model, DEFAULT_MODEL)
     if distributed is not None:
         import functools
@@ -254,13 +267,13 @@ def _run(
         from gencli.pipelines.diffusion.ray import make_images
 
         load = functools.partial(load_pipeline, path, vae=settings.vae, variant=settings.variant, loras=lora_specs, prompt_weighting=not settings.no_weighting,
-                                 timestep_spacing=settings.timestep_spacing, **opts.load_options())
+                                 timestep_spacing=settings.timestep_spacing, embeddings=embeddings, **opts.load_options())
         for record in make_images(jobs, load, distributed, report, batch_size=batch_size, force=force, device=opts.device):
             _report_image(opts, record)
         return
     with report.progress("loading model"):
         pipe = load_pipeline(path, vae=settings.vae, variant=settings.variant, loras=lora_specs, prompt_weighting=not settings.no_weighting,
-                             timestep_spacing=settings.timestep_spacing, **opts.load_options())
+                             timestep_spacing=settings.timestep_spacing, embeddings=embeddings, **opts.load_options())
     report.debug(pipe.describe())
     for applied in pipe.loras:
         report.debug(applied.describe())

@@ -51,6 +51,7 @@ from gencli.models.unet.unet_2d_condition import UNet2DConditionModel
 from gencli.pipelines.diffusion.lora import AppliedLora, LoraSpec, apply_loras, lora_hashes_text, strip_lora_tags
 from gencli.pipelines.diffusion.png_parameters import ImageParameters, files_hash
 from gencli.pipelines.diffusion.prompt_encoding import PromptEmbeddings, PromptEncoder, prompt_encoder_from_pipeline_folder, prompt_encoder_from_single_file
+from gencli.pipelines.diffusion.textual_inversion import EmbeddingSpec, LoadedEmbedding, apply_embeddings, expand_prompt
 from gencli.pipelines.diffusion.unet_loading import load_unet_from_folder, load_unet_from_reader
 from gencli.pipelines.diffusion.vae import LoadedAutoencoder, images_to_tensor, load_autoencoder, tensor_to_images
 from gencli.schedulers import get_scheduler, resolve_sampler
@@ -102,6 +103,7 @@ class StableDiffusion:
     loras: list[AppliedLora] = field(default_factory=list)  # merged into the weights at load
     prompt_weighting: bool = True  # A1111's (word:1.2) syntax (long prompts are chunked either way)
     timestep_spacing: Optional[str] = None  # set over the scheduler config's by --timestep-spacing
+    embeddings: list[LoadedEmbedding] = field(default_factory=list)  # textual inversion
     _hashes: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
@@ -219,6 +221,7 @@ def load_pipeline(
     loras: Sequence[LoraSpec] = (),
     prompt_weighting: bool = True,
     timestep_spacing: Optional[str] = None,
+    embeddings: Sequence[EmbeddingSpec] = (),
 ) -> StableDiffusion:
     """A Stable Diffusion pipeline from a diffusers folder or a single-file checkpoint (see the module
     doc), with ``loras`` merged into its weights (:mod:`gencli.pipelines.diffusion.lora`)."""
@@ -263,9 +266,10 @@ def load_pipeline(
             raise UserError(f"--timestep-spacing must be one of {', '.join(TIMESTEP_SPACINGS)} (got {timestep_spacing!r})")
         scheduler_config = {**scheduler_config, "timestep_spacing": timestep_spacing}
     applied = apply_loras(unet, encoder, loras, allow_pickle=allow_pickle)
+    added = apply_embeddings(encoder, embeddings, allow_pickle=allow_pickle)
     return StableDiffusion(
         unet, autoencoder, encoder, scheduler_config, placement, Path(src.path), layout, weights,
-        generation_config, vae_path, time.perf_counter() - start, applied, prompt_weighting, timestep_spacing,
+        generation_config, vae_path, time.perf_counter() - start, applied, prompt_weighting, timestep_spacing, added,
     )  # fmt: skip
 
 
@@ -409,7 +413,8 @@ class GeneratedImage:
             clip_skip=s.clip_skip, guidance_rescale=s.guidance_rescale, denoising_strength=s.strength,
             vae=pipe.vae_override.stem if pipe.vae_override is not None else "", vae_hash=pipe.vae_hash,
             extra={**({"Mask blur": "0"} if self.inpainted else {}), **lora_parameters(pipe.loras), **({} if pipe.prompt_weighting else {"Emphasis": "None"}),
-                   **({"Timestep spacing": pipe.timestep_spacing} if pipe.timestep_spacing else {})},
+                   **({"Timestep spacing": pipe.timestep_spacing} if pipe.timestep_spacing else {}),
+                   **({"TI": ", ".join(e.spec.token for e in pipe.embeddings)} if pipe.embeddings else {})},
         )  # fmt: skip
 
 
@@ -456,8 +461,8 @@ def _conditioning(
 ) -> tuple[torch.Tensor, Optional[dict[str, torch.Tensor]], list[str]]:
     """The UNet's context (unconditional rows first under CFG), SDXL's added conditioning, notices.
     ``<lora:...>`` tags are not encoded (the LoRAs were merged at load)."""
-    prompts = [strip_lora_tags(p) for p in prompts]
-    negative = None if negative is None else [strip_lora_tags(p) for p in negative]
+    prompts = [expand_prompt(strip_lora_tags(p), pipe.embeddings) for p in prompts]
+    negative = None if negative is None else [expand_prompt(strip_lora_tags(p), pipe.embeddings) for p in negative]
     cond, uncond = pipe.prompt_encoder.encode_prompt(
         prompts, negative, do_classifier_free_guidance=settings.classifier_free_guidance, clip_skip=settings.clip_skip or None,
         weighting=pipe.prompt_weighting,
