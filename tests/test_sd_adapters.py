@@ -1,6 +1,8 @@
 """What Stable Diffusion users add to a checkpoint: LoRA files (kohya/A1111 and diffusers/PEFT formats)
-against diffusers' ``load_lora_weights`` + ``fuse_lora``, on tiny random SD 1.x- and SDXL-shaped
-pipelines; the LoRA options, tags, hashes and bad inputs."""
+against diffusers' ``load_lora_weights`` + ``fuse_lora``, on tiny random SD 1.x-, 2.x- and SDXL-shaped
+pipelines; the LoRA options, tags, hashes and bad inputs; A1111's prompt weighting and long prompts;
+the LCM sampler and trailing timestep spacing; textual-inversion embeddings against diffusers'
+``load_textual_inversion``."""
 
 from __future__ import annotations
 
@@ -64,10 +66,10 @@ def _original_names(ref) -> dict:
     return {v: k for k, v in original_unet_names(unet, _weight_modules(unet)).items()}
 
 
-@pytest.mark.parametrize("family", ["sd1", "sdxl"])
+@pytest.mark.parametrize("family", ["sd1", "sd2", "sdxl"])
 def test_lora_matches_diffusers_fuse_lora(family, tmp_path_factory, tmp_path):
     """Random LoRAs on attention, feed-forward, 3x3 convs (LoCon) and the text encoder(s): kohya's
-    format (SD 1.x: diffusers paths; SDXL: original-layout paths, lora_te1/te2) and PEFT's, two at
+    format (SD 1.x/2.x: diffusers paths; SDXL: original-layout paths, lora_te1/te2) and PEFT's, two at
     once with their own weights, against diffusers' load_lora_weights + fuse_lora(lora_scale=w)."""
     folder = _folder(family, tmp_path_factory)
     ref = _reference(family, folder)
