@@ -55,6 +55,18 @@ VariantOpt = _opt(Optional[str], "--variant", help="diffusers weight variant to 
 StrengthOpt = _opt(float, "--strength", help="How much to change the image, in (0, 1]: the share of the steps run.", show_default=True)
 InitImageOpt = _opt(Optional[str], "--init-image", help="The source image of an img2img PNG.", panel=_IO)
 MaskOpt = _opt(Optional[str], "--mask", help="Inpaint: an image, white where IMAGE is repainted, black where it is kept.", panel=_IO)
+LoraOpt = _opt(
+    Optional[list[str]], "--lora", help="A LoRA to merge: FILE or FILE:WEIGHT (repeatable; kohya/A1111 or diffusers format; weight 1 by default).",
+    panel="Common options",
+)  # fmt: skip
+LoraDirOpt = _opt(Optional[str], "--lora-dir", help="Where the prompt's <lora:NAME:WEIGHT> tags are looked up (NAME.safetensors).", panel="Common options")
+NoWeightingOpt = _opt(bool, "--no-weighting", help="Read (word:1.2), (word), [word] as text, not as A1111's attention weights.", show_default=True)
+SpacingOpt = _opt(Optional[str], "--timestep-spacing", help="leading, trailing (SD-Turbo) or linspace, over the model's scheduler config.")
+EmbeddingOpt = _opt(
+    Optional[list[str]], "--embedding", help="A textual-inversion embedding: FILE or FILE:TOKEN (repeatable; the token is the file's stem).",
+    panel="Common options",
+)  # fmt: skip
+EmbeddingsDirOpt = _opt(Optional[str], "--embeddings-dir", help="Embeddings used by name in the prompt (NAME.safetensors).", panel="Common options")
 PromptArg = Annotated[Optional[str], typer.Argument(metavar="PROMPT", help="The prompt ('' = unconditional); - reads it from stdin.", show_default=False)]
 
 
@@ -78,6 +90,12 @@ class DiffusionOptions:
     prompts_file: PromptsFileOpt = None
     vae: VaeOpt = None
     variant: VariantOpt = None
+    lora: LoraOpt = None
+    lora_dir: LoraDirOpt = None
+    no_weighting: NoWeightingOpt = False
+    timestep_spacing: SpacingOpt = None
+    embedding: EmbeddingOpt = None
+    embeddings_dir: EmbeddingsDirOpt = None
 
     def flags(self, **more: Any) -> dict[str, Any]:
         """The sampling settings a prompt's JSON line may override (``diffusion_jobs.check_job_flags``), plus ``more``."""
@@ -142,6 +160,10 @@ def replay(
     init_image: InitImageOpt = None,
     mask: MaskOpt = None,
     vae: VaeOpt = None,
+    lora: LoraOpt = None,
+    lora_dir: LoraDirOpt = None,
+    embedding: EmbeddingOpt = None,
+    embeddings_dir: EmbeddingsDirOpt = None,
     *,
     opts: RunOptions,
 ) -> None:
@@ -155,10 +177,17 @@ def replay(
     """
     from gencli.pipelines.diffusion.replay import plan_replay
 
+    from gencli.pipelines.diffusion.lora import replay_loras
+
     plan = plan_replay(image, model=opts.model, seed=opts.seed, init_image=init_image, mask=mask, out=out, force=force, vae=vae)
     opts.model, opts.seed = plan.model, None  # the seed is in the settings' --seeds
-    settings = DiffusionOptions(**plan.settings)
-    _run(opts, plan.params.prompt, settings, plan.flags, "replay", image=init_image, mask=mask, expect_hash=plan.expect_hash)
+    extra = plan.params.extra
+    settings = DiffusionOptions(
+        **plan.settings, lora_dir=lora_dir, embedding=embedding, embeddings_dir=embeddings_dir,
+        no_weighting=extra.get("Emphasis") == "None", timestep_spacing=extra.get("Timestep spacing") or None,
+    )  # fmt: skip
+    loras = replay_loras(extra, [plan.params.prompt, plan.params.negative_prompt], lora or [], lora_dir, allow_pickle=opts.allow_pickle)
+    _run(opts, plan.params.prompt, settings, plan.flags, "replay", image=init_image, mask=mask, expect_hash=plan.expect_hash, loras=(loras, extra))
 
 
 def _run(
@@ -172,6 +201,7 @@ def _run(
     mask: Optional[str] = None,
     expect_hash: str = "",
     distributed: Optional[RayOptions] = None,
+    loras: Optional[tuple[list, dict]] = None,
 ) -> None:
     from gencli.backend.random import new_seed
     from gencli.cli.render import check_binary_stdout
@@ -189,8 +219,14 @@ def _run(
     )  # fmt: skip
     jobs = plan.jobs
 
+    from gencli.pipelines.diffusion.lora import lora_hash_warnings, run_loras
     from gencli.pipelines.diffusion.pipeline import load_pipeline
 
+    prompts = [t for j in jobs for t in (j.prompt, j.negative_prompt)]
+    lora_specs = loras[0] if loras is not None else run_loras(settings.lora or [], prompts, settings.lora_dir, allow_pickle=opts.allow_pickle)
+    from gencli.pipelines.diffusion.textual_inversion import run_embeddings
+
+    embeddings = run_embeddings(settings.embedding or [], settings.embeddings_dir, prompts, allow_pickle=opts.allow_pickle)
     path = resolve_model(opts.model, DEFAULT_MODEL)
     if distributed is not None:
         import functools
@@ -198,13 +234,19 @@ def _run(
         from gencli.cli.render import report_written
         from gencli.pipelines.diffusion.ray import make_images
 
-        load = functools.partial(load_pipeline, path, vae=settings.vae, variant=settings.variant, **opts.load_options())
+        load = functools.partial(load_pipeline, path, vae=settings.vae, variant=settings.variant, loras=lora_specs, prompt_weighting=not settings.no_weighting,
+                                 timestep_spacing=settings.timestep_spacing, embeddings=embeddings, **opts.load_options())
         for record in make_images(jobs, load, distributed, report, batch_size=batch_size, force=force, device=opts.device):
             report_written(opts, record)
         return
     with report.progress("loading model"):
-        pipe = load_pipeline(path, vae=settings.vae, variant=settings.variant, **opts.load_options())
+        pipe = load_pipeline(path, vae=settings.vae, variant=settings.variant, loras=lora_specs, prompt_weighting=not settings.no_weighting,
+                             timestep_spacing=settings.timestep_spacing, embeddings=embeddings, **opts.load_options())
     report.debug(pipe.describe())
+    for applied in pipe.loras:
+        report.debug(applied.describe())
+    for line in lora_hash_warnings(loras[1].get("Lora hashes", ""), pipe.loras) if loras is not None else []:
+        report.warn(line)
     report.debug(f"loaded in {pipe.load_seconds:.2f}s")
     if expect_hash and expect_hash != pipe.model_hash:
         report.warn(f"the image was made with Model hash {expect_hash}, '{path}' has {pipe.model_hash}: the image will differ")

@@ -45,6 +45,7 @@ _MODULES = {
     "DPMSolverMultistepScheduler": "dpm_solver",
     "LMSDiscreteScheduler": "lms",
     "PNDMScheduler": "pndm",
+    "LCMScheduler": "lcm",
 }
 
 
@@ -72,6 +73,7 @@ SAMPLERS: tuple[Sampler, ...] = (
     Sampler("lms_karras", "LMS Karras", "LMSDiscreteScheduler", {"use_karras_sigmas": True}),
     Sampler("plms", "PLMS", "PNDMScheduler", {"skip_prk_steps": True}),
     Sampler("pndm", "PNDM", "PNDMScheduler", {"skip_prk_steps": False}),
+    Sampler("lcm", "LCM", "LCMScheduler"),
 )
 
 

@@ -48,8 +48,10 @@ from gencli.errors import CheckpointError, UserError
 from gencli.io import read_json
 from gencli.models.unet.single_file import UNET_PREFIX, prediction_type_hint, unet_family
 from gencli.models.unet.unet_2d_condition import UNet2DConditionModel
+from gencli.pipelines.diffusion.lora import AppliedLora, LoraSpec, apply_loras, lora_hashes_text, strip_lora_tags
 from gencli.pipelines.diffusion.png_parameters import ImageParameters, files_hash
 from gencli.pipelines.diffusion.prompt_encoding import PromptEmbeddings, PromptEncoder, prompt_encoder_from_pipeline_folder, prompt_encoder_from_single_file
+from gencli.pipelines.diffusion.textual_inversion import EmbeddingSpec, LoadedEmbedding, apply_embeddings, expand_prompt
 from gencli.pipelines.diffusion.unet_loading import load_unet_from_folder, load_unet_from_reader
 from gencli.pipelines.diffusion.vae import LoadedAutoencoder, images_to_tensor, load_autoencoder, tensor_to_images
 from gencli.schedulers import get_scheduler, resolve_sampler
@@ -57,6 +59,7 @@ from gencli.schedulers.base import Scheduler, load_scheduler_config
 
 GENERATION_CONFIG = "generation_config.json"
 REQUIRED_COMPONENTS = ("unet", "vae", "scheduler")
+TIMESTEP_SPACINGS = ("leading", "trailing", "linspace")  # diffusers' timestep_spacing values
 MAX_SIDE = 4096  # the largest width or height accepted (pixels)
 SIZE_MULTIPLE = 8
 
@@ -97,6 +100,10 @@ class StableDiffusion:
     generation_config: dict[str, Any] = field(default_factory=dict)
     vae_override: Optional[Path] = None
     load_seconds: float = 0.0
+    loras: list[AppliedLora] = field(default_factory=list)  # merged into the weights at load
+    prompt_weighting: bool = True  # A1111's (word:1.2) syntax (long prompts are chunked either way)
+    timestep_spacing: Optional[str] = None  # set over the scheduler config's by --timestep-spacing
+    embeddings: list[LoadedEmbedding] = field(default_factory=list)  # textual inversion
     _hashes: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
@@ -211,8 +218,13 @@ def load_pipeline(
     dtype: str = "auto",
     threads: Optional[int] = None,
     allow_pickle: bool = False,
+    loras: Sequence[LoraSpec] = (),
+    prompt_weighting: bool = True,
+    timestep_spacing: Optional[str] = None,
+    embeddings: Sequence[EmbeddingSpec] = (),
 ) -> StableDiffusion:
-    """A Stable Diffusion pipeline from a diffusers folder or a single-file checkpoint (see the module doc)."""
+    """A Stable Diffusion pipeline from a diffusers folder or a single-file checkpoint (see the module
+    doc), with ``loras`` merged into its weights (:mod:`gencli.pipelines.diffusion.lora`)."""
     start = time.perf_counter()
     src = open_source(path, allow_pickle=allow_pickle, variant=variant)
     placement = choose_placement(device, dtype, "transformer", threads)
@@ -249,9 +261,15 @@ def load_pipeline(
         layout = "single-file"
     _check_fit(unet, autoencoder, encoder, src.path)
     check_generation_config(generation_config, src.path)
+    if timestep_spacing is not None:
+        if timestep_spacing not in TIMESTEP_SPACINGS:
+            raise UserError(f"--timestep-spacing must be one of {', '.join(TIMESTEP_SPACINGS)} (got {timestep_spacing!r})")
+        scheduler_config = {**scheduler_config, "timestep_spacing": timestep_spacing}
+    applied = apply_loras(unet, encoder, loras, allow_pickle=allow_pickle)
+    added = apply_embeddings(encoder, embeddings, allow_pickle=allow_pickle)
     return StableDiffusion(
         unet, autoencoder, encoder, scheduler_config, placement, Path(src.path), layout, weights,
-        generation_config, vae_path, time.perf_counter() - start,
+        generation_config, vae_path, time.perf_counter() - start, applied, prompt_weighting, timestep_spacing, added,
     )  # fmt: skip
 
 
@@ -394,8 +412,22 @@ class GeneratedImage:
             cfg_scale=s.guidance, seed=self.seed, width=s.width, height=s.height, model=pipe.name, model_hash=pipe.model_hash,
             clip_skip=s.clip_skip, guidance_rescale=s.guidance_rescale, denoising_strength=s.strength,
             vae=pipe.vae_override.stem if pipe.vae_override is not None else "", vae_hash=pipe.vae_hash,
-            extra={"Mask blur": "0"} if self.inpainted else {},
+            extra={**({"Mask blur": "0"} if self.inpainted else {}), **lora_parameters(pipe.loras), **({} if pipe.prompt_weighting else {"Emphasis": "None"}),
+                   **({"Timestep spacing": pipe.timestep_spacing} if pipe.timestep_spacing else {}),
+                   **({"TI": ", ".join(e.spec.token for e in pipe.embeddings)} if pipe.embeddings else {})},
         )  # fmt: skip
+
+
+def lora_parameters(applied: Sequence[AppliedLora]) -> dict[str, str]:
+    """The PNG parameters of the merged LoRAs: A1111's ``Lora hashes`` (name: short hash), and the
+    weights of those given by ``--lora`` (not by a prompt tag) as ``Lora weights`` for replay."""
+    if not applied:
+        return {}
+    out = {"Lora hashes": lora_hashes_text(applied)}
+    flagged = [a for a in applied if not a.spec.from_tag]
+    if flagged:
+        out["Lora weights"] = ", ".join(f"{a.name}: {a.spec.weight:g}" for a in flagged)
+    return out
 
 
 @dataclass
@@ -427,10 +459,14 @@ def rescale_noise_cfg(noise_cfg: torch.Tensor, noise_pred_text: torch.Tensor, gu
 def _conditioning(
     pipe: StableDiffusion, prompts: list[str], negative: Optional[list[str]], settings: GenerationSettings
 ) -> tuple[torch.Tensor, Optional[dict[str, torch.Tensor]], list[str]]:
-    """The UNet's context (unconditional rows first under CFG), SDXL's added conditioning, notices."""
+    """The UNet's context (unconditional rows first under CFG), SDXL's added conditioning, notices.
+    ``<lora:...>`` tags are not encoded (the LoRAs were merged at load)."""
+    prompts = [expand_prompt(strip_lora_tags(p), pipe.embeddings) for p in prompts]
+    negative = None if negative is None else [expand_prompt(strip_lora_tags(p), pipe.embeddings) for p in negative]
     cond, uncond = pipe.prompt_encoder.encode_prompt(
-        prompts, negative, do_classifier_free_guidance=settings.classifier_free_guidance, clip_skip=settings.clip_skip or None
-    )
+        prompts, negative, do_classifier_free_guidance=settings.classifier_free_guidance, clip_skip=settings.clip_skip or None,
+        weighting=pipe.prompt_weighting,
+    )  # fmt: skip
     parts: list[PromptEmbeddings] = [uncond, cond] if uncond is not None else [cond]
     notices = [n for p in parts for n in p.notices]
     context = torch.cat([p.hidden_states for p in parts])

@@ -56,6 +56,7 @@ from gencli.models.clip.keymaps import (
 )
 from gencli.models.clip.model import CLIPTextConfig, CLIPTextModelWithProjection, CLIPTextTransformer, sd_text_encoder_config
 from gencli.pipelines.clip.loading import encode_layer, load_text_encoder, truncation_notice
+from gencli.pipelines.diffusion.prompt_weighting import bracket_notice, empty_chunk, encode_chunks, tokenize_chunks
 from gencli.tokenizers.clip_bpe import DEFAULT_CONTEXT, EOS, OPENAI_VOCAB_SIZE, CLIPTokenizer
 
 Prompts = str | Sequence[str]
@@ -191,14 +192,28 @@ class PromptEncoder:
         return min(p.tower.config.num_hidden_layers for p in self.parts)
 
     # -- encoding -----------------------------------------------------------------------------
+    def chunk_count(self, prompt: str, *, weighting: bool = True) -> int:
+        """How many 75-token chunks ``prompt`` takes (:mod:`gencli.pipelines.diffusion.prompt_weighting`)."""
+        return max(len(tokenize_chunks(p.tokenizer, prompt, weighting=weighting)) for p in self.parts)
+
     def encode_prompts(
-        self, prompts: Prompts, *, clip_skip: Optional[int] = None, prompts_2: Optional[Prompts] = None, what: str = "prompt"
+        self,
+        prompts: Prompts,
+        *,
+        clip_skip: Optional[int] = None,
+        prompts_2: Optional[Prompts] = None,
+        what: str = "prompt",
+        weighting: Optional[bool] = None,
+        chunks: int = 0,
     ) -> PromptEmbeddings:
         """Conditioning for ``prompts`` (one row each).
 
         ``clip_skip`` (None or 0 = none; k >= 1 = k layers before the usual one) follows diffusers.
         SDXL: ``prompts_2`` goes to ``text_encoder_2`` (default: the same prompts). ``what`` names the
-        prompts in truncation notices.
+        prompts in truncation notices. ``weighting`` None: diffusers' encoding (one 77-token window,
+        longer prompts truncated); True / False: A1111's chunked encoding of long prompts with / without
+        its bracket weights (:mod:`~gencli.pipelines.diffusion.prompt_weighting`), at least ``chunks``
+        chunks per row (shorter rows padded with the empty prompt's chunks).
         """
         texts = _as_list(prompts)
         if not texts:
@@ -211,6 +226,8 @@ class PromptEncoder:
         if len(texts_2) != len(texts):
             raise UserError(f"{len(texts_2)} second prompts for {len(texts)} prompts")
         states, notices, pooled = [], {}, None
+        if weighting is not None:
+            return self._encode_chunked(texts, texts_2, skip=base + skip, weighting=weighting, chunks=chunks, what=what)
         # zip as diffusers does: a refiner's only encoder gets the first prompts
         for part, batch in zip(self.parts, (texts, texts_2)):
             ids, mask, cut = part.tokenize(batch, what)
@@ -223,6 +240,22 @@ class PromptEncoder:
         pooled = None if pooled is None else pooled.to(hidden.device, self.dtype)
         return PromptEmbeddings(hidden.to(self.dtype), pooled, [notices[i] for i in sorted(notices)])
 
+    def _encode_chunked(self, texts: list[str], texts_2: list[str], *, skip: int, weighting: bool, chunks: int, what: str) -> PromptEmbeddings:
+        states, pooled, notices = [], None, []
+        if weighting:
+            notices = [n for t in dict.fromkeys(texts + texts_2) if (n := bracket_notice(t))]
+        for part, batch in zip(self.parts, (texts, texts_2)):
+            rows = [tokenize_chunks(part.tokenizer, t, weighting=weighting) for t in batch]
+            n = max(chunks, *(len(r) for r in rows))
+            rows = [r + [empty_chunk(part.tokenizer)] * (n - len(r)) for r in rows]
+            h, p = encode_chunks(part, rows, skip=skip, final_norm=not self.is_sdxl)
+            states.append(h)
+            if self.is_sdxl and part is self.text_encoder_2:
+                pooled = p
+        hidden = states[0] if len(states) == 1 else torch.cat([s.to(states[-1].device) for s in states], dim=-1)
+        pooled = None if pooled is None else pooled.to(hidden.device, self.dtype)
+        return PromptEmbeddings(hidden.to(self.dtype), pooled, notices)
+
     def encode_prompt(
         self,
         prompts: Prompts,
@@ -232,22 +265,30 @@ class PromptEncoder:
         clip_skip: Optional[int] = None,
         prompts_2: Optional[Prompts] = None,
         negative_prompts_2: Optional[Prompts] = None,
+        weighting: Optional[bool] = None,
     ) -> tuple[PromptEmbeddings, Optional[PromptEmbeddings]]:
         """``(conditional, unconditional)`` exactly as diffusers' pipelines' ``encode_prompt``.
 
         The unconditional rows (None without guidance) encode ``negative_prompts`` (a string applies to
         every prompt; None = the empty prompt) without clip skip; an SDXL pipeline with
         ``force_zeros_for_empty_prompt`` conditions on zeros when ``negative_prompts`` is None.
+        ``weighting`` (not None): A1111's chunked encoding (see :meth:`encode_prompts`), the
+        conditional and unconditional rows padded to the same number of chunks.
         """
         texts = _as_list(prompts)
-        cond = self.encode_prompts(texts, clip_skip=clip_skip, prompts_2=prompts_2)
+        texts_2 = texts if prompts_2 is None else _as_list(prompts_2)
+        negative = _broadcast(negative_prompts or "", len(texts), "negative prompts")
+        negative_2 = negative if not negative_prompts_2 else _broadcast(negative_prompts_2, len(texts), "second negative prompts")
+        chunks = 0
+        if weighting is not None:
+            everything = texts + texts_2 + (negative + negative_2 if do_classifier_free_guidance else [])
+            chunks = max(self.chunk_count(t, weighting=weighting) for t in everything)
+        cond = self.encode_prompts(texts, clip_skip=clip_skip, prompts_2=prompts_2, weighting=weighting, chunks=chunks)
         if not do_classifier_free_guidance:
             return cond, None
         if negative_prompts is None and self.is_sdxl and self.force_zeros_for_empty_prompt:
             return cond, cond.zeros_like()
-        negative = _broadcast(negative_prompts or "", len(texts), "negative prompts")
-        negative_2 = negative if not negative_prompts_2 else _broadcast(negative_prompts_2, len(texts), "second negative prompts")
-        return cond, self.encode_prompts(negative, prompts_2=negative_2, what="negative prompt")
+        return cond, self.encode_prompts(negative, prompts_2=negative_2, what="negative prompt", weighting=weighting, chunks=chunks)
 
 
 def _broadcast(prompts: Prompts, n: int, what: str) -> list[str]:
