@@ -31,16 +31,20 @@ from gencli.pipelines.segmentation.loading import Segmenter  # noqa: E402
 ROWS = (("64x64, one object", 64, 0.0), ("64x64, two objects", 64, 1.0), ("96x96, mixed", 96, 0.5), ("128x128, mixed", 128, 0.5))
 
 
-def scenes(n: int, size: int, two: float, offset: int):
+# the floor tests/test_segment_quality.py holds the embedded default to (mean IoU on 40 scenes)
+MIOU_FLOOR = 0.5
+
+
+def scenes(n: int, size: int, two: float, offset: int, split: str = "test"):
     rng = np.random.default_rng(offset + size)
-    seeds = shapes.split_seeds("test", n, offset=offset)
+    seeds = shapes.split_seeds(split, n, offset=offset)
     for seed in seeds:
         k = 2 if rng.random() < two else 1
         image, mask, scene = shapes.render_with_mask(seed, size, n_objects=k)
         yield image, mask, scene
 
 
-def evaluate(seg: Segmenter, n: int, size: int, two: float, offset: int, batch: int = 32) -> dict:
+def evaluate(seg: Segmenter, n: int, size: int, two: float, offset: int, batch: int = 32, split: str = "test") -> dict:
     k = len(shapes.MASK_CLASSES)
     confusion = np.zeros((k, k), dtype=np.int64)
     images, masks = [], []
@@ -52,7 +56,7 @@ def evaluate(seg: Segmenter, n: int, size: int, two: float, offset: int, batch: 
         images.clear()
         masks.clear()
 
-    for image, mask, _ in scenes(n, size, two, offset):
+    for image, mask, _ in scenes(n, size, two, offset, split):
         images.append(image)
         masks.append(mask)
         if len(images) == batch:
@@ -94,6 +98,7 @@ def main() -> None:
     p.add_argument("--model", default="weights/unet-shapes")
     p.add_argument("--n", type=int, default=400, help="scenes per row")
     p.add_argument("--offset", type=int, default=0, help="first test-split seed used")
+    p.add_argument("--split", default="test", choices=("test", "validation"), help="validation: for choices made before the final figures")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
@@ -107,7 +112,7 @@ def main() -> None:
     print("|---" * (3 + len(names)) + "|")
     for title, size, two in ROWS:
         t = time.time()
-        r = evaluate(seg, args.n, size, two, args.offset)
+        r = evaluate(seg, args.n, size, two, args.offset, split=args.split)
         results[title] = r
         cells = " | ".join("-" if r["iou"][c] is None else f"{r['iou'][c]:.3f}" for c in names)
         print(f"| {title} | {r['pixel_accuracy']:.4f} | {r['mean_iou']:.3f} | {cells} |", flush=True)

@@ -14,7 +14,7 @@ Resumable: the state goes to ``--out``/state.pt every ``--ckpt-every`` steps (at
 same command again to continue. ``--export DIR`` writes the model folder (config.json,
 model.safetensors in fp16, preprocessor_config.json).
 
-    python scripts/train_segmenter.py --threads 2 --time-budget 3600 --export weights/unet-shapes
+    python scripts/train_segmenter.py --data-workers 1 --time-budget 4000 --export weights/unet-shapes
 """
 
 from __future__ import annotations
@@ -83,10 +83,10 @@ def export(model: UNetSegmenter, folder: Path, meta: dict) -> None:
 
 
 def main() -> None:
-    p = training_parser(__doc__.splitlines()[0], out="runs/segmenter", steps=6000, batch=32, lr=3e-3)
-    p.add_argument("--channels", default="16,32,64,128", help="widths of the levels")
-    p.add_argument("--norm-groups", type=int, default=8)
-    p.add_argument("--sizes", default="64,64,80,96,128", help="image sizes drawn per step")
+    p = training_parser(__doc__.splitlines()[0], out="runs/segmenter", steps=6000, batch=16, lr=3e-3)
+    p.add_argument("--channels", default="8,16,32,64", help="widths of the levels")
+    p.add_argument("--norm-groups", type=int, default=4)
+    p.add_argument("--sizes", default="64,64,64,80,96", help="image sizes drawn per step")
     p.add_argument("--two-objects", type=float, default=0.5)
     p.add_argument("--dice", type=float, default=0.5, help="weight of the soft Dice loss")
     p.add_argument("--stop-after", type=int, default=None, help="stop (resumably) after this step without exporting")
