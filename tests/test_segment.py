@@ -124,3 +124,12 @@ def test_overlay_and_output_usage_errors(seg_dir, images, tmp_path):
 
 def test_no_model_names_the_option(images):
     one_error_line(invoke(images / "img0.png"), "--model")
+
+
+def test_an_image_too_small_for_the_model_is_reported_and_the_others_go_on(unet_dir, images, tmp_path):
+    path, _ = unet_dir
+    Image.new("RGB", (3, 5), (10, 200, 30)).save(tmp_path / "tiny.png")
+    r = invoke(images / "img2.png", tmp_path / "tiny.png", "--model", path, "--json")
+    assert r.exit_code == 2
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert "labels" in lines[0] and "too small" in lines[1]["error"]

@@ -178,3 +178,20 @@ def test_palette_png_round_trip(tmp_path):
     assert abs(sum(c["fraction"] for c in counts) - 1) < 1e-4
     with pytest.raises(Exception, match="already exists"):
         write_image(tmp_path / "m.png", mask_image(ids))
+
+
+# -- the shapes world's masks ------------------------------------------------------------------------
+@pytest.mark.parametrize("size", [64, (53, 37), 128])
+def test_shapes_mask_marks_each_object_with_its_shape(size):
+    from gencli.data import shapes
+
+    for seed in shapes.split_seeds("test", 6):
+        image, mask, scene = shapes.render_with_mask(seed, size, n_objects=1 + seed % 2)
+        assert mask.shape == image.shape[:2] and mask.dtype == np.uint8
+        assert shapes.MASK_CLASSES[0] == "background" and shapes.MASK_CLASSES[1:] == shapes.SHAPES
+        assert set(np.unique(mask).tolist()) == {0} | {1 + shapes.SHAPES.index(o.shape) for o in scene.objects}
+        bg = mask == 0
+        assert (np.abs(image[bg].astype(int) - scene.background_rgb).max(-1) <= 2).mean() > 0.97
+        for o in scene.objects:
+            inside = mask == 1 + shapes.SHAPES.index(o.shape)
+            assert (np.abs(image[inside].astype(int) - o.rgb).max(-1) <= 60).mean() > 0.8

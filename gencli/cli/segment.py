@@ -122,8 +122,16 @@ def segment(
         out_dir.mkdir(parents=True, exist_ok=True)
 
     def predict(ims: list) -> list:
-        maps = seg.segment(ims)
-        return [(m, im if overlays else None) for m, im in zip(maps, ims)]
+        try:
+            maps: list = seg.segment(ims)
+        except UserError:  # an image the model cannot take (too small): find it, the others go on
+            maps = []
+            for im in ims:
+                try:
+                    maps.append(seg.segment([im])[0])
+                except UserError as exc:
+                    maps.append(str(exc))
+        return [m if isinstance(m, str) else (m, im if overlays else None) for m, im in zip(maps, ims)]
 
     results = predict_image_files(paths, predict, batch_size=batch_size)
     n = write_segmentations(results, paths, seg.labels, masks, overlays, alpha, force, opts)
@@ -145,11 +153,12 @@ def write_segmentations(results, paths: list[str], labels: dict[int, str], masks
     rows: list[tuple[str, list[dict[str, Any]]]] = []
     with report.progress("segmenting", total=len(paths)) as advance:
         for i, r in enumerate(results):
-            if r.error is not None:
+            error = r.error if r.error is not None else r.value if isinstance(r.value, str) else None
+            if error is not None:
                 failed.append(r.path)
-                report.error(f"'{r.path}': {r.error}")
+                report.error(f"'{r.path}': {error}")
                 if opts.json:
-                    emit_json({"image": r.path, "error": r.error})
+                    emit_json({"image": r.path, "error": error})
                 advance(1)
                 continue
             ids, image = r.value

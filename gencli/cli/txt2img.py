@@ -175,9 +175,8 @@ def replay(
 
     gencli replay star.png -o star-again.png
     """
-    from gencli.pipelines.diffusion.replay import plan_replay
-
     from gencli.pipelines.diffusion.lora import replay_loras
+    from gencli.pipelines.diffusion.replay import plan_replay
 
     plan = plan_replay(image, model=opts.model, seed=opts.seed, init_image=init_image, mask=mask, out=out, force=force, vae=vae)
     opts.model, opts.seed = plan.model, None  # the seed is in the settings' --seeds

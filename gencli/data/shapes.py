@@ -596,6 +596,34 @@ def render_batch(seeds: Iterable[int], size: Union[int, Sequence[int]] = 64, **c
     return out, scenes
 
 
+# -- segmentation masks -------------------------------------------------------------------------
+# the classes of a scene's mask: 0 the background, then the shapes in SHAPES' order
+MASK_CLASSES: tuple[str, ...] = ("background", *SHAPES)
+
+
+def render_mask(scene: Scene, size: Union[int, Sequence[int]] = 64) -> np.ndarray:
+    """The exact class map of ``scene`` at ``size`` (as :func:`render_scene`): ``(H, W)`` uint8 ids
+    into :data:`MASK_CLASSES`, 0 for the background, ``1 + SHAPES.index(shape)`` where an object covers
+    at least half of the pixel (its supersampled coverage, the same geometry the image is drawn from)."""
+    width, height = _size_pair(size)
+    ss = _supersampling(min(width, height))
+    mask = np.zeros((height, width), dtype=np.uint8)
+    for obj in scene.objects:
+        alpha, left, top = _coverage(obj, width, height, ss)
+        if alpha.size == 0:
+            continue
+        h, w = alpha.shape
+        region = mask[top : top + h, left : left + w]
+        region[alpha >= 0.5] = 1 + SHAPES.index(obj.shape)
+    return mask
+
+
+def render_with_mask(seed: int, size: Union[int, Sequence[int]] = 64, **constraints) -> tuple[np.ndarray, np.ndarray, Scene]:
+    """The scene of ``seed`` drawn at ``size``, its class map (:func:`render_mask`) and the scene."""
+    scene = make_scene(seed, **constraints)
+    return render_scene(scene, size), render_mask(scene, size), scene
+
+
 def with_changes(scene: Scene, **changes) -> Scene:
     """A copy of ``scene`` with top-level fields replaced (e.g. another background)."""
     return replace(scene, **changes)
@@ -621,6 +649,9 @@ __all__ = [
     "render_scene",
     "render_batch",
     "shape_coverage",
+    "MASK_CLASSES",
+    "render_mask",
+    "render_with_mask",
     "split_seeds",
     "split_of",
     "allowed_colours",
