@@ -424,7 +424,7 @@ def test_keymap_names():
     assert set(plan) == {"distilbert.encoder.layer.0.intermediate.dense.weight", "vocab_projector.bias"}
 
 
-@pytest.mark.parametrize("name", ["embed", "fill-mask"])
+@pytest.mark.parametrize("name", ["embed", "fill-mask", "classify-text", "ner", "qa"])
 def test_command_help_is_torch_free(name):
     import subprocess
     import sys

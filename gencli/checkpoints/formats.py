@@ -339,6 +339,19 @@ _COMMAND_FOR = {
         ("CLIPTextModel", "CLIPTextModelWithProjection"), ("a CLIP text encoder", "gencli txt2img, as the text encoder of a Stable Diffusion pipeline")
     ),
     "UNet2DConditionModel": ("a Stable Diffusion UNet", "gencli txt2img, with the pipeline folder it belongs to"),
+    # BERT-family encoders: the command that runs each head
+    **{
+        f"{family}{head}": (what, command)
+        for family in ("Bert", "Roberta", "XLMRoberta", "DistilBert")
+        for head, what, command in (
+            ("Model", "a BERT-family encoder", "gencli embed"),
+            ("ForMaskedLM", "a masked-language model", "gencli fill-mask (or gencli embed)"),
+            ("ForSequenceClassification", "a text classifier", "gencli classify-text"),
+            ("ForTokenClassification", "a token classifier", "gencli ner"),
+            ("ForQuestionAnswering", "a question-answering model", "gencli qa"),
+        )
+    },
+    "BertForPreTraining": ("a masked-language model", "gencli fill-mask (or gencli embed)"),
 }
 
 

@@ -80,6 +80,9 @@ from gencli.cli import (  # noqa: E402,F401,I001
     models,
     embed,
     fill_mask,
+    classify_text,
+    ner,
+    qa,
 )
 
 

@@ -26,6 +26,14 @@ HEAD_NAMES = {
     "token_classification": "a token classifier",
     "question_answering": "a question-answering model",
 }
+# the command that runs each head
+HEAD_COMMANDS = {
+    "base": "embed",
+    "masked_lm": "fill-mask",
+    "sequence_classification": "classify-text",
+    "token_classification": "ner",
+    "question_answering": "qa",
+}
 
 
 @dataclass
@@ -134,7 +142,7 @@ def load_encoder(
         raise UserError(f"no config.json next to '{path}': an encoder needs its config.json (the architecture and sizes)")
     arch, model_type, head = _architecture(src)
     if task != "base" and head != task:
-        raise UserError(f"'{path}' holds {arch} ({HEAD_NAMES[head]}), not {HEAD_NAMES[task]}")
+        raise UserError(f"'{path}' holds {arch} ({HEAD_NAMES[head]}), not {HEAD_NAMES[task]}: `gencli {HEAD_COMMANDS[head]}` runs it")
     cfg = EncoderConfig.from_hf({**src.config, "model_type": model_type})
     folder = src.folder or Path(path)
     tokenizer = load_encoder_tokenizer(folder, model_type)  # before the weights: a missing tokenizer fails fast
