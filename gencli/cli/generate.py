@@ -56,6 +56,14 @@ def generate(
     group_size: Annotated[
         Optional[int], typer.Option("--group-size", help="int4: input columns per scale (default 32).", show_default=False)
     ] = None,
+    compile: Annotated[
+        Optional[bool],
+        typer.Option(
+            "--compile/--no-compile",
+            help="Decode through a fixed-shape step compiled once and replayed (CUDA graphs; default: on CUDA for 128 new tokens or more).",
+            show_default=False,
+        ),
+    ] = None,
     *,
     opts: RunOptions,
     distributed: Optional[RayOptions],
@@ -116,6 +124,7 @@ def generate(
         seed=opts.seed,
         warn=report.warn,
     )
+    settings.compile = compile
     _, seed = make_sampler_generator(settings)
     s = settings.sampling
     report.debug(
@@ -177,7 +186,7 @@ def _run_batches(tm, encoded, settings, seed: Optional[int], report: Reporter, o
             if stream and echo:
                 out.write(batch[0][0])
                 out.flush()
-            completions = run(tm, batch, settings, on_text=on_text if stream else None, generator=batch_generator(seed, k))
+            completions = run(tm, batch, settings, on_text=on_text if stream else None, generator=batch_generator(seed, k), on_info=report.log)
             yield completions, str(tm.path), tm.context_length, seed
 
     write_completions(batches(), report, out, stream=stream, echo=echo, many=len(encoded) > 1)
