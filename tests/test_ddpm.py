@@ -211,7 +211,7 @@ def test_a_seed_gives_the_same_bytes_alone_and_among_others(folders, tmp_path):
         assert im.size == (8, 8) and im.mode == "RGB"
 
 
-def test_grid_out_dir_ddim_eta_and_the_progress_count(folders, tmp_path):
+def test_grid_out_dir_ddim_eta_and_class_labels(folders, tmp_path):
     r = invoke("-m", folders["cifar"], "-n", "3", "--seed", "7", "--steps", "4", "--sampler", "ddim", "--eta", "0.5", "-o", tmp_path / "grid.png", "--json")
     assert r.exit_code == 0, r.stderr
     (rec,) = [json.loads(line) for line in r.stdout.splitlines()]
@@ -268,3 +268,28 @@ def test_the_other_samplers_run_in_pixel_space_seed_by_seed(folders, sampler):
     alone = sampling.generate(loaded, [1], sampler=sampler, steps=4, class_label=0)
     assert both.shape == (2, 8, 8, 3) and both.std() > 0
     assert np.array_equal(both[1], alone[0])
+
+
+def test_the_progress_bar_counts_every_image_step(folders, tmp_path):
+    import contextlib
+
+    from gencli.pipelines.ddpm.jobs import DDPMRequest, run
+
+    seen = {}
+
+    class Report:
+        def debug(self, message):
+            pass
+
+        @contextlib.contextmanager
+        def progress(self, description, total=None):
+            seen["total"], seen["done"] = total, 0
+
+            def advance(n=1, description=None):
+                seen["done"] += n
+
+            yield advance
+
+    req = DDPMRequest(model=str(folders["cifar"]), seeds="0-2", steps=3, sampler="heun", batch_size=2, out=str(tmp_path / "p-{i}.png"))
+    records = list(run(req, Report(), {"device": "cpu", "dtype": "float32"}, new_seed=lambda: 0))
+    assert len(records) == 3 and seen["total"] == seen["done"] == 3 * 5  # Heun: 2 * 3 - 1 UNet calls per image

@@ -160,10 +160,10 @@ def run(req: DDPMRequest, report: Any, load_options: dict[str, Any], *, new_seed
 
     loaded = loading.open_ddpm(checkpoint, **load_options)
     report.debug(f"sample ddpm: {loaded.path} on {loaded.placement.describe()}, {sampler}, {steps} steps")
-    with report.progress(f"sampling ddpm ({sampler}, {steps} steps)", total=len(plan.seeds) * steps) as advance:
+    total = len(plan.seeds) * sampling.model_calls(checkpoint, sampler, steps, eta)  # image-steps: each UNet call advances by its batch
+    with report.progress(f"sampling ddpm ({sampler}, {steps} steps)", total=total) as advance:
         images = sampling.generate(
-            loaded, plan.seeds, sampler=sampler, steps=steps, eta=eta, class_label=req.class_label, batch_size=req.batch_size or 1,
-            on_step=lambda _n: advance(),
+            loaded, plan.seeds, sampler=sampler, steps=steps, eta=eta, class_label=req.class_label, batch_size=req.batch_size or 1, on_step=advance,
         )  # fmt: skip
     settings = sampling.settings_record(checkpoint, sampler, steps, eta, req.class_label)
     yield from outputs.write_samples(plan, images, loaded, sampler=sampler, steps=steps, eta=eta, class_label=req.class_label, settings=settings,

@@ -27,7 +27,7 @@ from gencli.pipelines.ddpm.loading import DDPMCheckpoint, LoadedDDPM
 from gencli.schedulers import get_scheduler, resolve_sampler
 from gencli.schedulers.base import Scheduler
 
-StepCallback = Callable[[int], None]  # called with the number of images after each denoising step
+StepCallback = Callable[[int], None]  # called after each UNet call with the number of images it denoised
 
 
 def default_steps(checkpoint: DDPMCheckpoint, sampler: str) -> int:
@@ -62,6 +62,13 @@ def check_settings(checkpoint: DDPMCheckpoint, sampler: str, steps: int, eta: fl
             raise UserError(f"--class-label must be between 0 and {cfg.num_class_embeds - 1}, got {class_label}")
     elif class_label is not None:
         raise UserError(f"'{checkpoint.path}' is not class-conditional: drop --class-label")
+
+
+def model_calls(checkpoint: DDPMCheckpoint, sampler: str, steps: int, eta: float = 0.0) -> int:
+    """UNet calls per image of ``steps`` steps (Heun makes two per step but the last): a progress bar's unit."""
+    scheduler = make_scheduler(checkpoint, sampler, eta)
+    scheduler.set_timesteps(steps)
+    return len(scheduler.timesteps)
 
 
 def to_pixels(x: torch.Tensor) -> np.ndarray:
@@ -136,4 +143,4 @@ def settings_record(checkpoint: DDPMCheckpoint, sampler: str, steps: int, eta: f
     return record
 
 
-__all__ = ["default_steps", "make_scheduler", "check_settings", "to_pixels", "denoise", "generate", "settings_record"]
+__all__ = ["default_steps", "make_scheduler", "model_calls", "check_settings", "to_pixels", "denoise", "generate", "settings_record"]
