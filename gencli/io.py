@@ -15,11 +15,12 @@ import contextlib
 import errno
 import json
 import os
+import shutil
 import stat
 import sys
 import tempfile
 from pathlib import Path
-from typing import IO, Any, Iterable, Iterator, Optional, Sequence
+from typing import IO, Any, Callable, Iterable, Iterator, Optional, Sequence
 
 from gencli.errors import UserError
 
@@ -349,6 +350,78 @@ def write_output(path: str | os.PathLike, data: bytes, force: bool = False) -> P
 
 
 atomic_write_bytes = write_output  # the name the model-saving code knows
+
+
+# -- output folders -------------------------------------------------------------------------------
+def ensure_folder_writable(path: str | os.PathLike, force: bool = False, *, wrote: Callable[[Path], Optional[Iterable[str]]]) -> Path:
+    """Check up front that the folder ``path`` may be written (by :func:`atomic_folder`); return it.
+
+    A new folder needs an existing parent. An existing folder is replaced only with ``force``, and
+    only when gencli itself wrote it: empty, or holding nothing but the plain files ``wrote(folder)``
+    names (None: not a folder gencli wrote). Anything else is refused, and so are ``-`` (stdout),
+    the root of the file system and the current folder or one that holds it, ``--force`` or not."""
+    if is_stdout(path):
+        raise UserError("'-' means stdout, which cannot hold a folder: name the folder to write")
+    p = Path(path)
+    final = Path(os.path.realpath(p))
+    if final == Path(final.anchor):
+        raise UserError(f"'{p}' is the root of the file system: name a new folder to write")
+    try:
+        cwd = Path(os.getcwd())
+    except OSError:  # the current folder was removed: nothing of it to protect
+        cwd = None
+    if cwd is not None and (final == cwd or final in cwd.parents):
+        held = "is the current folder" if final == cwd else "holds the current folder"
+        raise UserError(f"'{p}' {held}: name a new folder to write")
+    if final.exists() and not final.is_dir():
+        raise UserError(f"output '{p}' exists and is not a folder")
+    if final.is_dir():
+        entries = sorted(final.iterdir())
+        known = set(wrote(final) or ()) if entries else set()
+        other = [e.name for e in entries if e.name not in known or e.is_symlink() or not e.is_file()]
+        if other:
+            more = f" and {len(other) - 1} more" if len(other) > 1 else ""
+            raise UserError(f"output '{p}' is a folder holding files gencli did not write ('{other[0]}'{more}): name a new folder to write")
+        if not force:
+            raise UserError(f"output '{p}' already exists (use --force to replace it)")
+    elif not final.parent.is_dir():
+        raise UserError(f"output directory '{final.parent}' does not exist")
+    return p
+
+
+@contextlib.contextmanager
+def atomic_folder(path: str | os.PathLike, force: bool = False, *, wrote: Callable[[Path], Optional[Iterable[str]]]) -> Iterator[Path]:
+    """Yield a new temporary folder beside ``path`` (in the same parent); on success it takes
+    ``path``'s place by rename. A folder already there (one :func:`ensure_folder_writable` lets
+    ``force`` replace, checked again at the end) is renamed aside first and removed only once the
+    new one is in place. On any error, Ctrl-C or SIGTERM the temporary folder is removed and
+    ``path`` is untouched. A symlink to a folder is written through (its target is replaced)."""
+    ensure_folder_writable(path, force, wrote=wrote)
+    final = Path(os.path.realpath(path))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    try:
+        yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it owner-only
+        ensure_folder_writable(path, force, wrote=wrote)  # nothing else arrived there meanwhile
+        if not final.exists():
+            os.rename(tmp, final)
+            return
+        old = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".old", dir=final.parent))
+        try:
+            os.rename(final, old)  # onto an empty folder: allowed
+            os.rename(tmp, final)
+        except BaseException:
+            if not os.path.lexists(final):  # moved aside, not replaced: put back
+                os.rename(old, final)
+            raise
+        finally:
+            shutil.rmtree(old, ignore_errors=True)  # the replaced folder (or the empty name it would have taken)
+    except OSError as exc:
+        if is_write_failure(exc):
+            raise cannot_write(str(path), exc) from None
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def read_stdin_lines() -> list[str]:

@@ -2,7 +2,9 @@
 
 ``--model`` accepts a folder, a ``.safetensors`` file, or the name of an embedded default (a folder
 under the weights directory). The weights directory is ``$GENCLI_WEIGHTS`` if set, else the
-``weights/`` folder of the source tree this package was installed from.
+package's own ``_weights`` folder in an installed wheel (the repository's ``weights/``, which
+``setup.py`` installs there), else the ``weights/`` folder of the checkout this package runs from
+(an editable install too).
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ def weights_dir() -> Path:
     env = os.environ.get("GENCLI_WEIGHTS")
     if env:
         return Path(env).expanduser()
-    return Path(__file__).resolve().parent.parent / "weights"
+    here = Path(__file__).resolve().parent
+    installed = here / "_weights"
+    return installed if installed.is_dir() else here.parent / "weights"
 
 
 @dataclass

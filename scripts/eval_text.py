@@ -9,7 +9,10 @@
 
 Reports loss per token (nats), perplexity and bits per byte over the modules listed in
 gencli.data.pysource.HELDOUT_MODULES (never trained on), scored with a sliding window (see
-gencli.pipelines.text.evaluate). These are the figures recorded in the weights README and the main README.
+gencli.pipelines.text.evaluate). These are the figures recorded in the weights README and the main README,
+measured on the held-out text whose SHA-256 and sizes the model folder's heldout_text.json records:
+another Python's standard library may differ, and the run says so (--record-heldout rewrites the
+record, for figures measured anew).
 """
 
 from __future__ import annotations
@@ -40,10 +43,12 @@ def main() -> None:
         action="store_true",
         help="with --quantize: score every row through the decoding kernels (a prompt's rows are otherwise multiplied by the dequantized weight)",
     )
+    p.add_argument("--record-heldout", action="store_true", help="write this Python's held-out text's SHA-256 and sizes into the model folder's record")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
 
-    from gencli.data.pysource import heldout_files, read_source, stdlib_root
+    from gencli.data.pysource import HELDOUT_RECORD, heldout_differences, heldout_files, heldout_fingerprint, read_source, stdlib_root
+    from gencli.io import atomic_write_bytes, read_json
     from gencli.pipelines.text.evaluate import evaluate_texts
     from gencli.pipelines.text.loading import describe, load_text_model
     from gencli.weights import resolve_model
@@ -58,11 +63,30 @@ def main() -> None:
     root = stdlib_root()
     docs = [(f.relative_to(root).as_posix(), read_source(f)) for f in heldout_files(root)]
     docs = [(name, text) for name, text in docs if text]
+    record_path = resolve_model(args.model) / HELDOUT_RECORD
+    python = sys.version.split()[0]
+    if args.record_heldout:
+        about = (
+            "The held-out standard-library modules (gencli.data.pysource.HELDOUT_MODULES) the figures in README.md were measured on, by "
+            "scripts/eval_text.py, and the floors of tests/test_text_default_model.py set: each module's SHA-256 and size in bytes. Another "
+            "Python's standard library may hold other text: those figures do not apply to it."
+        )
+        record = {"python": python, "about": about, "modules": heldout_fingerprint(root)}
+        atomic_write_bytes(record_path, (json.dumps(record, indent=2) + "\n").encode(), force=True)
+    record = read_json(record_path, missing_ok=True)
+    if record is None:
+        heldout_text = f"not recorded ({record_path} is absent)"
+    else:
+        diffs = heldout_differences(record.get("modules", {}), root)
+        heldout_text = f"as recorded (Python {record.get('python')})" if not diffs else (
+            f"NOT the recorded one (Python {record.get('python')}): {', '.join(diffs)}; the recorded figures do not apply"
+        )  # fmt: skip
     start = time.perf_counter()
     score = evaluate_texts(tm, docs, stride=args.stride, max_tokens=args.max_tokens)
     report = {
         "model": describe(tm),
-        "python": sys.version.split()[0],
+        "python": python,
+        "heldout_text": heldout_text,
         "modules": len(docs),
         **score.as_dict(),
         "seconds": round(time.perf_counter() - start, 1),
@@ -73,7 +97,7 @@ def main() -> None:
     if args.json:
         print(json.dumps(report))
         return
-    print(f"{report['model']}; Python {report['python']} standard library, {len(docs)} held-out modules")
+    print(f"{report['model']}; Python {report['python']} standard library, {len(docs)} held-out modules, their text {heldout_text}")
     for name, d in score.per_document.items():
         print(f"  {name:<24} {d['tokens']:>7} tokens  loss {d['loss']:.3f}  {d['bits_per_byte']:.3f} bits/byte")
     if "agreement" in report:

@@ -61,15 +61,40 @@ def cli():
     return run_cli
 
 
+def on_ci() -> bool:
+    """Whether this run is CI's (``CI`` set, as CI services and .ci/run set it)."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def cannot_run_here(reason: str) -> None:
+    """A test whose requirement this machine lacks: a skip whose one-line reason says why, except on
+    CI, where the requirement is part of the setup and its absence is a failure, not a silent skip."""
+    if on_ci():
+        pytest.fail(f"{reason} (CI must be able to run this test)", pytrace=False)
+    pytest.skip(reason)
+
+
+def built_quant_kernels():
+    """gencli's compiled CPU extension, or :func:`cannot_run_here` with the reason it cannot be built."""
+    from gencli.backend import quant_kernels
+
+    kernels = quant_kernels.cpu_kernels()
+    if kernels is None:
+        cannot_run_here(f"the quantized CPU kernels cannot be built here: {quant_kernels.unavailable_reason()}")
+    return kernels
+
+
+@pytest.fixture
+def quant_kernels_built():
+    """For ``pytest.mark.usefixtures``: the test needs gencli's CPU extension (see built_quant_kernels)."""
+    return built_quant_kernels()
+
+
 @pytest.fixture(params=["avx512", "avx2"])
 def isa(request):
     """gencli's CPU kernels on each instruction set the CPU has, forced in turn (the best one restored
-    afterwards); skipped where the extension cannot be built."""
-    from gencli.backend.quant_kernels import cpu_kernels
-
-    kernels = cpu_kernels()
-    if kernels is None:
-        pytest.skip("the quantized CPU kernels cannot be built here")
+    afterwards); where the extension cannot be built, see built_quant_kernels."""
+    kernels = built_quant_kernels()
     best = kernels.isa()
     if not kernels.use_isa(request.param):
         pytest.skip(f"this CPU has no {request.param}")

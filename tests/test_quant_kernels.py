@@ -5,6 +5,8 @@ weights), and the fallback to torch's kernels when the extension cannot be had."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -12,7 +14,7 @@ from gencli.backend import quant_kernels
 from gencli.backend.quantize import QuantizationSpec, QuantizedLinear, dequantize, quantize_int4, quantize_int8, unpack_int4
 
 kernels = quant_kernels.cpu_kernels()
-needs_kernels = pytest.mark.skipif(kernels is None, reason="the quantized CPU kernels cannot be built here")
+needs_kernels = pytest.mark.usefixtures("quant_kernels_built")  # a skip saying why, a failure on CI
 
 
 def _within_fp32_rounding(got: torch.Tensor, x: torch.Tensor, dense: torch.Tensor) -> None:
@@ -278,3 +280,52 @@ def test_projections_of_one_input_are_one_kernel_call(mode, monkeypatch):
     assert calls == [3] and torch.equal(got[0], dense[0](x, activation="gelu")) and torch.equal(got[1], dense[1](x))
     project(torch.randn(1, 200, 128), layers)  # a prompt: each layer's own (dequantizing) path
     assert calls == [3]
+
+
+def test_a_missing_ninja_or_compiler_is_named(monkeypatch):
+    import torch.utils.cpp_extension as ext
+
+    monkeypatch.setattr(quant_kernels, "_why_not", None)
+    monkeypatch.setattr(ext, "is_ninja_available", lambda: False)
+    assert quant_kernels._build.__wrapped__() is None
+    assert "ninja" in quant_kernels._why_not and "pip install ninja" in quant_kernels._why_not
+    monkeypatch.setattr(ext, "is_ninja_available", lambda: True)
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    assert quant_kernels._build.__wrapped__() is None
+    assert quant_kernels._why_not == "no C++ compiler: 'no-such-compiler-here' is not on PATH"
+    monkeypatch.setenv(quant_kernels.ENV_SWITCH, "0")
+    assert quant_kernels.unavailable_reason() == "GENCLI_QUANT_KERNELS=0 turns them off"
+
+
+@pytest.mark.parametrize("ci", ["true", None])
+def test_without_ninja_the_kernel_tests_fail_on_ci_and_elsewhere_skip_saying_why(ci, tmp_path):
+    """The kernels' tests never skip silently: on CI (``CI`` set) a machine that cannot build the
+    extension fails them; elsewhere they skip with the reason on one line. Here in a pytest of its
+    own whose PATH has a compiler but no ninja."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    compiler = shutil.which("c++")
+    if compiler:
+        os.symlink(compiler, bin_dir / "c++")
+    env = {k: v for k, v in os.environ.items() if k != "CI" and not k.startswith(("PYTEST_", "GENCLI_QUANT"))}
+    env.update(PATH=str(bin_dir), PYTHONPATH=str(ROOT), **({"CI": ci} if ci else {}))
+    test = f"{Path(__file__).name}::test_kernels_refuse_what_they_cannot_multiply"
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "0", "-q", "-rsE", "-p", "no:cacheprovider", test],
+        cwd=ROOT / "tests", env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    reason = "the quantized CPU kernels cannot be built here: ninja, which torch builds extensions with, is not installed (pip install ninja)"
+    lines = [line for line in r.stdout.splitlines() if reason in line]
+    if ci:
+        assert r.returncode == 1 and "1 error" in r.stdout, r.stdout + r.stderr  # (an error in the test's setup)
+        assert any("CI must be able to run this test" in line for line in lines), r.stdout
+    else:
+        assert r.returncode == 0 and "1 skipped" in r.stdout, r.stdout + r.stderr
+        assert len(lines) == 1 and lines[0].startswith("SKIPPED"), r.stdout

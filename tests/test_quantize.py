@@ -239,3 +239,127 @@ def test_the_allocator_is_trimmed_every_64_mb_of_dense_weights_quantized(monkeyp
     assert len(trims) == 1
     trim.freed(60 << 20)
     assert len(trims) == 2
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_a_saved_folder_decodes_with_torchs_kernels_from_aligned_tensors(models, mode, tmp_path):
+    """Without gencli's kernels (GENCLI_QUANT_KERNELS=0, no compiler, another architecture) torch's
+    weight-only kernels run the saved folder's layers. A tensor mapped from the file is only as
+    aligned as its offset there (8 bytes): torch's int8 kernel crashed on such a weight, so the
+    quantized layers' tensors are loaded as aligned copies. The decoding runs in a subprocess: a
+    crash fails this test instead of ending pytest."""
+    from conftest import run_cli
+
+    from gencli.backend.quantize import quantized_layers
+    from gencli.pipelines.text import load_text_model
+
+    out = tmp_path / "q"
+    assert cli("quantize", models / "llama", out, "--mode", mode).exit_code == 0
+    tm = load_text_model(out, device="cpu", threads=1)
+    for name, layer in quantized_layers(tm.model):
+        for t in (layer.weight, layer.weight_scale, layer.weight_zero):
+            assert t is None or t.data_ptr() % 64 == 0, (name, t.data_ptr() % 64)
+    r = run_cli("generate", "def add(a, b):", "-m", str(out), "-n", "8", "--seed", "0", "--json", env={"GENCLI_QUANT_KERNELS": "0", "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert len(json.loads(r.stdout)["token_ids"]) > 0
+
+
+def _folder(path, files):
+    path.mkdir()
+    for name in files:
+        (path / name).write_text("keep me\n")
+    return path
+
+
+def test_force_replaces_only_a_folder_quantize_wrote_and_swaps_it_whole(models, tmp_path):
+    out = tmp_path / "q"
+    assert cli("quantize", models / "llama", out, "--mode", "int8").exit_code == 0
+    first = sorted(p.name for p in out.iterdir())
+    r = cli("quantize", models / "llama", out, "--mode", "int4")
+    assert r.exit_code == 2 and "already exists (use --force to replace it)" in r.stderr
+    r = cli("quantize", models / "llama", out, "--mode", "int4", "--force", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads((out / "config.json").read_text())["quantization_config"]["mode"] == "int4"
+    assert sorted(p.name for p in out.iterdir()) == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q"], "no temporary or old folder left beside it"
+    (out / "notes.txt").write_text("mine\n")  # a file gencli did not write: the folder is the user's now
+    r = cli("quantize", models / "llama", out, "--force")
+    assert r.exit_code == 2 and "did not write ('notes.txt')" in r.stderr and "--force" not in r.stderr, r.stderr
+    assert (out / "notes.txt").read_text() == "mine\n" and (out / "model.safetensors").is_file()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli("quantize", models / "llama", empty, "--force").exit_code == 0 and (empty / "model.safetensors").is_file()
+
+
+def test_force_never_deletes_a_folder_gencli_did_not_write(models, tmp_path, monkeypatch):
+    user = _folder(tmp_path / "user", ["a.txt", "b.csv"])
+    lookalike = tmp_path / "lookalike"  # a quantized folder's files, without the record of what quantize wrote
+    lookalike.mkdir()
+    for f in (models / "llama").iterdir():
+        (lookalike / f.name).write_bytes(f.read_bytes())
+    config = json.loads((lookalike / "config.json").read_text())
+    config["quantization_config"] = QuantizationSpec.for_mode("int8").to_config()
+    (lookalike / "config.json").write_text(json.dumps(config))
+    with_folder = _folder(tmp_path / "nested", [])
+    (with_folder / "sub").mkdir()
+    for folder in (user, lookalike, with_folder):
+        before = sorted(p.name for p in folder.rglob("*"))
+        r = cli("quantize", models / "llama", folder, "--force")
+        assert r.exit_code == 2 and "did not write" in r.stderr and "--force" not in r.stderr, r.stderr
+        assert sorted(p.name for p in folder.rglob("*")) == before
+    work = _folder(tmp_path / "work", ["precious.txt"])
+    monkeypatch.chdir(work)
+    for out, says in ((".", "'.' is the current folder"), ("..", "'..' holds the current folder"), (work, "is the current folder"), ("/", "'/' is the root")):
+        r = cli("quantize", models / "llama", out, "--force")
+        assert r.exit_code == 2 and says in r.stderr and "--force" not in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+    r = cli("quantize", models / "llama", "-", "--force")
+    assert r.exit_code == 2 and "'-' means stdout" in r.stderr and "--force" not in r.stderr
+    assert sorted(p.name for p in work.iterdir()) == ["precious.txt"] and not (work / "-").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lookalike", "nested", "user", "work"]
+
+
+def test_quantize_says_mode_takes_threads_and_names_the_layers_kept_in_float(models, tmp_path):
+    r = cli("quantize", models / "llama", tmp_path / "a", "--group-size", "32")
+    assert r.exit_code == 2 and "--group-size applies to --mode int4 only" in r.stderr and "--quantize" not in r.stderr, r.stderr
+    r = cli("quantize", models / "llama", tmp_path / "b", "--mode", "int4", "--threads", "1")
+    assert r.exit_code == 0, r.stderr
+    # the down projections' 112 inputs are not a multiple of 32: they stay in float, and it says which
+    assert "warning: 2 linear layers kept in float (input size not a multiple of the group size 32): " in r.stderr
+    assert "model.layers.0.mlp.down_proj, model.layers.1.mlp.down_proj" in r.stderr
+    r = cli("quantize", models / "llama", tmp_path / "c", "--threads", "0")
+    assert r.exit_code == 2 and "--threads" in r.stderr
+
+
+def test_an_interrupted_or_failed_swap_leaves_the_replaced_folder_as_it_was(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from gencli import io
+
+    out = _folder(tmp_path / "out", ["a", "b"])
+
+    def wrote(folder):
+        return ["a", "b"]
+
+    with pytest.raises(KeyboardInterrupt):
+        with io.atomic_folder(out, True, wrote=wrote) as tmp:
+            (tmp / "a").write_text("new\n")
+            raise KeyboardInterrupt
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and (out / "a").read_text() == "keep me\n"
+    rename = os.rename
+
+    def the_new_one_cannot_move(src, dst):
+        if str(src).endswith(".tmp"):
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", the_new_one_cannot_move)
+    with pytest.raises(OSError):
+        with io.atomic_folder(out, True, wrote=wrote) as tmp:
+            (tmp / "a").write_text("new\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and (out / "a").read_text() == "keep me\n"
+    monkeypatch.setattr(os, "rename", rename)
+    with io.atomic_folder(out, True, wrote=wrote) as tmp:
+        (tmp / "a").write_text("new\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and sorted(p.name for p in out.iterdir()) == ["a"]

@@ -53,20 +53,24 @@ def test_new_files_get_the_umask_mode_replaced_files_keep_theirs_symlinks_are_wr
 
 
 def test_sigterm_removes_the_partial_output_and_exits_143(tmp_path):
-    series_csv(tmp_path / "many.csv", n_series=400, length=40)
+    """The signal comes at a point the test controls: ``--explain-out`` names a FIFO this test never
+    opens, so the run, its ``-o`` file begun (opened first), waits on opening the FIFO until the
+    signal arrives: it cannot finish first, however fast the machine."""
+    series_csv(tmp_path / "sales.csv", n_series=3)
+    os.mkfifo(tmp_path / "explain.csv")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gencli", "forecast", "many.csv", "-H", "2", "-o", "x.csv", "--batch-size", "1", "-q"],
+        [sys.executable, "-m", "gencli", "forecast", "sales.csv", "-H", "2", "-o", "x.csv", "--explain-out", "explain.csv", "-q"],
         cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 240
     while not list(tmp_path.glob(".x.csv.*")) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert proc.poll() is None, "the run ended before it could be interrupted: " + proc.stderr.read()
+    assert list(tmp_path.glob(".x.csv.*")) and proc.poll() is None, "the run ended before writing its output: " + proc.stderr.read()
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err
     assert "Traceback" not in err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["many.csv"], "no partial output, no temporary file"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["explain.csv", "sales.csv"], "no partial output, no temporary file"
 
 
 def test_a_closed_stdout_does_not_drop_a_requested_file(tmp_path):

@@ -1,5 +1,6 @@
 """The embedded default text model: it loads through the real layout, writes Python, and its held-out
-loss stays under the floor set from its measurement (weights/llama-pystdlib/README.md)."""
+loss stays under the floor set from its measurement (weights/llama-pystdlib/README.md), on the
+held-out text that measurement read (its SHA-256 and sizes: weights/llama-pystdlib/heldout_text.json)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,11 @@ SAMPLE_TOKENS = 1024
 LOSS_FLOOR = 3.87
 BPB_FLOOR = 1.83
 
-pytestmark = pytest.mark.skipif(not (FOLDER / "model.safetensors").is_file(), reason="embedded default not present")
+
+
+def test_the_default_is_embedded():
+    """A missing default is a failure, as for the other defaults' quality tests, never a skip."""
+    assert (FOLDER / "model.safetensors").is_file(), f"the embedded default text model is missing from {FOLDER}"
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +35,7 @@ def tm():
     whose cores are busy (CI runners, parallel test workers) intra-op threads wait on each other."""
     from gencli.pipelines.text.loading import load_text_model
 
+    test_the_default_is_embedded()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -46,10 +52,20 @@ def test_auto_dtype_decodes_in_fp32_on_cpu(tm):
 
 @pytest.mark.slow
 def test_heldout_loss_under_floor(tm):
-    from gencli.data.pysource import heldout_files, read_source, stdlib_root
+    from conftest import cannot_run_here
+
+    from gencli.data.pysource import HELDOUT_RECORD, heldout_differences, heldout_files, read_source, stdlib_root
+    from gencli.io import read_json
     from gencli.pipelines.text.evaluate import evaluate_texts
 
+    record = read_json(FOLDER / HELDOUT_RECORD)
     root = stdlib_root()
+    differences = heldout_differences(record["modules"], root)
+    if differences:  # another Python's standard library: the floors were not measured on this text
+        cannot_run_here(
+            f"the held-out text of this Python's standard library ({root}) is not the one the floors were measured on "
+            f"(Python {record['python']}'s, recorded in {HELDOUT_RECORD}): {', '.join(differences)}"
+        )
     docs = [(f.relative_to(root).as_posix(), read_source(f)) for f in heldout_files(root)]
     assert len(docs) >= 10
     score = evaluate_texts(tm, [(n, t) for n, t in docs if t], max_tokens=SAMPLE_TOKENS)
@@ -113,3 +129,18 @@ def test_listed_by_gencli_models():
 
     entry = next(d for d in list_defaults() if d.name == NAME)
     assert entry.task == "generate" and entry.size_bytes < 22 * 2**20
+
+
+def test_a_held_out_module_that_differs_from_the_record_is_named(tmp_path):
+    from gencli.data.pysource import HELDOUT_MODULES, heldout_differences, heldout_fingerprint
+
+    for rel in HELDOUT_MODULES[:3]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(f"# {rel}\n")
+    record = heldout_fingerprint(tmp_path)
+    assert sorted(record) == sorted(HELDOUT_MODULES[:3]) and heldout_differences(record, tmp_path) == []
+    (tmp_path / HELDOUT_MODULES[0]).write_text("# another Python's version\n")
+    (tmp_path / HELDOUT_MODULES[1]).unlink()
+    (tmp_path / HELDOUT_MODULES[3]).write_text("")
+    first, second, _, fourth = HELDOUT_MODULES[:4]
+    assert heldout_differences(record, tmp_path) == [f"{first} (changed)", f"{second} (missing)", f"{fourth} (not recorded)"]

@@ -20,12 +20,19 @@ FP32 = Placement(torch.device("cpu"), torch.float32)
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
+def saved():
+    """The models the folders hold, as they were saved."""
     torch.manual_seed(0)
-    loading.save_generative(ConvVAE(ConvVAEConfig(image_size=32, latent_dim=8, block_out_channels=(8, 16), norm_num_groups=4)), root / "vae")
+    vae = ConvVAE(ConvVAEConfig(image_size=32, latent_dim=8, block_out_channels=(8, 16), norm_num_groups=4))
     gan = DCGAN(DCGANConfig(image_size=32, latent_dim=8, generator_channels=(16, 8), discriminator_channels=(8, 16), norm_num_groups=4))
-    loading.save_generative(gan, root / "gan")
+    return {"vae": vae.eval(), "gan": gan.eval()}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory, saved):
+    root = tmp_path_factory.mktemp("models")
+    for name, model in saved.items():
+        loading.save_generative(model, root / name)
     return root
 
 
@@ -53,13 +60,17 @@ def test_configs_refuse_what_cannot_be_built():
         DCGANConfig(generator_channels=(12, 8), norm_num_groups=8)
 
 
-def test_folders_round_trip_and_name_what_they_are(folders):
+def test_folders_round_trip_and_name_what_they_are(folders, saved):
     vae = loading.load_generative(folders / "vae", "vae", FP32)
     assert vae.latent_dim == 8 and vae.image_size == 32
-    ref = ConvVAE(vae.model.config)
-    ref.load_state_dict(vae.model.state_dict())
     z = torch.randn(2, 8)
-    torch.testing.assert_close(vae.model.decode(z), ref.decode(z))
+    for name, loaded in (("vae", vae.model), ("gan", loading.load_generative(folders / "gan", "gan", FP32).model)):
+        original = saved[name]  # the model that was saved, not one rebuilt from what was loaded
+        assert loaded.config == original.config
+        state, want = loaded.state_dict(), original.state_dict()
+        assert state.keys() == want.keys() and all(torch.equal(state[k], want[k]) for k in want), name
+        with torch.no_grad():
+            torch.testing.assert_close(loaded.decode(z) if name == "vae" else loaded(z), original.decode(z) if name == "vae" else original(z), rtol=0, atol=0)
     with pytest.raises(UserError, match=r"holds a DCGAN \(a GAN\), not a ConvVAE: run it with gencli sample gan"):
         loading.load_generative(folders / "gan", "vae", FP32)
     with pytest.raises(UserError, match=r"holds a ConvVAE \(a VAE\), not a DCGAN: run it with gencli sample vae or gencli reconstruct"):
@@ -131,7 +142,7 @@ def test_sample_cli_grids_files_gifs_and_errors(cli, folders, tmp_path):
 def test_reconstruct_cli_with_a_conv_vae_and_an_autoencoder_kl(cli, folders, tmp_path):
     from gencli.data import shapes
     from gencli.models.autoencoder_kl.model import AutoencoderKL, AutoencoderKLConfig
-    from gencli.pipelines.diffusion.vae import save_autoencoder
+    from gencli.pipelines.diffusion.pipeline.vae import save_autoencoder
 
     for i, size in enumerate((32, 40)):
         Image.fromarray(shapes.render(shapes.split_seeds("test", 2)[i], size).image).save(tmp_path / f"s{i}.png")

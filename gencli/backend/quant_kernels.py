@@ -17,8 +17,9 @@ ways:
 
 The extension is compiled the first time it is asked for (``torch.utils.cpp_extension.load``: about
 a minute, cached in torch's extensions folder for the next runs). Without a compiler, on another
-architecture, or when the build fails, :func:`cpu_kernels` returns None (one debug line) and the
-quantized layers keep torch's kernels. ``GENCLI_QUANT_KERNELS=0`` turns the extension off.
+architecture, or when the build fails, :func:`cpu_kernels` returns None (one debug line;
+:func:`unavailable_reason` says why) and the quantized layers keep torch's kernels.
+``GENCLI_QUANT_KERNELS=0`` turns the extension off.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import hashlib
 import logging
 import os
 import platform
+import shutil
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -48,13 +50,30 @@ def enabled() -> bool:
     return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "off", "no")
 
 
+_why_not: Optional[str] = None  # why the last build gave no extension (one line)
+
+
+def _unavailable(reason: str) -> None:
+    global _why_not
+    _why_not = reason
+    _log.debug("quantized CPU kernels unavailable (%s), using torch's", reason)
+
+
 @functools.lru_cache(maxsize=None)
 def _build() -> Optional[Any]:
     if platform.machine().lower() not in ("x86_64", "amd64"):
-        _log.debug("quantized CPU kernels: not built on %s (x86-64 only), using torch's", platform.machine())
+        _unavailable(f"not built on {platform.machine()}: x86-64 only")
         return None
     try:
-        from torch.utils.cpp_extension import load
+        from torch.utils.cpp_extension import is_ninja_available, load
+
+        compiler = os.environ.get("CXX") or "c++"  # what torch's build calls
+        if not is_ninja_available():
+            _unavailable("ninja, which torch builds extensions with, is not installed (pip install ninja)")
+            return None
+        if shutil.which(compiler) is None:
+            _unavailable(f"no C++ compiler: '{compiler}' is not on PATH")
+            return None
 
         # the name carries the source's hash: an edited source is a new extension, never a stale one
         digest = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCES + HEADERS) + _BUILD_FLAGS_TAG).hexdigest()[:12]
@@ -64,11 +83,11 @@ def _build() -> Optional[Any]:
         # thread. The library it links is libgomp.so.1, already loaded by torch: one thread pool.
         module = load(name=name, sources=[str(f) for f in SOURCES], extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
         if not module.isa():
-            _log.debug("quantized CPU kernels: this CPU has neither AVX-512 nor AVX2, using torch's")
+            _unavailable("this CPU has neither AVX-512 nor AVX2")
             return None
         return module
-    except Exception as exc:  # no compiler, no Python headers, a failed build: torch's kernels serve
-        _log.debug("quantized CPU kernels unavailable (%s: %s), using torch's", type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+    except Exception as exc:  # no Python headers, a failed build: torch's kernels serve
+        _unavailable(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
         return None
 
 
@@ -105,6 +124,13 @@ def cpu_kernels() -> Optional[Any]:
     return _build() if enabled() else None
 
 
+def unavailable_reason() -> Optional[str]:
+    """Why :func:`cpu_kernels` gives None here, on one line (None when it gives the extension)."""
+    if not enabled():
+        return f"{ENV_SWITCH}={os.environ.get(ENV_SWITCH)} turns them off"
+    return None if _build() is not None else _why_not
+
+
 def loaded_kernels() -> Optional[Any]:
     """The extension if this process has built or loaded it already (a quantized layer asked for it),
     else None: never a build. The decode attention (:func:`gencli.backend.attention.scaled_dot_product_attention`)
@@ -115,4 +141,4 @@ def loaded_kernels() -> Optional[Any]:
     return _build()
 
 
-__all__ = ["SOURCE", "SOURCES", "loaded_kernels", "ENV_SWITCH", "ENV_ACTIVATIONS", "enabled", "int8_activations", "cpu_kernels"]
+__all__ = ["SOURCE", "SOURCES", "loaded_kernels", "ENV_SWITCH", "ENV_ACTIVATIONS", "enabled", "int8_activations", "cpu_kernels", "unavailable_reason"]

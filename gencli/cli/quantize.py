@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from gencli.cli import app
-from gencli.cli.common import Quantize, RunOptions, command, option
+from gencli.cli.common import Quantize, RunOptions, _check_threads, cap_threads, command, option
 from gencli.console import emit_json, human_bytes
 
 
@@ -17,7 +17,16 @@ def quantize(
     out: Annotated[str, typer.Argument(metavar="OUT", help="The model folder to write.", show_default=False)],
     mode: Annotated[Quantize, typer.Option("--mode", help="int8 (per output channel) or int4 (in groups of --group-size).")] = Quantize.int8,
     group_size: Annotated[Optional[int], typer.Option("--group-size", help="int4: input columns per scale (default 32).", show_default=False)] = None,
-    force: Annotated[bool, option("--force", help="Replace OUT if it is a folder already.")] = False,
+    force: Annotated[bool, option("--force", help="Replace OUT if an earlier gencli quantize wrote it (never another folder).")] = False,
+    threads: Annotated[
+        Optional[int],
+        typer.Option(
+            "--threads",
+            help="CPU threads for torch, at most the usable cores (default: $GENCLI_THREADS, else 1 for small models and the usable cores, "
+            "at most 16, for large ones).",
+            callback=_check_threads,
+        ),
+    ] = None,
     allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Read .bin/.pt/.ckpt checkpoints with torch.load(weights_only=True).")] = False,
     *,
     opts: RunOptions,
@@ -39,7 +48,13 @@ def quantize(
     check_output_dir(out, "OUT")
     report = opts.report
     with report.progress("quantizing"):
-        result = quantize_checkpoint(resolve_model(model), Path(out), mode.value, group_size=group_size, force=force, allow_pickle=allow_pickle)
+        result = quantize_checkpoint(
+            resolve_model(model), Path(out), mode.value, group_size=group_size, force=force, allow_pickle=allow_pickle, threads=cap_threads(threads, report)
+        )
+    kept = result.spec.modules_to_not_convert
+    if kept:  # int4: layers whose inputs the group size does not divide
+        layers = f"{len(kept)} linear layer{'s' if len(kept) > 1 else ''}"
+        report.warn(f"{layers} kept in float (input size not a multiple of the group size {result.spec.group_size}): {', '.join(kept)}")
     summary = {
         "out": str(result.out),
         "quantization": result.spec.to_config(),

@@ -8,9 +8,10 @@ modules is held out for evaluation and never trained on. Excluded everywhere: th
 
 from __future__ import annotations
 
+import hashlib
 import sysconfig
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 # Held out for evaluation (paths relative to the stdlib root). Varied styles: numeric code, text
 # processing, data structures, a package module, docstring-heavy and comment-heavy files.
@@ -28,6 +29,10 @@ HELDOUT_MODULES: tuple[str, ...] = (
     "sched.py",
     "calendar.py",
 )
+
+# beside the default text model's weights: the held-out text its recorded figures were measured on
+# (each module's SHA-256 and size). Another Python's standard library may differ, and its figures with it.
+HELDOUT_RECORD = "heldout_text.json"
 
 EXCLUDED_DIRS = ("site-packages", "__pycache__")
 EXCLUDED_FILES = ("pydoc_data/topics.py",)
@@ -79,3 +84,21 @@ def heldout_files(root: Optional[Path] = None) -> list[Path]:
     """The held-out modules present on this machine, in the fixed order of HELDOUT_MODULES."""
     root = root or stdlib_root()
     return [root / rel for rel in HELDOUT_MODULES if (root / rel).is_file()]
+
+
+def heldout_fingerprint(root: Optional[Path] = None) -> dict[str, dict[str, Any]]:
+    """``{module: {"sha256": ..., "bytes": ...}}`` for the held-out modules present on this machine."""
+    out = {}
+    for f in heldout_files(root):
+        data = f.read_bytes()
+        out[f.relative_to(root or stdlib_root()).as_posix()] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    return out
+
+
+def heldout_differences(recorded: dict[str, dict[str, Any]], root: Optional[Path] = None) -> list[str]:
+    """The held-out modules whose text here is not the ``recorded`` one (a :func:`heldout_fingerprint`),
+    as ``"statistics.py (changed)"`` / ``"graphlib.py (missing)"`` / ``"x.py (not recorded)"``; [] when
+    every one is the same."""
+    here = heldout_fingerprint(root)
+    diffs = [f"{m} ({'missing' if m not in here else 'changed'})" for m in recorded if here.get(m) != recorded[m]]
+    return diffs + [f"{m} (not recorded)" for m in here if m not in recorded]

@@ -77,7 +77,7 @@ def load_text_model(
     """Load a text model with its tokenizer. ``quantize`` ("int8" | "int4") quantizes the linear
     layers (LM head included) on loading, see :mod:`gencli.backend.quantize`; a checkpoint written by
     ``gencli quantize`` loads quantized as it was saved (``quantize`` may then name the same mode)."""
-    from gencli.backend.quantize import quantization_targets, quantize_linears, quantizing_loader
+    from gencli.backend.quantize import quantization_targets, quantize_linears, quantized_layers, quantizing_loader
     from gencli.checkpoints.formats import command_for, detect_architecture, open_source, shard_index, wrong_family
     from gencli.checkpoints.loader import build_on_meta, load_state
     from gencli.checkpoints.reader import open_reader
@@ -111,7 +111,12 @@ def load_text_model(
         if stored:  # the quantized layers are built empty and filled from the checkpoint
             model = build_on_meta(lambda: model_class(cfg))
             quantize_linears(model, spec)
-            model = load_state(model, reader, module.HF_KEYMAP, device=placement.device, dtype=placement.dtype, config=src.config)
+            # their tensors are read as private copies, not views of the mapped file: a mapped tensor is
+            # only as aligned as its offset in the file (8 bytes), and torch's int8 kernel, the fallback
+            # without gencli's own, assumes more (a segfault)
+            owners = {name for name, _ in quantized_layers(model)}
+            private = lambda name, _target: name.rpartition(".")[0] in owners  # noqa: E731
+            model = load_state(model, reader, module.HF_KEYMAP, device=placement.device, dtype=placement.dtype, config=src.config, private=private)
         else:
             # quantizing on loading: the weights are read in the file's own dtype when it is narrower
             # (a bf16 file is not copied into fp32 before its linears are quantized), the rest is
