@@ -251,7 +251,7 @@ def test_a_saved_folder_decodes_with_torchs_kernels_from_aligned_tensors(models,
     from conftest import run_cli
 
     from gencli.backend.quantize import quantized_layers
-    from gencli.pipelines.text import load_text_model
+    from gencli.pipelines.text.loading import load_text_model
 
     out = tmp_path / "q"
     assert cli("quantize", models / "llama", out, "--mode", mode).exit_code == 0

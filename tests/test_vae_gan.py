@@ -142,7 +142,7 @@ def test_sample_cli_grids_files_gifs_and_errors(cli, folders, tmp_path):
 def test_reconstruct_cli_with_a_conv_vae_and_an_autoencoder_kl(cli, folders, tmp_path):
     from gencli.data import shapes
     from gencli.models.autoencoder_kl.model import AutoencoderKL, AutoencoderKLConfig
-    from gencli.pipelines.diffusion.pipeline.vae import save_autoencoder
+    from gencli.pipelines.diffusion.vae import save_autoencoder
 
     for i, size in enumerate((32, 40)):
         Image.fromarray(shapes.render(shapes.split_seeds("test", 2)[i], size).image).save(tmp_path / f"s{i}.png")

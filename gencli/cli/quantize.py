@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from gencli.cli import app
-from gencli.cli.common import Quantize, RunOptions, _check_threads, cap_threads, command, option
+from gencli.cli.common import Quantize, RunOptions, at_least, command, option
 from gencli.console import emit_json, human_bytes
 
 
@@ -24,7 +24,7 @@ def quantize(
             "--threads",
             help="CPU threads for torch, at most the usable cores (default: $GENCLI_THREADS, else 1 for small models and the usable cores, "
             "at most 16, for large ones).",
-            callback=_check_threads,
+            callback=at_least(1),
         ),
     ] = None,
     allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Read .bin/.pt/.ckpt checkpoints with torch.load(weights_only=True).")] = False,
@@ -49,7 +49,7 @@ def quantize(
     report = opts.report
     with report.progress("quantizing"):
         result = quantize_checkpoint(
-            resolve_model(model), Path(out), mode.value, group_size=group_size, force=force, allow_pickle=allow_pickle, threads=cap_threads(threads, report)
+            resolve_model(model), Path(out), mode.value, group_size=group_size, force=force, allow_pickle=allow_pickle, threads=threads
         )
     kept = result.spec.modules_to_not_convert
     if kept:  # int4: layers whose inputs the group size does not divide
