@@ -227,7 +227,10 @@ def test_cli_lora_flag_tag_parameters_and_replay(sd1_folder, tmp_path, monkeypat
     save_lora({"emb_params": torch.randn(2, 32)}, loras / "shapey.safetensors")
     r = invoke("a shapey star", "--embeddings-dir", str(loras), "-o", "ti.png")
     assert r.exit_code == 0, r.output
-    assert "TI: shapey" in Image.open("ti.png").info["parameters"]
+    import hashlib
+
+    want = hashlib.sha256((loras / "shapey.safetensors").read_bytes()).hexdigest()[:12]
+    assert f"TI hashes: \"shapey: {want}\"" in Image.open("ti.png").info["parameters"]
 
 
 # -- prompt weighting and long prompts ----------------------------------------------------------------

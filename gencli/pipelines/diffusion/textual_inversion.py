@@ -120,6 +120,13 @@ class LoadedEmbedding:
     vectors: int
 
     @property
+    def hash(self) -> str:
+        """A1111's short hash of an embedding (its ``TI hashes``): SHA-256 of the file, 12 hex digits."""
+        from gencli.pipelines.diffusion.png_parameters import files_hash
+
+        return files_hash([self.spec.path], length=12)
+
+    @property
     def tokens(self) -> list[str]:
         return [self.spec.token] + [f"{self.spec.token}_{i}" for i in range(1, self.vectors)]
 
@@ -179,6 +186,11 @@ def apply_embeddings(encoder: "PromptEncoder", specs: Sequence[EmbeddingSpec], *
     return loaded
 
 
+def ti_hashes_text(embeddings: Sequence[LoadedEmbedding]) -> str:
+    """A1111's ``TI hashes`` value: ``token: hash, ...``."""
+    return ", ".join(f"{e.spec.token.replace(':', '').replace(',', '')}: {e.hash}" for e in embeddings)
+
+
 def expand_prompt(prompt: str, embeddings: Sequence[LoadedEmbedding]) -> str:
     """A multi-vector embedding's token written out as its ``n`` tokens (diffusers' ``maybe_convert_prompt``)."""
     for e in embeddings:
@@ -187,4 +199,13 @@ def expand_prompt(prompt: str, embeddings: Sequence[LoadedEmbedding]) -> str:
     return prompt
 
 
-__all__ = ["EmbeddingSpec", "LoadedEmbedding", "parse_embedding_option", "run_embeddings", "read_embedding", "apply_embeddings", "expand_prompt"]
+__all__ = [
+    "EmbeddingSpec",
+    "LoadedEmbedding",
+    "parse_embedding_option",
+    "run_embeddings",
+    "read_embedding",
+    "apply_embeddings",
+    "expand_prompt",
+    "ti_hashes_text",
+]
