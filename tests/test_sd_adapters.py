@@ -230,7 +230,7 @@ def test_cli_lora_flag_tag_parameters_and_replay(sd1_folder, tmp_path, monkeypat
     import hashlib
 
     want = hashlib.sha256((loras / "shapey.safetensors").read_bytes()).hexdigest()[:12]
-    assert f"TI hashes: \"shapey: {want}\"" in Image.open("ti.png").info["parameters"]
+    assert f'TI hashes: "shapey: {want}"' in Image.open("ti.png").info["parameters"]
 
 
 # -- prompt weighting and long prompts ----------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Textual-inversion embeddings: new words whose token embeddings were learned for a concept.
 
 ``--embedding FILE[:TOKEN]`` (repeatable) and ``--embeddings-dir DIR`` (every ``.safetensors`` file
-there whose stem the prompts use). The token is the file's stem unless given. Formats:
+there whose stem the prompts use as a word, ``<lora:...>`` tags aside). The token is the file's stem unless given. Formats:
 
 - A1111's: ``emb_params`` ``(n, D)`` in a ``.safetensors`` file; the older ``.pt`` files
   (``string_to_param: {"*": (n, D)}``) only under ``--allow-pickle``, read with
@@ -20,6 +20,7 @@ or a file that is not an embedding is a one-line error.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Optional, Sequence
@@ -64,11 +65,13 @@ def run_embeddings(
         folder = Path(directory).expanduser()
         if not folder.is_dir():
             raise UserError(f"--embeddings-dir '{folder}' is not a folder")
-        text = "\n".join(p for p in prompts if p)
+        from gencli.pipelines.diffusion.lora import strip_lora_tags
+
+        text = "\n".join(strip_lora_tags(p) for p in prompts if p)
         taken = {s.token for s in specs}
         suffixes = (".safetensors",) + (PICKLE_SUFFIXES if allow_pickle else ())
         for f in sorted(p for p in folder.rglob("*") if p.suffix in suffixes and p.is_file()):
-            if f.stem in text and f.stem not in taken:
+            if f.stem not in taken and re.search(rf"(?<!\w){re.escape(f.stem)}(?!\w)", text):
                 specs.append(EmbeddingSpec(f, f.stem))
                 taken.add(f.stem)
     return specs
