@@ -227,7 +227,10 @@ def test_cli_lora_flag_tag_parameters_and_replay(sd1_folder, tmp_path, monkeypat
     save_lora({"emb_params": torch.randn(2, 32)}, loras / "shapey.safetensors")
     r = invoke("a shapey star", "--embeddings-dir", str(loras), "-o", "ti.png")
     assert r.exit_code == 0, r.output
-    assert "TI: shapey" in Image.open("ti.png").info["parameters"]
+    import hashlib
+
+    want = hashlib.sha256((loras / "shapey.safetensors").read_bytes()).hexdigest()[:12]
+    assert f'TI hashes: "shapey: {want}"' in Image.open("ti.png").info["parameters"]
 
 
 # -- prompt weighting and long prompts ----------------------------------------------------------------
@@ -513,3 +516,30 @@ def test_bad_embeddings_are_one_line_errors(sd1_folder, tmp_path):
     assert run_embeddings([], tmp_path, ["a trunc b", None]) == [EmbeddingSpec(f, "trunc")]
     with pytest.raises(UserError, match="does not exist"):
         parse_embedding_option(str(tmp_path / "none.safetensors"))
+
+
+def test_peft_lora_alpha_from_diffusers_metadata(sd1_folder, tmp_path):
+    """A PEFT LoRA saved with lora_alpha (and an alpha_pattern) in its lora_adapter_metadata merges
+    with alpha / rank, as diffusers' fuse_lora does (the merged UNet and text-encoder weights)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    ref = _reference("sd1", sd1_folder)
+    state = random_lora(ref, "peft", seed=3, rank=2)
+    layer = "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q"
+    from _lora_fixtures import TEXT_TARGETS, UNET_TARGETS
+
+    meta = {"unet.r": 2, "unet.lora_alpha": 6, "unet.alpha_pattern": {layer: 1}, "unet.target_modules": list(UNET_TARGETS),
+            "text_encoder.r": 2, "text_encoder.lora_alpha": 4, "text_encoder.target_modules": list(TEXT_TARGETS)}  # fmt: skip
+    path = tmp_path / "alpha.safetensors"
+    save_file(state, str(path), metadata={"format": "pt", "lora_adapter_metadata": json.dumps(meta)})
+    ref.load_lora_weights(str(path))
+    ref.fuse_lora(lora_scale=0.5)
+    ref.unload_lora_weights()
+    pipe = load_pipeline(sd1_folder, device="cpu", dtype="float32", loras=[LoraSpec(path, 0.5)])
+    ours = dict(pipe.unet.named_parameters())
+    for name in (layer, "down_blocks.0.attentions.0.transformer_blocks.0.attn2.to_k"):
+        assert torch.allclose(ours[name + ".weight"], ref.unet.get_submodule(name).weight, atol=1e-6), name
+    te = pipe.prompt_encoder.text_encoder.tower.encoder.layers[0].self_attn.q_proj.weight
+    assert torch.allclose(te, ref.text_encoder.get_submodule("encoder.layers.0.self_attn.q_proj").weight, atol=1e-6)

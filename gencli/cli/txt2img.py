@@ -227,20 +227,20 @@ def _run(
 
     embeddings = run_embeddings(settings.embedding or [], settings.embeddings_dir, prompts, allow_pickle=opts.allow_pickle)
     path = resolve_model(opts.model, DEFAULT_MODEL)
+    load_kw = {"vae": settings.vae, "variant": settings.variant, **opts.load_options()}
+    load_kw.update(loras=lora_specs, prompt_weighting=not settings.no_weighting, timestep_spacing=settings.timestep_spacing, embeddings=embeddings)
     if distributed is not None:
         import functools
 
         from gencli.cli.render import report_written
         from gencli.pipelines.diffusion.ray import make_images
 
-        load = functools.partial(load_pipeline, path, vae=settings.vae, variant=settings.variant, loras=lora_specs, prompt_weighting=not settings.no_weighting,
-                                 timestep_spacing=settings.timestep_spacing, embeddings=embeddings, **opts.load_options())
+        load = functools.partial(load_pipeline, path, **load_kw)
         for record in make_images(jobs, load, distributed, report, batch_size=batch_size, force=force, device=opts.device):
             report_written(opts, record)
         return
     with report.progress("loading model"):
-        pipe = load_pipeline(path, vae=settings.vae, variant=settings.variant, loras=lora_specs, prompt_weighting=not settings.no_weighting,
-                             timestep_spacing=settings.timestep_spacing, embeddings=embeddings, **opts.load_options())
+        pipe = load_pipeline(path, **load_kw)
     report.debug(pipe.describe())
     for applied in pipe.loras:
         report.debug(applied.describe())

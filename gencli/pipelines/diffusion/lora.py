@@ -19,7 +19,9 @@ Formats, told apart by the key names:
   :func:`gencli.models.unet.single_file.original_unet_keymap` maps onto it (each inverted name checked
   by mapping it forward again), never by guessing where the underscores were dots.
 - **diffusers / PEFT** (``unet.<path>.lora_A.weight`` / ``lora_B.weight``, ``text_encoder.<path>``,
-  ``text_encoder_2.<path>``; the older ``.lora.down.weight`` / ``.lora.up.weight``).
+  ``text_encoder_2.<path>``; the older ``.lora.down.weight`` / ``.lora.up.weight``), scaled by the
+  ``lora_alpha`` / ``alpha_pattern`` / ``use_rslora`` that diffusers' ``save_lora_weights`` writes in
+  the safetensors metadata (``lora_adapter_metadata``, keys ``unet.lora_alpha`` etc.), else by 1.
 
 Merging: ``W += weight * scale * up @ down`` with ``scale = alpha / rank`` (1 without ``alpha``),
 computed in float32 and rounded once into the layer's dtype, as diffusers' ``fuse_lora`` does.
@@ -267,6 +269,7 @@ class LoraLayer:
     down: Optional["torch.Tensor"] = None
     up: Optional["torch.Tensor"] = None
     alpha: Optional[float] = None
+    rslora: bool = False  # PEFT's rank-stabilised scale alpha / sqrt(rank)
 
 
 def _split_suffix(key: str) -> tuple[str, str]:
@@ -277,8 +280,42 @@ def _split_suffix(key: str) -> tuple[str, str]:
     return key, ""
 
 
-def parse_lora(state: dict[str, "torch.Tensor"], path: Path) -> tuple[str, list[LoraLayer]]:
-    """``(format, layers)`` of a LoRA's tensors: ``kohya`` or ``peft`` (see the module doc)."""
+def peft_metadata(path: Path) -> dict:
+    """The ``lora_adapter_metadata`` diffusers writes into a LoRA's safetensors header ({} if none)."""
+    import json
+
+    if path.suffix != ".safetensors":
+        return {}
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            raw = (f.metadata() or {}).get("lora_adapter_metadata")
+        data = json.loads(raw) if raw else {}
+    except (SafetensorError, OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _apply_peft_alphas(layers: list[LoraLayer], metadata: dict, path: Path) -> None:
+    for layer in layers:
+        if layer.alpha is not None:
+            continue
+        c = layer.component
+        pattern = metadata.get(f"{c}.alpha_pattern") or {}
+        alpha = next((v for k, v in pattern.items() if layer.path == k or layer.path.endswith("." + k)), metadata.get(f"{c}.lora_alpha"))
+        if alpha is None:
+            continue
+        try:
+            layer.alpha = float(alpha)
+        except (TypeError, ValueError):
+            raise CheckpointError(f"LoRA '{path}': its metadata's {c}.lora_alpha {alpha!r} is not a number") from None
+        layer.rslora = bool(metadata.get(f"{c}.use_rslora", False))
+
+
+def parse_lora(state: dict[str, "torch.Tensor"], path: Path, metadata: Optional[dict] = None) -> tuple[str, list[LoraLayer]]:
+    """``(format, layers)`` of a LoRA's tensors: ``kohya`` or ``peft`` (see the module doc);
+    ``metadata``: :func:`peft_metadata`'s."""
     keys = list(state)
     if not keys:
         raise CheckpointError(f"LoRA '{path}' holds no tensors")
@@ -320,6 +357,8 @@ def parse_lora(state: dict[str, "torch.Tensor"], path: Path) -> tuple[str, list[
                 f"LoRA '{path}': '{layer.key}' has a rank mismatch: down {list(layer.down.shape)} (rank {layer.down.shape[0]}) "
                 f"and up {list(layer.up.shape)} (rank {layer.up.shape[1]})"
             )
+    if fmt == "peft" and metadata:
+        _apply_peft_alphas(list(layers.values()), metadata, path)
     return fmt, list(layers.values())
 
 
@@ -447,7 +486,7 @@ def _delta(layer: LoraLayer, module: "nn.Module", path: Path) -> "torch.Tensor":
         )
     if layer.down.ndim == 4 and weight.ndim == 4 and tuple(layer.down.shape[2:]) != tuple(weight.shape[2:]):
         raise CheckpointError(f"LoRA '{path}': '{layer.key}' has {tuple(layer.down.shape[2:])} kernels, the model's layer {tuple(weight.shape[2:])}")
-    scale = (layer.alpha / rank) if layer.alpha is not None else 1.0
+    scale = 1.0 if layer.alpha is None else layer.alpha / (rank**0.5 if layer.rslora else rank)
     return (scale * (up @ down)).reshape(weight.shape)
 
 
@@ -480,7 +519,7 @@ def apply_loras(unet: "nn.Module", encoder: "PromptEncoder", specs: Sequence[Lor
     plans = []
     for spec in specs:
         state = read_lora_file(spec.path, allow_pickle=allow_pickle)
-        fmt, layers = parse_lora(state, spec.path)
+        fmt, layers = parse_lora(state, spec.path, peft_metadata(spec.path))
         _check_base(fmt, layers, targets, spec.path)
         updates = []
         for layer in layers:

@@ -51,7 +51,7 @@ from gencli.models.unet.unet_2d_condition import UNet2DConditionModel
 from gencli.pipelines.diffusion.lora import AppliedLora, LoraSpec, apply_loras, lora_hashes_text, strip_lora_tags
 from gencli.pipelines.diffusion.png_parameters import ImageParameters, files_hash
 from gencli.pipelines.diffusion.prompt_encoding import PromptEmbeddings, PromptEncoder, prompt_encoder_from_pipeline_folder, prompt_encoder_from_single_file
-from gencli.pipelines.diffusion.textual_inversion import EmbeddingSpec, LoadedEmbedding, apply_embeddings, expand_prompt
+from gencli.pipelines.diffusion.textual_inversion import EmbeddingSpec, LoadedEmbedding, apply_embeddings, expand_prompt, ti_hashes_text
 from gencli.pipelines.diffusion.unet_loading import load_unet_from_folder, load_unet_from_reader
 from gencli.pipelines.diffusion.vae import LoadedAutoencoder, images_to_tensor, load_autoencoder, tensor_to_images
 from gencli.schedulers import get_scheduler, resolve_sampler
@@ -414,7 +414,7 @@ class GeneratedImage:
             vae=pipe.vae_override.stem if pipe.vae_override is not None else "", vae_hash=pipe.vae_hash,
             extra={**({"Mask blur": "0"} if self.inpainted else {}), **lora_parameters(pipe.loras), **({} if pipe.prompt_weighting else {"Emphasis": "None"}),
                    **({"Timestep spacing": pipe.timestep_spacing} if pipe.timestep_spacing else {}),
-                   **({"TI": ", ".join(e.spec.token for e in pipe.embeddings)} if pipe.embeddings else {})},
+                   **({"TI hashes": ti_hashes_text(pipe.embeddings)} if pipe.embeddings else {})},
         )  # fmt: skip
 
 

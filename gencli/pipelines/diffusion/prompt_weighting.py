@@ -186,9 +186,7 @@ def empty_chunk(tokenizer) -> PromptChunk:
     return tokenize_chunks(tokenizer, "", weighting=False)[0]
 
 
-def encode_chunks(
-    part: "TextEncoderPart", rows: Sequence[list[PromptChunk]], *, skip: int, final_norm: bool
-) -> tuple["torch.Tensor", "torch.Tensor"]:
+def encode_chunks(part: "TextEncoderPart", rows: Sequence[list[PromptChunk]], *, skip: int, final_norm: bool) -> tuple["torch.Tensor", "torch.Tensor"]:
     """``(hidden (B, 77 * k, D), pooled of the first chunk (B, D'))`` for ``rows`` of ``k`` chunks each."""
     import torch
 

@@ -1,7 +1,7 @@
 """Textual-inversion embeddings: new words whose token embeddings were learned for a concept.
 
 ``--embedding FILE[:TOKEN]`` (repeatable) and ``--embeddings-dir DIR`` (every ``.safetensors`` file
-there whose stem the prompts use). The token is the file's stem unless given. Formats:
+there whose stem the prompts use as a word, ``<lora:...>`` tags aside). The token is the file's stem unless given. Formats:
 
 - A1111's: ``emb_params`` ``(n, D)`` in a ``.safetensors`` file; the older ``.pt`` files
   (``string_to_param: {"*": (n, D)}``) only under ``--allow-pickle``, read with
@@ -20,6 +20,7 @@ or a file that is not an embedding is a one-line error.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Optional, Sequence
@@ -64,11 +65,13 @@ def run_embeddings(
         folder = Path(directory).expanduser()
         if not folder.is_dir():
             raise UserError(f"--embeddings-dir '{folder}' is not a folder")
-        text = "\n".join(p for p in prompts if p)
+        from gencli.pipelines.diffusion.lora import strip_lora_tags
+
+        text = "\n".join(strip_lora_tags(p) for p in prompts if p)
         taken = {s.token for s in specs}
         suffixes = (".safetensors",) + (PICKLE_SUFFIXES if allow_pickle else ())
         for f in sorted(p for p in folder.rglob("*") if p.suffix in suffixes and p.is_file()):
-            if f.stem in text and f.stem not in taken:
+            if f.stem not in taken and re.search(rf"(?<!\w){re.escape(f.stem)}(?!\w)", text):
                 specs.append(EmbeddingSpec(f, f.stem))
                 taken.add(f.stem)
     return specs
@@ -118,6 +121,13 @@ def read_embedding(path: Path, *, allow_pickle: bool = False) -> dict[str, "torc
 class LoadedEmbedding:
     spec: EmbeddingSpec
     vectors: int
+
+    @property
+    def hash(self) -> str:
+        """A1111's short hash of an embedding (its ``TI hashes``): SHA-256 of the file, 12 hex digits."""
+        from gencli.pipelines.diffusion.png_parameters import files_hash
+
+        return files_hash([self.spec.path], length=12)
 
     @property
     def tokens(self) -> list[str]:
@@ -179,6 +189,11 @@ def apply_embeddings(encoder: "PromptEncoder", specs: Sequence[EmbeddingSpec], *
     return loaded
 
 
+def ti_hashes_text(embeddings: Sequence[LoadedEmbedding]) -> str:
+    """A1111's ``TI hashes`` value: ``token: hash, ...``."""
+    return ", ".join(f"{e.spec.token.replace(':', '').replace(',', '')}: {e.hash}" for e in embeddings)
+
+
 def expand_prompt(prompt: str, embeddings: Sequence[LoadedEmbedding]) -> str:
     """A multi-vector embedding's token written out as its ``n`` tokens (diffusers' ``maybe_convert_prompt``)."""
     for e in embeddings:
@@ -187,4 +202,13 @@ def expand_prompt(prompt: str, embeddings: Sequence[LoadedEmbedding]) -> str:
     return prompt
 
 
-__all__ = ["EmbeddingSpec", "LoadedEmbedding", "parse_embedding_option", "run_embeddings", "read_embedding", "apply_embeddings", "expand_prompt"]
+__all__ = [
+    "EmbeddingSpec",
+    "LoadedEmbedding",
+    "parse_embedding_option",
+    "run_embeddings",
+    "read_embedding",
+    "apply_embeddings",
+    "expand_prompt",
+    "ti_hashes_text",
+]
