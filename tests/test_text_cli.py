@@ -152,7 +152,8 @@ def test_bad_checkpoints_exit_2(models, tmp_path):
     cfg["model_type"] = "bert"
     write_json(unknown / "config.json", cfg)
     res = gen("hi", "-m", unknown)
-    assert res.exit_code == 2 and "holds a BertForMaskedLM (a masked-language model), not a text-generation model: run it with gencli fill-mask" in res.stderr, res.stderr
+    expected = "holds a BertForMaskedLM (a masked-language model), not a text-generation model: run it with gencli fill-mask"
+    assert res.exit_code == 2 and expected in res.stderr, res.stderr
 
     no_tok = tmp_path / "no-tokenizer"
     shutil.copytree(models / "gpt2", no_tok)
