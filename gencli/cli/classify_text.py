@@ -10,7 +10,7 @@ from gencli.cli import app
 from gencli.cli.common import DETERMINISTIC_SEED_HELP, RunOptions, command, option
 from gencli.cli.embed import MaxLengthOpt, TextsArg, TextsFileOpt, read_texts
 
-DEFAULT_MODEL = None  # the embedded default (a folder under weights/), when one is shipped
+DEFAULT_MODEL = "bert-shapes-classify"  # the embedded default: names the shape in a shapes-world caption
 
 
 class ScoreFunction(str, enum.Enum):
@@ -57,13 +57,13 @@ def classify_text(
     gives them: softmax over the labels, a sigmoid per label for multi-label heads, the raw value for
     regression. With --json one line per input: {"text", "labels": [{"label", "score"}]} best first
     ("pair" too for a pair); a one-output head (regression, cross-encoder) gives {"text", "score"}.
+    Without --model: bert-shapes-classify, which names the shape a shapes-world caption describes (a
+    demonstration, not a sentiment or topic classifier).
     """
     from gencli.errors import UserError
     from gencli.weights import resolve_model
 
     text_list, pairs = split_pairs(read_texts(texts, texts_file), pair)
-    if opts.model is None and DEFAULT_MODEL is None:
-        raise UserError("no --model given: classify-text has no embedded default yet; pass --model FOLDER (a BERT-family sequence classifier)")
     if top_k is not None and top_k < 1:
         raise UserError("-k must be at least 1")
     from gencli.console import emit_json

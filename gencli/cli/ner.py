@@ -9,7 +9,7 @@ from gencli.cli import app
 from gencli.cli.common import DETERMINISTIC_SEED_HELP, RunOptions, command, option
 from gencli.cli.embed import MaxLengthOpt, TextsArg, TextsFileOpt, read_texts
 
-DEFAULT_MODEL = None  # the embedded default (a folder under weights/), when one is shipped
+DEFAULT_MODEL = "bert-shapes-ner"  # the embedded default: tags shapes-world captions
 
 
 class Aggregation(str, enum.Enum):
@@ -37,14 +37,14 @@ def ner(
     --aggregation: none (one entity per token), simple (adjacent tokens of one type grouped), first,
     average or max (the tokens of a word agree on a label first). With --json one line per text:
     {"text", "entities": [{"entity_group" ("entity" with none), "score", "word", "start", "end"}]},
-    start and end being character offsets into the text; otherwise a table.
+    start and end being character offsets into the text; otherwise a table. Without --model:
+    bert-shapes-ner, which tags the colour, shape, size, position and background words of shapes-world
+    captions (a demonstration, not a general named-entity recogniser).
     """
     from gencli.errors import UserError
     from gencli.weights import resolve_model
 
     text_list = read_texts(texts, texts_file)
-    if opts.model is None and DEFAULT_MODEL is None:
-        raise UserError("no --model given: ner has no embedded default yet; pass --model FOLDER (a BERT-family token classifier)")
     from gencli.console import emit_json
     from gencli.pipelines.encoders.loading import load_encoder
     from gencli.pipelines.encoders.ner import recognize
