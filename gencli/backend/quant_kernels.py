@@ -34,9 +34,10 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-SOURCE = Path(__file__).with_name("csrc") / "quant_gemv.cpp"
-SOURCES = (SOURCE, SOURCE.with_name("decode_attention.cpp"), SOURCE.with_name("decoder_step.cpp"))  # one extension
-HEADERS = (SOURCE.with_name("simd_ops.h"), SOURCE.with_name("kernels.h"))  # included by the sources: part of the build's identity
+CSRC = Path(__file__).with_name("csrc")
+SOURCE = CSRC / "quant_gemv.cpp"
+SOURCES = tuple(sorted(CSRC.glob("*.cpp")))  # one extension
+HEADERS = tuple(sorted([*CSRC.glob("*.h"), *CSRC.glob("*.inc")]))  # included by the sources: part of the build's identity
 ENV_SWITCH = "GENCLI_QUANT_KERNELS"
 ENV_ACTIVATIONS = "GENCLI_QUANT_ACTIVATIONS"
 ACTIVATIONS = ("int8", "fp32")
@@ -118,7 +119,8 @@ def int8_activations() -> bool:
 def cpu_kernels() -> Optional[Any]:
     """The compiled extension (functions ``int8_gemv(x, q, scale, int8_activations=False, bias=None)``,
     ``int4_gemv(x, packed, scale, zero, group_size, int8_activations=False, bias=None)`` with ``x``
-    float32 ``(..., K)``, ``quantize_activations(x)``, ``decode_attention(q, k, v, scale, key_mask=None)``
+    float32 ``(..., K)``, their plain scalar references ``int8_gemv_reference`` / ``int4_gemv_reference``
+    (``csrc/reference.cpp``), ``quantize_activations(x)``, ``decode_attention(q, k, v, scale, key_mask=None)``
     (``csrc/decode_attention.cpp``), ``isa()`` and ``int_isa()``), or None where it cannot be had:
     built once per process."""
     return _build() if enabled() else None

@@ -10,96 +10,55 @@
 // residual -> norm -> MLP (act(fc) or act(gate) * up) -> down product -> residual, with scratch
 // buffers reused from step to step. The products and the attention spread over torch's threads as
 // they do when called from Python; the rest (a few thousand floats a layer) runs on the calling thread.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
-#if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
-#define GENCLI_X86 1
-#endif
-#include "simd_ops.h"
+
+#include "cpu_features.h"
 #include "kernels.h"
+#include "ops.h"
+
+namespace gencli {
+
+GENCLI_TARGET_AVX512
+namespace step_avx512 {
+#include "simd_avx512.inc"
+#include "activations.inc"
+}  // namespace step_avx512
+GENCLI_TARGET_END
+
+GENCLI_TARGET_AVX2
+namespace step_avx2 {
+#include "simd_avx2.inc"
+#include "activations.inc"
+}  // namespace step_avx2
+GENCLI_TARGET_END
 
 namespace {
 
-// The activations of the MLP, vectorised (the tanh of GELU and the sigmoid of SiLU from e^x):
-//   gelu_tanh(x) = x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3))),  tanh(u) = 1 - 2 / (e^(2u) + 1)
-//   silu(g) * u  = g / (1 + e^-g) * u
-#define GENCLI_ACTIVATIONS                                                                      \
-  inline V tanh_v(V u) {                                                                        \
-    const V e = vexp(vmin(add(u, u), set1(88.f)));                                              \
-    return sub(set1(1.f), vdiv(set1(2.f), add(e, set1(1.f))));                                  \
-  }                                                                                             \
-  int64_t gelu_tanh(float* x, int64_t n) {                                                      \
-    int64_t i = 0;                                                                              \
-    for (; i + W <= n; i += W) {                                                                \
-      const V v = load(x + i);                                                                  \
-      const V u = mul(set1(0.7978845608028654f), fma(mul(set1(0.044715f), mul(v, v)), v, v));   \
-      store(x + i, mul(mul(set1(0.5f), v), add(set1(1.f), tanh_v(u))));                         \
-    }                                                                                           \
-    return i;                                                                                   \
-  }                                                                                             \
-  int64_t silu_mul(float* g, const float* u, int64_t n) {                                       \
-    int64_t i = 0;                                                                              \
-    for (; i + W <= n; i += W) {                                                                \
-      const V v = load(g + i);                                                                  \
-      const V e = vexp(vmin(sub(zero(), v), set1(88.f)));                                       \
-      store(g + i, mul(vdiv(v, add(set1(1.f), e)), load(u + i)));                               \
-    }                                                                                           \
-    return i;                                                                                   \
-  }
-
-#ifdef GENCLI_X86
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512dq,fma")
-namespace step_avx512 {
-using V = __m512;
-constexpr int W = 16;
-GENCLI_FLOAT_OPS(_mm512)
-GENCLI_AVX512_EXP
-GENCLI_ACTIVATIONS
-}  // namespace step_avx512
-#pragma GCC pop_options
-
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-namespace step_avx2 {
-using V = __m256;
-constexpr int W = 8;
-GENCLI_FLOAT_OPS(_mm256)
-GENCLI_AVX2_EXP
-GENCLI_ACTIVATIONS
-}  // namespace step_avx2
-#pragma GCC pop_options
-#endif
-
-enum class Act { gelu_tanh, silu, relu };
-
-Act parse_act(const std::string& name) {
-  if (name == "gelu_tanh") return Act::gelu_tanh;
-  if (name == "silu") return Act::silu;
-  if (name == "relu") return Act::relu;
+Activation parse_act(const std::string& name) {
+  if (name == "gelu_tanh") return Activation::gelu_tanh;
+  if (name == "silu") return Activation::silu;
+  if (name == "relu") return Activation::relu;
   TORCH_CHECK(false, "decoder_step: unknown activation '", name, "' (gelu_tanh, silu, relu)");
 }
 
-// x (n) <- act(x) (* up, gated MLPs), in place
-void activate(Act act, float* x, const float* up, int64_t n) {
+// x (n) <- act(x) (* up, gated MLPs), in place: whole vectors by activations.inc, the rest here
+void activate(Activation act, float* x, const float* up, int64_t n) {
   int64_t i = 0;
-  const int lanes = gencli::vector_lanes();
-  if (act == Act::gelu_tanh) {
-#ifdef GENCLI_X86
-    i = lanes == 16 ? step_avx512::gelu_tanh(x, n) : lanes == 8 ? step_avx2::gelu_tanh(x, n) : 0;
-#endif
+  const Isa isa = active_isa();
+  if (act == Activation::gelu_tanh) {
+    i = isa == Isa::avx512 ? step_avx512::gelu_tanh(x, n) : isa == Isa::avx2 ? step_avx2::gelu_tanh(x, n) : 0;
     for (; i < n; ++i) x[i] = 0.5f * x[i] * (1.f + std::tanh(0.7978845608028654f * (x[i] + 0.044715f * x[i] * x[i] * x[i])));
-  } else if (act == Act::silu) {
+  } else if (act == Activation::silu) {
     if (up) {
-#ifdef GENCLI_X86
-      i = lanes == 16 ? step_avx512::silu_mul(x, up, n) : lanes == 8 ? step_avx2::silu_mul(x, up, n) : 0;
-#endif
+      i = isa == Isa::avx512 ? step_avx512::silu_mul(x, up, n) : isa == Isa::avx2 ? step_avx2::silu_mul(x, up, n) : 0;
       for (; i < n; ++i) x[i] = x[i] / (1.f + std::exp(-x[i])) * up[i];
       return;
     }
@@ -107,18 +66,12 @@ void activate(Act act, float* x, const float* up, int64_t n) {
   } else {
     for (; i < n; ++i) x[i] = std::max(x[i], 0.f);
   }
-  if (up && act != Act::silu)
+  if (up && act != Activation::silu)
     for (i = 0; i < n; ++i) x[i] *= up[i];
 }
 
-struct Norm {
-  at::Tensor weight, bias;  // float32 (n,); bias undefined for RMSNorm and bias-free LayerNorm
-  float eps = 1e-5f;
-  bool rms = false;
-};
-
 // out (n) = norm(x (n)), statistics in double (n is a few thousand: no cost worth saving)
-void normalize(const Norm& nm, const float* x, float* out, int64_t n) {
+void normalize(const NormSpec& nm, const float* x, float* out, int64_t n) {
   const float* w = nm.weight.data_ptr<float>();
   if (nm.rms) {
     double ss = 0.0;
@@ -159,199 +112,157 @@ T* buffer(std::vector<T>& b, int64_t n) {
 
 }  // namespace
 
-// The layers of one model, their tensors referenced (not copied, except scales/biases in another dtype).
-class DecoderStack {
- public:
-  DecoderStack(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, const std::string& activation, bool rotary)
-      : hidden_(hidden), H_(heads), Hkv_(kv_heads), D_(head_dim), act_(parse_act(activation)), rotary_(rotary) {
-    TORCH_CHECK(gencli::quantized_kernels_available(), "decoder_step: this CPU has neither AVX-512 nor AVX2");
-    TORCH_CHECK(hidden > 0 && heads > 0 && kv_heads > 0 && head_dim > 0 && heads % kv_heads == 0 && (!rotary || head_dim % 2 == 0),
-                "decoder_step: bad head counts");
+at::Tensor activation(const std::string& name, const at::Tensor& x, const OptionalTensor& up) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu(), "activation: float32 CPU tensors");
+  at::Tensor y = x.contiguous().clone(), u;
+  if (up.has_value() && up->defined()) {
+    u = up->to(at::kFloat).contiguous();
+    TORCH_CHECK(u.numel() == y.numel(), "activation: up must have x's size");
   }
-
-  // linear: (codes, scale, zero or None, group size, bias or None), int8 or packed int4 codes;
-  // norm: (weight, bias or None, eps, rms)
-  void add_layer(const py::tuple& norm1, const std::vector<py::tuple>& attn_in, const py::tuple& o_proj, const py::tuple& norm2,
-                 const std::vector<py::tuple>& mlp_in, const py::tuple& mlp_out, double attn_scale) {
-    Layer l;
-    l.norm1 = norm(norm1);
-    l.norm2 = norm(norm2);
-    for (const auto& t : attn_in) l.attn_in.push_back(linear(t));
-    l.o_proj = linear(o_proj);
-    for (const auto& t : mlp_in) l.mlp_in.push_back(linear(t));
-    l.mlp_out = linear(mlp_out);
-    l.scale = static_cast<float>(attn_scale);
-    const int64_t q = H_ * D_, kv = Hkv_ * D_;
-    if (l.attn_in.size() == 1) {
-      TORCH_CHECK(l.attn_in[0].N == q + 2 * kv, "decoder_step: a fused q/k/v projection must have ", q + 2 * kv, " outputs");
-    } else {
-      TORCH_CHECK(l.attn_in.size() == 3 && l.attn_in[0].N == q && l.attn_in[1].N == kv && l.attn_in[2].N == kv,
-                  "decoder_step: the q, k, v projections do not match the heads");
-    }
-    for (const auto& w : l.attn_in) TORCH_CHECK(w.K == hidden_, "decoder_step: the q/k/v projections must take the hidden size");
-    TORCH_CHECK(l.o_proj.K == q && l.o_proj.N == hidden_, "decoder_step: the output projection does not match");
-    TORCH_CHECK((l.mlp_in.size() == 1 || (l.mlp_in.size() == 2 && l.mlp_in[1].N == l.mlp_in[0].N)) && l.mlp_in[0].K == hidden_,
-                "decoder_step: the MLP takes one input projection or two of one size (gate, up)");
-    TORCH_CHECK(l.mlp_out.K == l.mlp_in[0].N && l.mlp_out.N == hidden_, "decoder_step: the MLP's output projection does not match");
-    layers_.push_back(std::move(l));
-  }
-
-  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
-
-  // x (B, hidden) float32 contiguous, updated in place; keys, values (layers, B, Hkv, capacity, D) float32,
-  // the new position written at `length`; key_mask (B, length + 1) bool or None; cos, sin (B, D) or None
-  void step(at::Tensor x, const at::Tensor& keys, const at::Tensor& values, int64_t length, const c10::optional<at::Tensor>& key_mask,
-            const c10::optional<at::Tensor>& cos, const c10::optional<at::Tensor>& sin, bool int8_activations) {
-    TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.size(1) == hidden_ && x.is_contiguous() && x.device().is_cpu(),
-                "decoder_step: x must be contiguous float32 (B, hidden)");
-    const int64_t B = x.size(0), L = length + 1, nl = num_layers();
-    for (const at::Tensor* c : {&keys, &values})
-      TORCH_CHECK(c->scalar_type() == at::kFloat && c->dim() == 5 && c->size(0) == nl && c->size(1) == B && c->size(2) == Hkv_ &&
-                      c->size(4) == D_ && c->stride(4) == 1 && c->device().is_cpu(),
-                  "decoder_step: the cache must be float32 (layers, B, kv heads, capacity, head dim)");
-    TORCH_CHECK(length >= 0 && L <= keys.size(3) && L <= values.size(3), "decoder_step: KV cache overflow: ", L, " positions needed, capacity ",
-                keys.size(3));
-    at::Tensor mask;
-    const bool* mp = gencli::key_mask_flags(key_mask, B, L, mask, "decoder_step");
-    const float *cp = nullptr, *sp = nullptr;
-    at::Tensor ct, st;
-    if (rotary_) {
-      TORCH_CHECK(cos.has_value() && sin.has_value(), "decoder_step: this stack rotates queries and keys: cos and sin needed");
-      ct = cos->to(at::kFloat).contiguous();
-      st = sin->to(at::kFloat).contiguous();
-      TORCH_CHECK(ct.numel() == B * D_ && st.numel() == B * D_, "decoder_step: cos and sin must be (B, head dim)");
-      cp = ct.data_ptr<float>();
-      sp = st.data_ptr<float>();
-    }
-    const int64_t q_n = H_ * D_, kv_n = Hkv_ * D_;
-    thread_local std::vector<float> h_buf, qkv_buf, att_buf, proj_buf, mid_buf;
-    float* xp = x.data_ptr<float>();
-    float* h = buffer(h_buf, B * hidden_);
-    float* qkv = buffer(qkv_buf, B * (q_n + 2 * kv_n));
-    float* att = buffer(att_buf, B * q_n);
-    float* proj = buffer(proj_buf, B * hidden_);
-    float* keys_p = keys.data_ptr<float>();
-    float* values_p = values.data_ptr<float>();
-    for (int64_t li = 0; li < nl; ++li) {
-      const Layer& l = layers_[li];
-      float* mid = buffer(mid_buf, B * l.mlp_in[0].N * static_cast<int64_t>(l.mlp_in.size()));
-      for (int64_t b = 0; b < B; ++b) normalize(l.norm1, xp + b * hidden_, h + b * hidden_, hidden_);
-      // q, k, v: rows of q_n + 2 kv_n (one fused weight) or three blocks of B rows each
-      float *q, *k, *v;
-      int64_t q_s, k_s, v_s;  // row strides
-      if (l.attn_in.size() == 1) {
-        float* outs[1] = {qkv};
-        gencli::quantized_products(h, B, hidden_, l.attn_in.data(), outs, 1, int8_activations);
-        q = qkv, k = qkv + q_n, v = qkv + q_n + kv_n;
-        q_s = k_s = v_s = q_n + 2 * kv_n;
-      } else {
-        q = qkv, k = qkv + B * q_n, v = k + B * kv_n;
-        float* outs[3] = {q, k, v};
-        gencli::quantized_products(h, B, hidden_, l.attn_in.data(), outs, 3, int8_activations);
-        q_s = q_n, k_s = v_s = kv_n;
-      }
-      const int64_t cb = keys.stride(1), ch = keys.stride(2), cl = keys.stride(3);
-      const int64_t vb = values.stride(1), vh = values.stride(2), vl = values.stride(3);
-      float* kc = keys_p + li * keys.stride(0);
-      float* vc = values_p + li * values.stride(0);
-      for (int64_t b = 0; b < B; ++b) {
-        if (rotary_) {
-          rotate(q + b * q_s, H_, D_, cp + b * D_, sp + b * D_);
-          rotate(k + b * k_s, Hkv_, D_, cp + b * D_, sp + b * D_);
-        }
-        for (int64_t g = 0; g < Hkv_; ++g) {
-          std::copy(k + b * k_s + g * D_, k + b * k_s + (g + 1) * D_, kc + b * cb + g * ch + length * cl);
-          std::copy(v + b * v_s + g * D_, v + b * v_s + (g + 1) * D_, vc + b * vb + g * vh + length * vl);
-        }
-      }
-      gencli::attend_one_query({q, q_s, D_, 0}, {kc, cb, ch, cl}, {vc, vb, vh, vl}, mp, B, H_, Hkv_, L, D_, l.scale, att);
-      {
-        float* outs[1] = {proj};
-        gencli::quantized_products(att, B, q_n, &l.o_proj, outs, 1, int8_activations);
-      }
-      for (int64_t i = 0; i < B * hidden_; ++i) xp[i] += proj[i];
-      for (int64_t b = 0; b < B; ++b) normalize(l.norm2, xp + b * hidden_, h + b * hidden_, hidden_);
-      const int64_t n_mid = l.mlp_in[0].N;
-      if (l.mlp_in.size() == 1) {
-        float* outs[1] = {mid};
-        gencli::quantized_products(h, B, hidden_, l.mlp_in.data(), outs, 1, int8_activations);
-        activate(act_, mid, nullptr, B * n_mid);
-      } else {
-        float* outs[2] = {mid, mid + B * n_mid};
-        gencli::quantized_products(h, B, hidden_, l.mlp_in.data(), outs, 2, int8_activations);
-        activate(act_, mid, mid + B * n_mid, B * n_mid);
-      }
-      {
-        float* outs[1] = {proj};
-        gencli::quantized_products(mid, B, n_mid, &l.mlp_out, outs, 1, int8_activations);
-      }
-      for (int64_t i = 0; i < B * hidden_; ++i) xp[i] += proj[i];
-    }
-  }
-
- private:
-  struct Layer {
-    Norm norm1, norm2;
-    std::vector<gencli::QuantWeight> attn_in, mlp_in;
-    gencli::QuantWeight o_proj, mlp_out;
-    float scale = 1.f;
-  };
-
-  Norm norm(const py::tuple& t) {
-    TORCH_CHECK(t.size() == 4, "decoder_step: a norm is (weight, bias or None, eps, rms)");
-    Norm n;
-    n.weight = t[0].cast<at::Tensor>().to(at::kFloat).contiguous();
-    TORCH_CHECK(n.weight.numel() == hidden_ && n.weight.device().is_cpu(), "decoder_step: a norm's weight must have the hidden size");
-    if (!t[1].is_none()) {
-      n.bias = t[1].cast<at::Tensor>().to(at::kFloat).contiguous();
-      TORCH_CHECK(n.bias.numel() == hidden_, "decoder_step: a norm's bias must have the hidden size");
-    }
-    n.eps = static_cast<float>(t[2].cast<double>());
-    n.rms = t[3].cast<bool>();
-    keep_.push_back(n.weight);
-    return n;
-  }
-
-  gencli::QuantWeight linear(const py::tuple& t) {
-    TORCH_CHECK(t.size() == 5, "decoder_step: a linear layer is (codes, scale, zero or None, group size, bias or None)");
-    const at::Tensor codes = t[0].cast<at::Tensor>();
-    const bool int4 = codes.scalar_type() == at::kByte;
-    const at::Tensor zero = t[2].is_none() ? at::Tensor() : t[2].cast<at::Tensor>();
-    const at::Tensor bias = t[4].is_none() ? at::Tensor() : t[4].cast<at::Tensor>();
-    TORCH_CHECK(!int4 || zero.defined(), "decoder_step: int4 codes need zero points");
-    keep_.push_back(codes);
-    return gencli::quant_weight(int4, codes, t[1].cast<at::Tensor>(), zero, t[3].cast<int64_t>(), bias, keep_);
-  }
-
-  int64_t hidden_, H_, Hkv_, D_;
-  Act act_;
-  bool rotary_;
-  std::vector<Layer> layers_;
-  std::vector<at::Tensor> keep_;  // every tensor the layers point into
-};
-
-void register_decoder_step(py::module& m) {
-  py::class_<DecoderStack>(m, "DecoderStack",
-                           "Pre-norm decoder layers with quantized projections, one decoding step in one call (csrc/decoder_step.cpp)")
-      .def(py::init<int64_t, int64_t, int64_t, int64_t, const std::string&, bool>(), py::arg("hidden"), py::arg("heads"), py::arg("kv_heads"),
-           py::arg("head_dim"), py::arg("activation"), py::arg("rotary"))
-      .def("add_layer", &DecoderStack::add_layer, py::arg("norm1"), py::arg("attn_in"), py::arg("o_proj"), py::arg("norm2"), py::arg("mlp_in"),
-           py::arg("mlp_out"), py::arg("attn_scale"))
-      .def("step", &DecoderStack::step, py::arg("x"), py::arg("keys"), py::arg("values"), py::arg("length"), py::arg("key_mask") = py::none(),
-           py::arg("cos") = py::none(), py::arg("sin") = py::none(), py::arg("int8_activations") = true)
-      .def_property_readonly("num_layers", &DecoderStack::num_layers);
-  m.def(
-      "activation",
-      [](const std::string& name, const at::Tensor& x, const c10::optional<at::Tensor>& up) {
-        TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu(), "activation: float32 CPU tensors");
-        at::Tensor y = x.contiguous().clone(), u;
-        if (up.has_value() && up->defined()) {
-          u = up->to(at::kFloat).contiguous();
-          TORCH_CHECK(u.numel() == y.numel(), "activation: up must have x's size");
-        }
-        activate(parse_act(name), y.data_ptr<float>(), u.defined() ? u.data_ptr<float>() : nullptr, y.numel());
-        return y;
-      },
-      "act(x) (* up): the decoder step's activations ('gelu_tanh', 'silu', 'relu'), for the tests", py::arg("name"), py::arg("x"),
-      py::arg("up") = py::none());
+  activate(parse_act(name), y.data_ptr<float>(), u.defined() ? u.data_ptr<float>() : nullptr, y.numel());
+  return y;
 }
+
+DecoderStack::DecoderStack(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, const std::string& activation, bool rotary)
+    : hidden_(hidden), H_(heads), Hkv_(kv_heads), D_(head_dim), act_(parse_act(activation)), rotary_(rotary) {
+  TORCH_CHECK(active_isa() != Isa::none, "decoder_step: this CPU has neither AVX-512 nor AVX2");
+  TORCH_CHECK(hidden > 0 && heads > 0 && kv_heads > 0 && head_dim > 0 && heads % kv_heads == 0 && (!rotary || head_dim % 2 == 0),
+              "decoder_step: bad head counts");
+}
+
+void DecoderStack::add_layer(const NormSpec& norm1, const std::vector<LinearSpec>& attn_in, const LinearSpec& o_proj, const NormSpec& norm2,
+                             const std::vector<LinearSpec>& mlp_in, const LinearSpec& mlp_out, double attn_scale) {
+  Layer l;
+  l.norm1 = norm(norm1);
+  l.norm2 = norm(norm2);
+  for (const auto& t : attn_in) l.attn_in.push_back(linear(t));
+  l.o_proj = linear(o_proj);
+  for (const auto& t : mlp_in) l.mlp_in.push_back(linear(t));
+  l.mlp_out = linear(mlp_out);
+  l.scale = static_cast<float>(attn_scale);
+  const int64_t q = H_ * D_, kv = Hkv_ * D_;
+  if (l.attn_in.size() == 1) {
+    TORCH_CHECK(l.attn_in[0].N == q + 2 * kv, "decoder_step: a fused q/k/v projection must have ", q + 2 * kv, " outputs");
+  } else {
+    TORCH_CHECK(l.attn_in.size() == 3 && l.attn_in[0].N == q && l.attn_in[1].N == kv && l.attn_in[2].N == kv,
+                "decoder_step: the q, k, v projections do not match the heads");
+  }
+  for (const auto& w : l.attn_in) TORCH_CHECK(w.K == hidden_, "decoder_step: the q/k/v projections must take the hidden size");
+  TORCH_CHECK(l.o_proj.K == q && l.o_proj.N == hidden_, "decoder_step: the output projection does not match");
+  TORCH_CHECK((l.mlp_in.size() == 1 || (l.mlp_in.size() == 2 && l.mlp_in[1].N == l.mlp_in[0].N)) && l.mlp_in[0].K == hidden_,
+              "decoder_step: the MLP takes one input projection or two of one size (gate, up)");
+  TORCH_CHECK(l.mlp_out.K == l.mlp_in[0].N && l.mlp_out.N == hidden_, "decoder_step: the MLP's output projection does not match");
+  layers_.push_back(std::move(l));
+}
+
+void DecoderStack::step(at::Tensor x, const at::Tensor& keys, const at::Tensor& values, int64_t length, const OptionalTensor& key_mask,
+                        const OptionalTensor& cos, const OptionalTensor& sin, bool int8_activations) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.size(1) == hidden_ && x.is_contiguous() && x.device().is_cpu(),
+              "decoder_step: x must be contiguous float32 (B, hidden)");
+  const int64_t B = x.size(0), L = length + 1, nl = num_layers();
+  for (const at::Tensor* c : {&keys, &values})
+    TORCH_CHECK(c->scalar_type() == at::kFloat && c->dim() == 5 && c->size(0) == nl && c->size(1) == B && c->size(2) == Hkv_ &&
+                    c->size(4) == D_ && c->stride(4) == 1 && c->device().is_cpu(),
+                "decoder_step: the cache must be float32 (layers, B, kv heads, capacity, head dim)");
+  TORCH_CHECK(length >= 0 && L <= keys.size(3) && L <= values.size(3), "decoder_step: KV cache overflow: ", L, " positions needed, capacity ",
+              keys.size(3));
+  at::Tensor mask;
+  const bool* mp = key_mask_flags(key_mask, B, L, mask, "decoder_step");
+  const float *cp = nullptr, *sp = nullptr;
+  at::Tensor ct, st;
+  if (rotary_) {
+    TORCH_CHECK(cos.has_value() && sin.has_value(), "decoder_step: this stack rotates queries and keys: cos and sin needed");
+    ct = cos->to(at::kFloat).contiguous();
+    st = sin->to(at::kFloat).contiguous();
+    TORCH_CHECK(ct.numel() == B * D_ && st.numel() == B * D_, "decoder_step: cos and sin must be (B, head dim)");
+    cp = ct.data_ptr<float>();
+    sp = st.data_ptr<float>();
+  }
+  const int64_t q_n = H_ * D_, kv_n = Hkv_ * D_;
+  thread_local std::vector<float> h_buf, qkv_buf, att_buf, proj_buf, mid_buf;
+  float* xp = x.data_ptr<float>();
+  float* h = buffer(h_buf, B * hidden_);
+  float* qkv = buffer(qkv_buf, B * (q_n + 2 * kv_n));
+  float* att = buffer(att_buf, B * q_n);
+  float* proj = buffer(proj_buf, B * hidden_);
+  float* keys_p = keys.data_ptr<float>();
+  float* values_p = values.data_ptr<float>();
+  for (int64_t li = 0; li < nl; ++li) {
+    const Layer& l = layers_[li];
+    float* mid = buffer(mid_buf, B * l.mlp_in[0].N * static_cast<int64_t>(l.mlp_in.size()));
+    for (int64_t b = 0; b < B; ++b) normalize(l.norm1, xp + b * hidden_, h + b * hidden_, hidden_);
+    // q, k, v: rows of q_n + 2 kv_n (one fused weight) or three blocks of B rows each
+    float *q, *k, *v;
+    int64_t q_s, k_s, v_s;  // row strides
+    if (l.attn_in.size() == 1) {
+      float* outs[1] = {qkv};
+      quantized_products(h, B, hidden_, l.attn_in.data(), outs, 1, int8_activations);
+      q = qkv, k = qkv + q_n, v = qkv + q_n + kv_n;
+      q_s = k_s = v_s = q_n + 2 * kv_n;
+    } else {
+      q = qkv, k = qkv + B * q_n, v = k + B * kv_n;
+      float* outs[3] = {q, k, v};
+      quantized_products(h, B, hidden_, l.attn_in.data(), outs, 3, int8_activations);
+      q_s = q_n, k_s = v_s = kv_n;
+    }
+    const int64_t cb = keys.stride(1), ch = keys.stride(2), cl = keys.stride(3);
+    const int64_t vb = values.stride(1), vh = values.stride(2), vl = values.stride(3);
+    float* kc = keys_p + li * keys.stride(0);
+    float* vc = values_p + li * values.stride(0);
+    for (int64_t b = 0; b < B; ++b) {
+      if (rotary_) {
+        rotate(q + b * q_s, H_, D_, cp + b * D_, sp + b * D_);
+        rotate(k + b * k_s, Hkv_, D_, cp + b * D_, sp + b * D_);
+      }
+      for (int64_t g = 0; g < Hkv_; ++g) {
+        std::copy(k + b * k_s + g * D_, k + b * k_s + (g + 1) * D_, kc + b * cb + g * ch + length * cl);
+        std::copy(v + b * v_s + g * D_, v + b * v_s + (g + 1) * D_, vc + b * vb + g * vh + length * vl);
+      }
+    }
+    attend_one_query({q, q_s, D_, 0}, {kc, cb, ch, cl}, {vc, vb, vh, vl}, mp, B, H_, Hkv_, L, D_, l.scale, att);
+    {
+      float* outs[1] = {proj};
+      quantized_products(att, B, q_n, &l.o_proj, outs, 1, int8_activations);
+    }
+    for (int64_t i = 0; i < B * hidden_; ++i) xp[i] += proj[i];
+    for (int64_t b = 0; b < B; ++b) normalize(l.norm2, xp + b * hidden_, h + b * hidden_, hidden_);
+    const int64_t n_mid = l.mlp_in[0].N;
+    if (l.mlp_in.size() == 1) {
+      float* outs[1] = {mid};
+      quantized_products(h, B, hidden_, l.mlp_in.data(), outs, 1, int8_activations);
+      activate(act_, mid, nullptr, B * n_mid);
+    } else {
+      float* outs[2] = {mid, mid + B * n_mid};
+      quantized_products(h, B, hidden_, l.mlp_in.data(), outs, 2, int8_activations);
+      activate(act_, mid, mid + B * n_mid, B * n_mid);
+    }
+    {
+      float* outs[1] = {proj};
+      quantized_products(mid, B, n_mid, &l.mlp_out, outs, 1, int8_activations);
+    }
+    for (int64_t i = 0; i < B * hidden_; ++i) xp[i] += proj[i];
+  }
+}
+
+NormSpec DecoderStack::norm(const NormSpec& spec) {
+  NormSpec n;
+  n.weight = spec.weight.to(at::kFloat).contiguous();
+  TORCH_CHECK(n.weight.numel() == hidden_ && n.weight.device().is_cpu(), "decoder_step: a norm's weight must have the hidden size");
+  if (spec.bias.defined()) {
+    n.bias = spec.bias.to(at::kFloat).contiguous();
+    TORCH_CHECK(n.bias.numel() == hidden_, "decoder_step: a norm's bias must have the hidden size");
+  }
+  n.eps = spec.eps;
+  n.rms = spec.rms;
+  keep_.push_back(n.weight);
+  return n;
+}
+
+QuantWeight DecoderStack::linear(const LinearSpec& spec) {
+  const bool int4 = spec.codes.scalar_type() == at::kByte;
+  TORCH_CHECK(!int4 || spec.zero.defined(), "decoder_step: int4 codes need zero points");
+  keep_.push_back(spec.codes);
+  return quant_weight(int4, spec.codes, spec.scale, spec.zero, spec.group_size, spec.bias, keep_);
+}
+
+}  // namespace gencli

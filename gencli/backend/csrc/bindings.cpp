@@ -1,0 +1,125 @@
+// The extension's Python bindings (pybind11): the products and their plain references, the activation
+// quantization, the decode attention, the fused decoding step and the choice of instruction set. The
+// work is done in the other files (ops.h); here the arguments are converted and documented.
+#include <torch/extension.h>
+
+#include <string>
+#include <vector>
+
+#include "cpu_features.h"
+#include "ops.h"
+
+namespace {
+
+using gencli::LinearSpec;
+using gencli::NormSpec;
+
+// (weight, bias or None, eps, rms)
+NormSpec norm_spec(const py::tuple& t) {
+  TORCH_CHECK(t.size() == 4, "decoder_step: a norm is (weight, bias or None, eps, rms)");
+  NormSpec n;
+  n.weight = t[0].cast<at::Tensor>();
+  if (!t[1].is_none()) n.bias = t[1].cast<at::Tensor>();
+  n.eps = static_cast<float>(t[2].cast<double>());
+  n.rms = t[3].cast<bool>();
+  return n;
+}
+
+// (codes, scale, zero or None, group size, bias or None)
+LinearSpec linear_spec(const py::tuple& t) {
+  TORCH_CHECK(t.size() == 5, "decoder_step: a linear layer is (codes, scale, zero or None, group size, bias or None)");
+  LinearSpec l;
+  l.codes = t[0].cast<at::Tensor>();
+  l.scale = t[1].cast<at::Tensor>();
+  if (!t[2].is_none()) l.zero = t[2].cast<at::Tensor>();
+  l.group_size = t[3].cast<int64_t>();
+  if (!t[4].is_none()) l.bias = t[4].cast<at::Tensor>();
+  return l;
+}
+
+std::vector<LinearSpec> linear_specs(const std::vector<py::tuple>& ts) {
+  std::vector<LinearSpec> specs;
+  for (const auto& t : ts) specs.push_back(linear_spec(t));
+  return specs;
+}
+
+void add_layer(gencli::DecoderStack& stack, const py::tuple& norm1, const std::vector<py::tuple>& attn_in, const py::tuple& o_proj,
+               const py::tuple& norm2, const std::vector<py::tuple>& mlp_in, const py::tuple& mlp_out, double attn_scale) {
+  stack.add_layer(norm_spec(norm1), linear_specs(attn_in), linear_spec(o_proj), norm_spec(norm2), linear_specs(mlp_in), linear_spec(mlp_out),
+                  attn_scale);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using gencli::OptionalTensor;
+
+  m.def(
+      "int8_gemv",
+      [](const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale, bool int8_activations, const OptionalTensor& bias) {
+        return gencli::int8_gemv(x, q, scale, int8_activations, bias);
+      },
+      "x (..., K) f32 @ (q int8 (N, K) * scale bf16 (N,)).T (+ bias f32 (N,))", py::arg("x"), py::arg("q"), py::arg("scale"),
+      py::arg("int8_activations") = false, py::arg("bias") = py::none());
+  m.def(
+      "int4_gemv",
+      [](const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& zero, int64_t G, bool int8_activations,
+         const OptionalTensor& bias) { return gencli::int4_gemv(x, packed, scale, zero, G, int8_activations, bias); },
+      "x (..., K) f32 @ ((q - 8) * scale + zero).T (+ bias), q packed (N, K/2), groups of G", py::arg("x"), py::arg("packed"),
+      py::arg("scale"), py::arg("zero"), py::arg("group_size"), py::arg("int8_activations") = false, py::arg("bias") = py::none());
+  m.def(
+      "int8_gemv_many",
+      [](const at::Tensor& x, const std::vector<at::Tensor>& qs, const std::vector<at::Tensor>& scales, bool int8_activations,
+         const std::vector<OptionalTensor>& biases) { return gencli::int8_gemv_many(x, qs, scales, int8_activations, biases); },
+      "[x @ (q_i * scale_i).T (+ bias_i)] for several int8 weights and one x (quantized once)", py::arg("x"), py::arg("qs"),
+      py::arg("scales"), py::arg("int8_activations"), py::arg("biases"));
+  m.def(
+      "int4_gemv_many",
+      [](const at::Tensor& x, const std::vector<at::Tensor>& packed, const std::vector<at::Tensor>& scales, const std::vector<at::Tensor>& zeros,
+         int64_t G, bool int8_activations, const std::vector<OptionalTensor>& biases) {
+        return gencli::int4_gemv_many(x, packed, scales, zeros, G, int8_activations, biases);
+      },
+      "[x @ ((q_i - 8) * scale_i + zero_i).T (+ bias_i)] for several int4 weights and one x", py::arg("x"), py::arg("packed"),
+      py::arg("scales"), py::arg("zeros"), py::arg("group_size"), py::arg("int8_activations"), py::arg("biases"));
+  m.def(
+      "int8_gemv_reference",
+      [](const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale, bool int8_activations, const OptionalTensor& bias) {
+        return gencli::int8_gemv(x, q, scale, int8_activations, bias, /*reference=*/true);
+      },
+      "int8_gemv by the plain scalar kernels (csrc/reference.cpp), for the tests", py::arg("x"), py::arg("q"), py::arg("scale"),
+      py::arg("int8_activations") = false, py::arg("bias") = py::none());
+  m.def(
+      "int4_gemv_reference",
+      [](const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& zero, int64_t G, bool int8_activations,
+         const OptionalTensor& bias) { return gencli::int4_gemv(x, packed, scale, zero, G, int8_activations, bias, /*reference=*/true); },
+      "int4_gemv by the plain scalar kernels (csrc/reference.cpp), for the tests", py::arg("x"), py::arg("packed"), py::arg("scale"),
+      py::arg("zero"), py::arg("group_size"), py::arg("int8_activations") = false, py::arg("bias") = py::none());
+  m.def(
+      "quantize_activations", [](const at::Tensor& x) { return gencli::quantize_activations(x); },
+      "x (M, K) f32 -> (codes int8 (M, K), scales f32 (M, K/32)): the int8 activations the integer kernels use", py::arg("x"));
+
+  m.def("decode_attention", &gencli::decode_attention,
+        "softmax(q k^T * scale) v for one query position: q (B, H, 1, D), k, v (B, Hkv, L, D) float32, key_mask (B, L) bool", py::arg("q"),
+        py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("key_mask") = py::none());
+
+  py::class_<gencli::DecoderStack>(m, "DecoderStack",
+                                   "Pre-norm decoder layers with quantized projections, one decoding step in one call (csrc/decoder_step.cpp)")
+      .def(py::init<int64_t, int64_t, int64_t, int64_t, const std::string&, bool>(), py::arg("hidden"), py::arg("heads"), py::arg("kv_heads"),
+           py::arg("head_dim"), py::arg("activation"), py::arg("rotary"))
+      .def("add_layer", &add_layer, "linear: (codes, scale, zero or None, group size, bias or None); norm: (weight, bias or None, eps, rms)",
+           py::arg("norm1"), py::arg("attn_in"), py::arg("o_proj"), py::arg("norm2"), py::arg("mlp_in"), py::arg("mlp_out"), py::arg("attn_scale"))
+      .def("step", &gencli::DecoderStack::step, py::arg("x"), py::arg("keys"), py::arg("values"), py::arg("length"), py::arg("key_mask") = py::none(),
+           py::arg("cos") = py::none(), py::arg("sin") = py::none(), py::arg("int8_activations") = true)
+      .def_property_readonly("num_layers", &gencli::DecoderStack::num_layers);
+  m.def("activation", &gencli::activation, "act(x) (* up): the decoder step's activations ('gelu_tanh', 'silu', 'relu'), for the tests",
+        py::arg("name"), py::arg("x"), py::arg("up") = py::none());
+
+  m.def("isa", []() { return gencli::isa_name(gencli::active_isa()); }, "the vector instruction set the kernels use ('' when none)");
+  m.def(
+      "int_isa", []() -> std::string { return gencli::active_isa() == gencli::Isa::none ? "" : gencli::use_vnni() ? "avx512vnni" : "avx2"; },
+      "the instruction set of the int8-activation kernels ('' when none)");
+  m.def(
+      "use_isa", [](const std::string& name) { return gencli::set_active_isa(gencli::isa_named(name)); },
+      "use 'avx512' or 'avx2' from now on (False, and no change, when the CPU lacks it)");
+  m.def("use_attention_isa", &gencli::use_attention_isa, "decode_attention: use 'avx512', 'avx2' or 'scalar' from now on (False beyond the CPU)");
+}

@@ -1,0 +1,101 @@
+// The tensor-level operations bindings.cpp exposes to Python: the products (quant_gemv.cpp), the decode
+// attention (decode_attention.cpp) and the fused decoding step (decoder_step.cpp), their inputs checked.
+#pragma once
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "kernels.h"
+
+namespace gencli {
+
+using OptionalTensor = c10::optional<at::Tensor>;
+
+// The weight of a layer's tensors, checked: codes (N, K) int8 or (N, K/2) packed uint8; scale (and zero)
+// and bias (or undefined) in any floating dtype, converted to bf16 / fp32 where they are not (the converted
+// copies appended to keep, which must outlive the weight).
+QuantWeight quant_weight(bool int4, const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& zero, int64_t G,
+                         const at::Tensor& bias, std::vector<at::Tensor>& keep);
+
+// x (..., K) float32, any layout, times each weight: the list of (..., N_i) results. int8 activations where
+// asked and the shape allows (int8_activations_apply), else fp32; reference: the plain kernels of
+// reference.cpp instead of the vector ones.
+std::vector<at::Tensor> int8_gemv_many(const at::Tensor& x, const std::vector<at::Tensor>& qs, const std::vector<at::Tensor>& scales,
+                                       bool int8_activations, const std::vector<OptionalTensor>& biases, bool reference = false);
+std::vector<at::Tensor> int4_gemv_many(const at::Tensor& x, const std::vector<at::Tensor>& packed, const std::vector<at::Tensor>& scales,
+                                       const std::vector<at::Tensor>& zeros, int64_t G, bool int8_activations,
+                                       const std::vector<OptionalTensor>& biases, bool reference = false);
+at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale, bool int8_activations, const OptionalTensor& bias,
+                     bool reference = false);
+at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& zero, int64_t G,
+                     bool int8_activations, const OptionalTensor& bias, bool reference = false);
+// x (M, K) float32 contiguous, K a multiple of kActBlock: (codes int8 (M, K), scales float32 (M, K / kActBlock))
+std::tuple<at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x);
+
+// key_mask (B, L) bool, or none: its flags (the contiguous tensor kept in keep), or null; who names the caller
+const bool* key_mask_flags(const OptionalTensor& key_mask, int64_t B, int64_t L, at::Tensor& keep, const char* who);
+// q (B, H, 1, D), k and v (B, Hkv, L, D) float32, the last dimension contiguous: (B, H, 1, D)
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, const OptionalTensor& key_mask);
+// the decode attention's code path from now on: "avx512", "avx2" or "scalar" (false, and no change, beyond the CPU)
+bool use_attention_isa(const std::string& name);
+
+// the MLP activations of the decoder step
+enum class Activation { gelu_tanh, silu, relu };
+
+// act(x) (* up): the decoder step's activations ("gelu_tanh", "silu", "relu") on a copy of x
+at::Tensor activation(const std::string& name, const at::Tensor& x, const OptionalTensor& up);
+
+// A layer's parts as the decoder step takes them: a norm (LayerNorm, or RMSNorm where rms; bias
+// undefined where none) and a quantized linear layer (int8 or packed int4 codes; zero undefined for int8,
+// bias undefined where none).
+struct NormSpec {
+  at::Tensor weight, bias;
+  float eps = 1e-5f;
+  bool rms = false;
+};
+struct LinearSpec {
+  at::Tensor codes, scale, zero;
+  int64_t group_size = -1;
+  at::Tensor bias;
+};
+
+// Pre-norm decoder layers (GPT-2, Llama, Mistral, Qwen2) with quantized projections: one decoding step of
+// all of them in one call. The layers' tensors are referenced, not copied (except scales and biases in
+// another dtype).
+class DecoderStack {
+ public:
+  DecoderStack(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, const std::string& activation, bool rotary);
+
+  // attn_in: one fused q/k/v projection or three; mlp_in: one input projection or two (gate, up)
+  void add_layer(const NormSpec& norm1, const std::vector<LinearSpec>& attn_in, const LinearSpec& o_proj, const NormSpec& norm2,
+                 const std::vector<LinearSpec>& mlp_in, const LinearSpec& mlp_out, double attn_scale);
+
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+
+  // x (B, hidden) float32 contiguous, updated in place; keys, values (layers, B, Hkv, capacity, D) float32,
+  // the new position written at `length`; key_mask (B, length + 1) bool or None; cos, sin (B, D) or None
+  void step(at::Tensor x, const at::Tensor& keys, const at::Tensor& values, int64_t length, const OptionalTensor& key_mask,
+            const OptionalTensor& cos, const OptionalTensor& sin, bool int8_activations);
+
+ private:
+  struct Layer {
+    NormSpec norm1, norm2;  // weight and bias float32 contiguous
+    std::vector<QuantWeight> attn_in, mlp_in;
+    QuantWeight o_proj, mlp_out;
+    float scale = 1.f;
+  };
+
+  NormSpec norm(const NormSpec& spec);
+  QuantWeight linear(const LinearSpec& spec);
+
+  int64_t hidden_, H_, Hkv_, D_;
+  Activation act_;
+  bool rotary_;
+  std::vector<Layer> layers_;
+  std::vector<at::Tensor> keep_;  // every tensor the layers point into
+};
+
+}  // namespace gencli
