@@ -32,7 +32,7 @@ ROWS = (("64x64, one object", 64, 0.0), ("64x64, two objects", 64, 1.0), ("96x96
 
 
 # the floor tests/test_segment_quality.py holds the embedded default to (mean IoU on 40 scenes)
-MIOU_FLOOR = 0.5
+MIOU_FLOOR = 0.9
 
 
 def scenes(n: int, size: int, two: float, offset: int, split: str = "test"):

@@ -12,7 +12,7 @@ and cosine decay; ``--time-budget`` re-plans the steps so the run ends in time.
 
 Resumable: the state goes to ``--out``/state.pt every ``--ckpt-every`` steps (atomically); run the
 same command again to continue. ``--export DIR`` writes the model folder (config.json,
-model.safetensors in fp16, preprocessor_config.json).
+model.safetensors in fp16, preprocessor_config.json: images larger than 96 px on the shorter side resized down to it, [-1, 1]).
 
     python scripts/train_segmenter.py --data-workers 1 --time-budget 4000 --export weights/unet-shapes
 """
@@ -37,7 +37,13 @@ from gencli.training import StepBudget, parse_training_args, prefetched, resume,
 
 PREPROCESSOR = {
     "image_processor_type": "ViTImageProcessor",
-    "do_resize": False,
+    # images whose shorter side exceeds 96 px, the largest size seen in training, are resized down to
+    # it (the class map is resized back to the image): larger objects outgrow what the U-Net learnt;
+    # smaller images run at their own size ("only_shrink", read by gencli's segmentation pipeline)
+    "do_resize": True,
+    "size": {"shortest_edge": 96},
+    "only_shrink": True,
+    "resample": 2,
     "do_center_crop": False,
     "do_rescale": True,
     "rescale_factor": 1 / 255,

@@ -122,8 +122,26 @@ def test_overlay_and_output_usage_errors(seg_dir, images, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_no_model_names_the_option(images):
-    one_error_line(invoke(images / "img0.png"), "--model")
+def test_the_embedded_default_names_the_shapes(tmp_path):
+    from gencli.data import shapes
+    from gencli.weights import weights_dir
+
+    if not (weights_dir() / "unet-shapes" / "model.safetensors").is_file():
+        pytest.skip("weights/unet-shapes is not installed")
+    seeds = shapes.split_seeds("test", 4, offset=300)
+    for i, seed in enumerate(seeds):
+        shapes.render(seed, 64 + 32 * (i % 2), n_objects=1 + i % 2).pil().save(tmp_path / f"s{i}.png")
+    r = invoke(*[tmp_path / f"s{i}.png" for i in range(4)], "--json", "-o", tmp_path / "{stem}-mask.png")
+    assert r.exit_code == 0, r.output
+    for i, (seed, line) in enumerate(zip(seeds, r.stdout.splitlines())):
+        scene = shapes.make_scene(seed, n_objects=1 + i % 2)
+        found = {x["label"] for x in json.loads(line)["labels"] if x["fraction"] >= 0.005}  # not a few stray pixels
+        assert {o.shape for o in scene.objects} | {"background"} == found, (scene.caption(), found)
+
+
+def test_a_missing_default_names_the_model_option(images, tmp_path, monkeypatch):
+    monkeypatch.setenv("GENCLI_WEIGHTS", str(tmp_path))
+    one_error_line(invoke(images / "img0.png"), "unet-shapes", "--model")
 
 
 def test_an_image_too_small_for_the_model_is_reported_and_the_others_go_on(unet_dir, images, tmp_path):

@@ -195,3 +195,14 @@ def test_shapes_mask_marks_each_object_with_its_shape(size):
         for o in scene.objects:
             inside = mask == 1 + shapes.SHAPES.index(o.shape)
             assert (np.abs(image[inside].astype(int) - o.rgb).max(-1) <= 60).mean() > 0.8
+
+
+def test_only_shrink_resizes_larger_images_only(tmp_path):
+    path = tmp_path / "unet"
+    tiny_unet(path)
+    (path / "preprocessor_config.json").write_text(json.dumps({"do_resize": True, "size": {"shortest_edge": 48}, "only_shrink": True}))
+    seg = load_ours(path)
+    small, large = Image.new("RGB", (40, 30)), Image.new("RGB", (96, 80))
+    assert seg.preprocess(small).shape == (3, 30, 40)
+    assert seg.preprocess(large).shape == (3, 48, 57)
+    assert seg.segment([large])[0].shape == (80, 96)

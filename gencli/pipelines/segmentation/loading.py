@@ -8,7 +8,8 @@ Two kinds of checkpoint:
   rescale 1/255, ImageNet mean/std);
 - gencli's :class:`~gencli.models.unet_segmenter.UNetSegmenter` (``config.json`` with
   ``"architecture": "UNetSegmenter"``, ``model.safetensors``, optionally a ``preprocessor_config.json``;
-  without one the image runs at its own size, rescaled to [-1, 1]).
+  without one the image runs at its own size, rescaled to [-1, 1]; with ``"only_shrink": true`` in it,
+  its resize applies only to images larger than the size it names).
 
 The logits are resized to the input image's size (bilinear, ``align_corners=False``) and the class
 of a pixel is their argmax, as transformers' ``post_process_semantic_segmentation`` computes it.
@@ -16,7 +17,7 @@ of a pixel is their argmax, as transformers' ``post_process_semantic_segmentatio
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -34,7 +35,7 @@ from gencli.checkpoints.reader import open_reader
 from gencli.errors import CheckpointError, UserError
 from gencli.pipelines.vision.images import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, ImageProcessor
 
-DEFAULT_MODEL: Optional[str] = None  # no embedded default yet: --model is required
+DEFAULT_MODEL: Optional[str] = "unet-shapes"  # the embedded default (weights/unet-shapes)
 WANTED = "a segmentation model"
 SUPPORTED = "segment runs SegformerForSemanticSegmentation checkpoints and gencli's UNetSegmenter"
 
@@ -82,6 +83,7 @@ def _processor(folder: Path, defaults: dict[str, Any]) -> ImageProcessor:
 
     raw = read_json(folder / "preprocessor_config.json", missing_ok=True) or {}
     merged = {**defaults, **{k: v for k, v in raw.items() if v is not None}}
+    merged.pop("only_shrink", None)
     kind = merged.pop("image_processor_type", None) or merged.pop("feature_extractor_type", None)
     proc = ImageProcessor.from_dict(merged, default_type="ViTImageProcessor")
     if kind:
@@ -99,6 +101,9 @@ class Segmenter:
     kind: str  # "segformer" | "unet"
     placement: Placement
     path: Path
+    # gencli's U-Net folders may set "only_shrink": the resize applies to images larger than its size
+    # only (smaller ones run at their own size)
+    only_shrink: bool = False
 
     @classmethod
     def load(
@@ -150,8 +155,12 @@ class Segmenter:
             model = load_model(lambda: UNetSegmenter(uconfig), reader, IDENTITY, device=placement.device, dtype=placement.dtype)
             labels = uconfig.id2label
             processor = _processor(folder, UNET_PROCESSOR_DEFAULTS)
+            from gencli.io import read_json
+
+            raw = read_json(folder / "preprocessor_config.json", missing_ok=True) or {}
+            only_shrink = bool(raw.get("only_shrink"))
         model.requires_grad_(False)
-        return cls(model, processor, labels, kind, placement, Path(path))
+        return cls(model, processor, labels, kind, placement, Path(path), only_shrink if kind == "unet" else False)
 
     @property
     def num_labels(self) -> int:
@@ -171,7 +180,12 @@ class Segmenter:
         return self.model(px)
 
     def preprocess(self, image: Image.Image) -> np.ndarray:
-        arr = self.processor.preprocess(image)
+        proc = self.processor
+        if self.only_shrink and proc.do_resize:
+            h, w = proc.resize_to(image.height, image.width)
+            if h >= image.height and w >= image.width:
+                proc = replace(proc, do_resize=False)
+        arr = proc.preprocess(image)
         if min(arr.shape[1:]) < self.min_size:
             raise UserError(f"an image of {arr.shape[2]}x{arr.shape[1]} pixels is too small for this model (at least {self.min_size} per side)")
         return arr
