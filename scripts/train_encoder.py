@@ -351,6 +351,7 @@ def main() -> None:
             hh, mm = (int(x) for x in args.until.split(":"))
             now = time.localtime()
             deadline = time.mktime((now.tm_year, now.tm_mon, now.tm_mday, hh, mm, 0, 0, 0, now.tm_isdst))
+            total = max(args.steps, step + 2)  # re-estimated from the first step's time on
         step_time, t_step = None, time.time()
         while step < total:
             idx = torch.randint(0, train.shape[0], (args.batch,), generator=gen)

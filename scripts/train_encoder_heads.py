@@ -235,6 +235,7 @@ def main() -> None:
     last, t0, smooth = time.time(), time.time(), None
     total, deadline, step_time, t_step = args.steps, None, None, time.time()
     if args.until:
+        total = max(args.steps, step + 2)  # re-estimated from the first step's time on
         hh, mm = (int(x) for x in args.until.split(":"))
         now = time.localtime()
         deadline = time.mktime((now.tm_year, now.tm_mon, now.tm_mday, hh, mm, 0, 0, 0, now.tm_isdst))

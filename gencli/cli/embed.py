@@ -10,6 +10,8 @@ import typer
 from gencli.cli import app
 from gencli.cli.common import DETERMINISTIC_SEED_HELP, RunOptions, command, option
 
+DEFAULT_MODEL = "bert-pystdlib"  # the embedded default (mean pooling)
+
 
 class Pooling(str, enum.Enum):
     mean = "mean"
@@ -74,14 +76,13 @@ def embed(
     """Sentence embeddings from a BERT, RoBERTa or DistilBERT checkpoint (sentence-transformers folders: their pooling, normalisation and window).
 
     With --json one line per text: {"text", "embedding": [...]} in input order; --out writes the matrix
-    (rows in input order). Otherwise one line per text: its dimension, norm and first values.
+    (rows in input order). Otherwise one line per text: its dimension, norm and first values. Without
+    --model: bert-pystdlib's mean-pooled token states (a small encoder pretrained on the standard
+    library's docstrings and comments, not trained for sentence similarity).
     """
-    from gencli.errors import UserError
     from gencli.weights import resolve_model
 
     text_list = read_texts(texts, texts_file)
-    if opts.model is None:
-        raise UserError("no --model given: embed has no embedded default yet; pass --model FOLDER (a BERT-family or sentence-transformers folder)")
     if out is not None:
         from gencli.io import ensure_writable
         from gencli.pipelines.encoders.outputs import check_matrix_path
@@ -93,7 +94,7 @@ def embed(
     from gencli.pipelines.encoders.loading import load_encoder
 
     report = opts.report
-    enc = load_encoder(resolve_model(opts.model), task="base", **opts.load_options())
+    enc = load_encoder(resolve_model(opts.model, DEFAULT_MODEL), task="base", **opts.load_options())
     report.debug(f"embed: {enc.describe()}; pooling {enc.layout.pooling}, normalize {enc.layout.normalize}")
     vectors = embed_texts(
         enc,

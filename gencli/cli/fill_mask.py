@@ -8,6 +8,8 @@ from gencli.cli import app
 from gencli.cli.common import DETERMINISTIC_SEED_HELP, RunOptions, command, option
 from gencli.cli.embed import MaxLengthOpt, TextsArg, TextsFileOpt, read_texts
 
+DEFAULT_MODEL = "bert-pystdlib"  # the embedded default: a small BERT pretrained on the standard library's English
+
 
 @command(app, "fill-mask", seed_help=DETERMINISTIC_SEED_HELP)
 def fill_mask(
@@ -24,18 +26,17 @@ def fill_mask(
     Write [MASK] where a word goes ([MASK] works for every model; RoBERTa's <mask> too). With --json one
     line per text: {"text", "predictions": [{"score", "token", "token_str", "sequence"}]}, the fields of
     transformers' fill-mask pipeline; a text with several masks gives one predictions list per mask.
+    Without --model: bert-pystdlib, a small BERT pretrained on the docstrings and comments of Python's
+    standard library (a demonstration of the task, not a general English model).
     """
-    from gencli.errors import UserError
     from gencli.weights import resolve_model
 
     text_list = read_texts(texts, texts_file)
-    if opts.model is None:
-        raise UserError("no --model given: fill-mask has no embedded default yet; pass --model FOLDER (a BERT-family masked-language model)")
     from gencli.pipelines.encoders.fill_mask import fill_mask as run
     from gencli.pipelines.encoders.loading import load_encoder
 
     report = opts.report
-    enc = load_encoder(resolve_model(opts.model), task="masked_lm", **opts.load_options())
+    enc = load_encoder(resolve_model(opts.model, DEFAULT_MODEL), task="masked_lm", **opts.load_options())
     report.debug(f"fill-mask: {enc.describe()}")
     results = run(enc, text_list, top_k=top_k, max_length=max_length, batch_size=batch_size, warn=report.warn)
     from gencli.console import emit_json
