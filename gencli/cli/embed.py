@@ -109,7 +109,7 @@ def embed(
         from gencli.pipelines.encoders.outputs import write_matrix
 
         write_matrix(out, vectors, text_list, force=force)
-        report.say(f"wrote {vectors.shape[0]} x {vectors.shape[1]} embeddings to {out}")
+        report.log(f"wrote {vectors.shape[0]} x {vectors.shape[1]} embeddings to {out}")
         if not report.json:
             return
     for text, vec in zip(text_list, vectors.tolist()):
