@@ -220,11 +220,10 @@ def _run(
 
     from gencli.pipelines.diffusion.lora import lora_hash_warnings, run_loras
     from gencli.pipelines.diffusion.pipeline import load_pipeline
+    from gencli.pipelines.diffusion.textual_inversion import run_embeddings
 
     prompts = [t for j in jobs for t in (j.prompt, j.negative_prompt)]
     lora_specs = loras[0] if loras is not None else run_loras(settings.lora or [], prompts, settings.lora_dir, allow_pickle=opts.allow_pickle)
-    from gencli.pipelines.diffusion.textual_inversion import run_embeddings
-
     embeddings = run_embeddings(settings.embedding or [], settings.embeddings_dir, prompts, allow_pickle=opts.allow_pickle)
     path = resolve_model(opts.model, DEFAULT_MODEL)
     load_kw = {"vae": settings.vae, "variant": settings.variant, **opts.load_options()}
