@@ -60,7 +60,7 @@ LoraOpt = _opt(
     panel="Common options",
 )  # fmt: skip
 LoraDirOpt = _opt(Optional[str], "--lora-dir", help="Where the prompt's <lora:NAME:WEIGHT> tags are looked up (NAME.safetensors).", panel="Common options")
-NoWeightingOpt = _opt(bool, "--no-weighting", help="Read (word:1.2), (word), [word] as text, not as A1111's attention weights.", show_default=True)
+NoWeightingOpt = _opt(bool, "--no-weighting", help="Read (word:1.2), (word), \\[word] as text, not as A1111's attention weights.", show_default=True)
 SpacingOpt = _opt(Optional[str], "--timestep-spacing", help="leading, trailing (SD-Turbo) or linspace, over the model's scheduler config.")
 EmbeddingOpt = _opt(
     Optional[list[str]], "--embedding", help="A textual-inversion embedding: FILE or FILE:TOKEN (repeatable; the token is the file's stem).",
