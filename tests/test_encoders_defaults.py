@@ -81,10 +81,10 @@ def test_classify_text_default_names_the_shape():
 
 def test_qa_default_answers_about_a_caption():
     head("qa")
-    ctx = "a small orange triangle at the bottom and a medium black square at the top on a blue background"
-    r = run_cli("qa", "--json", "--context", ctx, "what colour is the square?", "where is the triangle?")
+    ctx = "a picture of a small red star at the top left, on a blue background"
+    r = run_cli("qa", "--json", "--context", ctx, "what colour is the star?", "how big is the star?", "what colour is the background?")
     assert r.returncode == 0, r.stderr
-    assert [json.loads(line)["answer"] for line in r.stdout.splitlines()] == ["black", "bottom"]
+    assert [json.loads(line)["answer"] for line in r.stdout.splitlines()] == ["red", "small", "blue"]
 
 
 @pytest.mark.parametrize("command", sorted(HEADS))

@@ -8,7 +8,7 @@ from gencli.cli import app
 from gencli.cli.common import DETERMINISTIC_SEED_HELP, RunOptions, command, option
 from gencli.cli.embed import TextsArg, TextsFileOpt, read_texts
 
-DEFAULT_MODEL = None  # the embedded default (a folder under weights/), when one is shipped
+DEFAULT_MODEL = "bert-shapes-qa"  # the embedded default: questions about a shapes-world caption
 
 
 @command(app, "qa", seed_help=DETERMINISTIC_SEED_HELP)
@@ -33,7 +33,8 @@ def qa(
     The span transformers' question-answering pipeline picks (score = p_start x p_end, widened to whole
     words); a context longer than one window is read in overlapping windows. With --json one line per
     answer: {"question", "answer", "score", "start", "end"}, start and end being character offsets into
-    the context.
+    the context. Without --model: bert-shapes-qa, which answers questions about a shapes-world caption
+    (reliable on captions of one object only; a demonstration).
     """
     from pathlib import Path
 
@@ -60,8 +61,6 @@ def qa(
     for i, q in enumerate(question_list):
         if not q.strip():
             raise UserError(f"question {i + 1} is empty")
-    if opts.model is None and DEFAULT_MODEL is None:
-        raise UserError("no --model given: qa has no embedded default yet; pass --model FOLDER (a BERT-family question-answering model)")
     from gencli.console import emit_json
     from gencli.pipelines.encoders.loading import load_encoder
     from gencli.pipelines.encoders.qa import answer
