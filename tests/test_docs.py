@@ -22,6 +22,7 @@ SHARED_PAGES = {
     "replay": "txt2img.md",
     "models": "info.md",
     "fill-mask": "embed.md",
+    "ner": "classify-text.md",
 }
 
 README_MAX_LINES = 300
