@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
+from gencli import io
+from gencli.backend.seeds import check_seed, parse_seeds
 from gencli.errors import UserError
-from gencli.io import ensure_writable
+from gencli.io import plan_files
 
 MAX_SAMPLES = 4096
 FAMILY = "ddpm"
@@ -56,15 +58,6 @@ class SamplePlan:
     nrow: int = 1
 
 
-def _parse_seeds(spec: str) -> list[int]:
-    from gencli.pipelines.diffusion.jobs import parse_seeds
-
-    seeds = parse_seeds(spec)
-    if len(seeds) > MAX_SAMPLES:
-        raise UserError(f"--seeds '{spec}' names more than {MAX_SAMPLES} seeds")
-    return seeds
-
-
 def _placeholders(pattern: str) -> list[str]:
     try:
         return [f for _, f, _, _ in string.Formatter().parse(pattern) if f is not None]
@@ -75,51 +68,32 @@ def _placeholders(pattern: str) -> list[str]:
 def plan_outputs(req: DDPMRequest, new_seed: Callable[[], int]) -> SamplePlan:
     """The seeds and output files of ``req``, every file checked (see the module doc)."""
     if req.seeds is not None:
-        seeds = _parse_seeds(req.seeds)  # -n is not used with --seeds (as in sample vae|gan)
+        if req.n is not None:
+            raise UserError("give -n (seeds --seed, --seed+1, ...) or --seeds (the exact seeds), not both")
+        seeds = parse_seeds(req.seeds, limit=MAX_SAMPLES)
     else:
         n = 16 if req.n is None else req.n
         if not 1 <= n <= MAX_SAMPLES:
             raise UserError(f"-n must be between 1 and {MAX_SAMPLES}, got {n}")
-        base = req.seed if req.seed is not None else new_seed()
-        if base < 0:
-            raise UserError("--seed must be >= 0")
-        seeds = [(base + k) % 2**32 for k in range(n)]
+        base = check_seed(req.seed) if req.seed is not None else new_seed()
+        seeds = [check_seed(base + k, f"--seed {base} with -n {n}: seed") for k in range(n)]
     if req.out is not None and req.out_dir is not None:
         raise UserError("give -o/--out (a grid or a file pattern) or --out-dir (one PNG per sample), not both")
-    if req.out_dir is not None:
-        folder = Path(req.out_dir)
-        if folder.exists() and not folder.is_dir():
-            raise UserError(f"--out-dir '{folder}' is not a directory")
-        pattern: Optional[str] = str(folder / f"{FAMILY}-seed{{seed}}.png")
-    else:
-        pattern = str(req.out) if req.out is not None else "samples.png"
-        fields = _placeholders(pattern)
-        bad = [f for f in fields if f not in ("i", "seed") and not f.startswith(("i:", "seed:"))]
-        if bad:
-            raise UserError(f"-o/--out {pattern!r}: unknown placeholder {{{bad[0]}}} (use {{i}} and {{seed}})")
-        if not fields:
-            target = ensure_writable(pattern, req.force)
-            if len(seeds) == 1:
-                return SamplePlan(seeds, files=[target])
-            nrow = req.nrow or max(1, round(len(seeds) ** 0.5))
-            return SamplePlan(seeds, grid=target, nrow=nrow)
-    files: list[Path] = []
-    seen: dict[str, int] = {}
-    for i, s in enumerate(seeds):
-        try:
-            name = pattern.format(i=i, seed=s)
-        except (ValueError, KeyError, IndexError) as exc:
-            raise UserError(f"-o/--out {pattern!r}: {exc}") from None
-        if name in seen:
-            raise UserError(f"-o/--out {pattern!r} gives images {seen[name]} and {i} the same name '{name}': add {{i}} to it")
-        seen[name] = i
-        if req.out_dir is not None:
-            if Path(name).exists() and not req.force:
-                raise UserError(f"output '{name}' already exists (use --force to overwrite)")
-            files.append(Path(name))
-        else:
-            files.append(ensure_writable(name, req.force))
-    return SamplePlan(seeds, files=files)
+    if req.out_dir is not None:  # one PNG per seed, named after it
+        names = [f"{FAMILY}-seed{s}.png" for s in seeds]
+        return SamplePlan(seeds, files=plan_files(names, out_dir=req.out_dir, what="images", force=req.force))
+    pattern = str(req.out) if req.out is not None else "samples.png"
+    fields = _placeholders(pattern)
+    bad = [f for f in fields if f not in ("i", "seed") and not f.startswith(("i:", "seed:"))]
+    if bad:
+        raise UserError(f"-o/--out {pattern!r}: unknown placeholder {{{bad[0]}}} (use {{i}} and {{seed}})")
+    if not fields:  # one file: the image, or a grid of them
+        target = io.plan_outputs([pattern], req.force, what="images")[0]
+        if len(seeds) == 1:
+            return SamplePlan(seeds, files=[target])
+        return SamplePlan(seeds, grid=target, nrow=req.nrow or max(1, round(len(seeds) ** 0.5)))
+    names = [io.format_name(pattern, i=i, seed=s) for i, s in enumerate(seeds)]
+    return SamplePlan(seeds, files=io.plan_outputs(names, req.force, what="images"))
 
 
 def check_request(req: DDPMRequest) -> None:
