@@ -34,13 +34,14 @@ def threads_from_env() -> Optional[int]:
     return int(raw)
 
 
-def requested_threads(threads: Optional[int]) -> tuple[Optional[int], Optional[str]]:
+def requested_threads(threads: Optional[int], cores: Optional[int] = None) -> tuple[Optional[int], Optional[str]]:
     """``(threads, notice)``: ``--threads`` (else ``$GENCLI_THREADS``, else None: the work chooses)
-    capped at the usable cores, and the notice saying so when it asked for more."""
+    capped at the usable cores (``cores``, default :func:`usable_cores`), and the notice saying so
+    when it asked for more."""
     source = "--threads"
     if threads is None:
         threads, source = threads_from_env(), "GENCLI_THREADS"
-    cores = usable_cores()
+    cores = usable_cores() if cores is None else cores
     if threads is not None and threads > cores:
         return cores, f"{source} {threads} is more than the {cores} usable CPU core(s): using {cores}"
     return threads, None

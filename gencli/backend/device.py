@@ -166,10 +166,10 @@ def set_threads(threads: Optional[int], family_kind: FamilyKind = "transformer",
     """Set torch's CPU thread count: ``threads`` (``--threads``, else ``$GENCLI_THREADS``) capped at the
     usable cores (with a :class:`~gencli.errors.Notice` when it asked for more), else
     :func:`default_threads`. Returns the count set."""
-    threads, notice = requested_threads(threads)
+    cores = usable_cores()
+    threads, notice = requested_threads(threads, cores)
     if notice is not None:
         warnings.warn(notice, Notice, stacklevel=2)
-    cores = usable_cores()
     n = min(int(threads), cores) if threads else default_threads(family_kind, n_params, cores)
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)

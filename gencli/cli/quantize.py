@@ -40,12 +40,10 @@ def quantize(
     """
     from pathlib import Path
 
-    from gencli.io import check_output_dir
     from gencli.pipelines.text.quantization import describe_quantization
     from gencli.pipelines.text.quantized_folder import quantize_checkpoint
     from gencli.weights import resolve_model
 
-    check_output_dir(out, "OUT")
     report = opts.report
     with report.progress("quantizing"):
         result = quantize_checkpoint(
