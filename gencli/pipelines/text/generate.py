@@ -322,7 +322,8 @@ def generate(
         pos = (batch.next_pos.view(b, 1) + step).clamp_(max=tm.context_length - 1) if batch.padded else None
         if seen is not None:
             seen[:, cur] = tokens
-        slot.fill_(cur)
+        if static:
+            slot.fill_(cur)
         tokens = advance(tokens.view(b, 1), pos, seen[:, : cur + 1] if seen is not None else None)
         host = tokens.tolist()
         decode_steps += 1
