@@ -9,7 +9,7 @@ import numpy as np
 
 from gencli.pipelines.ddpm.jobs import SamplePlan
 from gencli.pipelines.ddpm.loading import LoadedDDPM
-from gencli.pipelines.diffusion.png_parameters import ImageParameters, png_bytes
+from gencli.pipelines.diffusion.png_parameters import ImageParameters
 
 
 def seeds_spec(seeds: Sequence[int]) -> str:
@@ -65,20 +65,22 @@ def write_samples(
 ) -> Iterator[dict[str, Any]]:
     """Write the plan's files (atomically) and yield one record per file."""
     from gencli.io import atomic_write_bytes
+    from gencli.pipelines.diffusion.png_parameters import PARAMETERS_KEY
     from gencli.pipelines.generative.outputs import image_grid
+    from gencli.pipelines.vision.images import image_bytes
 
     common = {"model": str(loaded.path), "model_hash": loaded.model_hash, **settings}
     if plan.grid is not None:
         params = parameters(loaded, seed=plan.seeds[0], sampler=sampler, steps=steps, eta=eta, class_label=class_label, seeds=plan.seeds)
         grid = image_grid(np.stack([_rgb(im) for im in images]), plan.nrow)
         plan.grid.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(plan.grid, png_bytes(grid, params.to_text()), force=force)
+        atomic_write_bytes(plan.grid, image_bytes(grid, str(plan.grid), {PARAMETERS_KEY: params.to_text()}), force=force)
         yield {"file": str(plan.grid), "seeds": list(plan.seeds), "nrow": plan.nrow, **common, "parameters": params.to_text()}
         return
     for path, seed, image in zip(plan.files, plan.seeds, images):
         params = parameters(loaded, seed=seed, sampler=sampler, steps=steps, eta=eta, class_label=class_label)
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, png_bytes(_rgb(image), params.to_text()), force=force)
+        atomic_write_bytes(path, image_bytes(_rgb(image), str(path), {PARAMETERS_KEY: params.to_text()}), force=force)
         yield {"file": str(path), "seed": seed, **common, "parameters": params.to_text()}
 
 
