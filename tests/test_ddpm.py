@@ -293,3 +293,18 @@ def test_the_progress_bar_counts_every_image_step(folders, tmp_path):
     req = DDPMRequest(model=str(folders["cifar"]), seeds="0-2", steps=3, sampler="heun", batch_size=2, out=str(tmp_path / "p-{i}.png"))
     records = list(run(req, Report(), {"device": "cpu", "dtype": "float32"}, new_seed=lambda: 0))
     assert len(records) == 3 and seen["total"] == seen["done"] == 3 * 5  # Heun: 2 * 3 - 1 UNet calls per image
+
+
+def test_other_commands_name_sample_ddpm_for_a_ddpm_folder(folders, tmp_path):
+    """A DDPM/DDIM pipeline folder given to another command is named with the command that runs it."""
+    from PIL import Image
+
+    from gencli.checkpoints.formats import command_for
+    from gencli.cli import app
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "x.png")
+    for args in (["txt2img", "a star", "-m", str(folders["cifar"])], ["classify", str(tmp_path / "x.png"), "-m", str(folders["ddim"])]):
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 2 and "run it with gencli sample ddpm" in r.stderr, (args, r.stderr)
+    assert command_for("diffusers pipeline (StableDiffusionPipeline)")[1] == "gencli txt2img or gencli img2img"
+    assert command_for("SegformerForSemanticSegmentation")[1] == "gencli segment"

@@ -339,6 +339,9 @@ _COMMAND_FOR = {
         ("CLIPTextModel", "CLIPTextModelWithProjection"), ("a CLIP text encoder", "gencli txt2img, as the text encoder of a Stable Diffusion pipeline")
     ),
     "UNet2DConditionModel": ("a Stable Diffusion UNet", "gencli txt2img, with the pipeline folder it belongs to"),
+    **dict.fromkeys(("DDPMPipeline", "DDIMPipeline"), ("a pixel-space diffusion pipeline", "gencli sample ddpm")),
+    "UNet2DModel": ("a pixel-space diffusion UNet", "gencli sample ddpm, with the pipeline folder it belongs to"),
+    **dict.fromkeys(("SegformerForSemanticSegmentation", "UNetSegmenter"), ("a segmentation model", "gencli segment")),
     # BERT-family encoders: the command that runs each head
     **{
         f"{family}{head}": (what, command)
@@ -362,7 +365,12 @@ def with_article(word: str) -> str:
 
 def command_for(arch: Optional[str]) -> Optional[tuple[str, str]]:
     """``(what it is, the command that runs it)`` for an architecture name, or None."""
-    return _COMMAND_FOR.get(re.split(r"[ (]", arch, maxsplit=1)[0]) if arch else None
+    if not arch:
+        return None
+    inner = re.search(r"\((\w+)\)", arch)  # "diffusers pipeline (DDPMPipeline)": the pipeline's class decides
+    if inner and inner.group(1) in _COMMAND_FOR:
+        return _COMMAND_FOR[inner.group(1)]
+    return _COMMAND_FOR.get(re.split(r"[ (]", arch, maxsplit=1)[0])
 
 
 def shard_index(path: Path) -> Optional[Path]:

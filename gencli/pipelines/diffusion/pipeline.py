@@ -176,6 +176,10 @@ def attention_path(device: torch.device) -> str:
 def _missing_component_error(src: CheckpointSource) -> None:
     index = src.config or {}
     assert src.folder is not None
+    if index.get("_class_name") in ("DDPMPipeline", "DDIMPipeline"):  # a pixel-space pipeline: another command runs it
+        from gencli.checkpoints.formats import wrong_family
+
+        raise wrong_family(src, "a Stable Diffusion pipeline")
     for name in (*REQUIRED_COMPONENTS, "text_encoder"):
         listed = isinstance(index.get(name), (list, tuple)) and index[name][0] is not None
         if name == "text_encoder" and not listed and "text_encoder_2" in index:
