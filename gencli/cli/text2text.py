@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from gencli.cli import app
-from gencli.cli.common import RunOptions, at_least, command, option
+from gencli.cli.common import RunOptions, at_least, command, option, option_group
 from gencli.console import Reporter
 
 # no embedded text-to-text default ships yet: --model is required
@@ -47,25 +47,36 @@ NoTruncate = Annotated[bool, option("--no-truncate", help="Refuse inputs longer 
 SEED_HELP = "Seed for sampling: the same seed gives the same text on any device."
 
 
+@option_group
+class DecodingOptions:
+    """The options text2text and translate share: how to decode, and how the inputs come."""
+
+    max_new_tokens: MaxNew = None
+    min_new_tokens: MinNew = None
+    num_beams: Beams = None
+    num_return_sequences: Returns = None
+    length_penalty: LengthPenalty = None
+    early_stopping: EarlyStopping = None
+    no_repeat_ngram_size: NoRepeat = None
+    temperature: Temperature = None
+    top_k: TopK = None
+    top_p: TopP = None
+    repetition_penalty: RepPenalty = None
+    prompts_file: PromptsFile = None
+    batch_size: BatchSize = 8
+    stream: Stream = False
+    no_truncate: NoTruncate = False
+
+    def flags(self) -> dict:
+        """The decoding settings, as :func:`gencli.pipelines.seq2seq.generate.resolve_settings` takes them."""
+        return {k: getattr(self, k) for k in _SETTING_NAMES}
+
+
 @command(app, "text2text", seed_help=SEED_HELP)
 def text2text(
     texts: Texts = None,
-    max_new_tokens: MaxNew = None,
-    min_new_tokens: MinNew = None,
-    num_beams: Beams = None,
-    num_return_sequences: Returns = None,
-    length_penalty: LengthPenalty = None,
-    early_stopping: EarlyStopping = None,
-    no_repeat_ngram_size: NoRepeat = None,
-    temperature: Temperature = None,
-    top_k: TopK = None,
-    top_p: TopP = None,
-    repetition_penalty: RepPenalty = None,
-    prompts_file: PromptsFile = None,
-    batch_size: BatchSize = 8,
-    stream: Stream = False,
-    no_truncate: NoTruncate = False,
     *,
+    settings: DecodingOptions,
     opts: RunOptions,
 ) -> None:
     """Text in, text out with a T5 / Flan-T5 / mT5, Marian or BART checkpoint: one output line per input.
@@ -77,7 +88,7 @@ def text2text(
 
     cat questions.txt | gencli text2text -m ./flan-t5-small - --num-beams 4 --json
     """
-    _run(texts, prompts_file, opts, prefix=None, **_settings(locals()), batch_size=batch_size, stream=stream, truncate=not no_truncate)
+    _run(texts, settings, opts, prefix=None)
 
 
 @command(app, "translate", seed_help=SEED_HELP)
@@ -85,22 +96,8 @@ def translate(
     texts: Texts = None,
     source: Annotated[Optional[str], option("--source", help="Source language name, for T5: adds 'translate SOURCE to TARGET: '.", show_default=False)] = None,
     target: Annotated[Optional[str], option("--target", help="Target language name, for T5 (with --source).", show_default=False)] = None,
-    max_new_tokens: MaxNew = None,
-    min_new_tokens: MinNew = None,
-    num_beams: Beams = None,
-    num_return_sequences: Returns = None,
-    length_penalty: LengthPenalty = None,
-    early_stopping: EarlyStopping = None,
-    no_repeat_ngram_size: NoRepeat = None,
-    temperature: Temperature = None,
-    top_k: TopK = None,
-    top_p: TopP = None,
-    repetition_penalty: RepPenalty = None,
-    prompts_file: PromptsFile = None,
-    batch_size: BatchSize = 8,
-    stream: Stream = False,
-    no_truncate: NoTruncate = False,
     *,
+    settings: DecodingOptions,
     opts: RunOptions,
 ) -> None:
     """Translate with a Marian (opus-mt) checkpoint, or a T5 checkpoint given --source and --target.
@@ -116,19 +113,18 @@ def translate(
     if (source is None) != (target is None):
         raise UserError("--source and --target go together (T5: 'translate SOURCE to TARGET: ')")
     prefix = f"translate {source} to {target}: " if source is not None else None
-    _run(texts, prompts_file, opts, prefix=prefix, **_settings(locals()), batch_size=batch_size, stream=stream, truncate=not no_truncate)
+    _run(texts, settings, opts, prefix=prefix)
 
 
 _SETTING_NAMES = ("max_new_tokens", "min_new_tokens", "num_beams", "num_return_sequences", "length_penalty", "early_stopping", "no_repeat_ngram_size",
                   "temperature", "top_k", "top_p", "repetition_penalty")  # fmt: skip
 
 
-def _settings(local: dict) -> dict:
-    return {k: local[k] for k in _SETTING_NAMES}
-
-
-def _run(texts, prompts_file, opts: RunOptions, *, prefix: Optional[str], batch_size: int, stream: bool, truncate: bool, **flags) -> None:
+def _run(texts, options: DecodingOptions, opts: RunOptions, *, prefix: Optional[str]) -> None:
     from gencli.errors import UserError
+
+    flags, prompts_file, batch_size = options.flags(), options.prompts_file, options.batch_size
+    stream, truncate = options.stream, not options.no_truncate
     from gencli.pipelines.seq2seq.generate import check_flags
 
     check_flags(**{k: flags[k] for k in ("num_beams", "num_return_sequences", "max_new_tokens", "min_new_tokens", "no_repeat_ngram_size", "temperature",
@@ -196,7 +192,6 @@ def _run(texts, prompts_file, opts: RunOptions, *, prefix: Optional[str], batch_
 
 
 def _read_inputs(texts: Optional[list[str]], prompts_file: Optional[str], report: Reporter) -> list[str]:
-    from pathlib import Path
 
     from gencli.errors import UserError
 
@@ -206,17 +201,9 @@ def _read_inputs(texts: Optional[list[str]], prompts_file: Optional[str], report
         raise UserError("no input: give TEXT arguments, - to read one input per line from stdin, or --prompts-file FILE")
     lines: list[str] = []
     if prompts_file is not None:
-        if prompts_file == "-":
-            lines = sys.stdin.read().splitlines()
-        else:
-            p = Path(prompts_file)
-            if not p.is_file():
-                raise UserError(f"prompts file '{p}' does not exist")
-            try:
-                lines = p.read_text(encoding="utf-8").splitlines()
-            except UnicodeDecodeError:
-                raise UserError(f"prompts file '{p}' is not UTF-8 text") from None
-        where = f"'{prompts_file}'"
+        from gencli.io import read_lines
+
+        lines, where = read_lines(prompts_file, what="--prompts-file")
     else:
         for t in texts or []:
             lines.extend(sys.stdin.read().splitlines() if t == "-" else [t])
