@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 
 from gencli.backend.device import Placement
+from gencli.backend.seeds import MAX_SAMPLES, parse_seeds
 from gencli.errors import UserError
 from gencli.models.gan import DCGAN, DCGANConfig
 from gencli.models.vae import ConvVAE, ConvVAEConfig
@@ -100,13 +101,13 @@ def test_slerp_keeps_the_ends_and_the_norm_of_gaussian_latents():
 
 
 def test_parse_seeds():
-    assert sampling.parse_seeds("0-3,40") == [0, 1, 2, 3, 40]
-    assert sampling.parse_seeds(" 7 ") == [7]
+    assert parse_seeds("0-3,40", limit=MAX_SAMPLES) == [0, 1, 2, 3, 40]
+    assert parse_seeds(" 7 ", limit=MAX_SAMPLES) == [7]
     for bad in ("1-x", "3-1", "", "a", "-2"):
         with pytest.raises(UserError, match="does not parse"):
-            sampling.parse_seeds(bad)
+            parse_seeds(bad, limit=MAX_SAMPLES)
     with pytest.raises(UserError, match="more than"):
-        sampling.parse_seeds("0-100000")
+        parse_seeds("0-100000", limit=MAX_SAMPLES)
 
 
 def test_sample_cli_grids_files_gifs_and_errors(cli, folders, tmp_path):

@@ -8,11 +8,12 @@ seed are checked here; a value outside the range is refused, never wrapped.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Callable
 
 from gencli.errors import UserError
 
 MAX_SEED = 2**32 - 1
+MAX_SAMPLES = 4096  # -n and --seeds of the sampling commands beyond this are refused (one grid, one process)
 
 
 def check_seed(value: Any, what: str = "--seed") -> int:
@@ -44,4 +45,19 @@ def parse_seeds(spec: Any, *, limit: int, what: str = "--seeds") -> list[int]:
     return seeds
 
 
-__all__ = ["MAX_SEED", "check_seed", "parse_seeds"]
+def choose_seeds(n: Any, seeds: Any, seed: Any, *, default_count: int, new_seed: Callable[[], int], limit: int = MAX_SAMPLES) -> list[int]:
+    """The seeds of a sampling run: ``--seeds`` lists them; ``--seed S -n N`` gives ``S, ..., S+N-1``
+    (``N`` defaults to ``default_count``); without a seed ``new_seed()`` draws the first. ``-n`` and
+    ``--seeds`` together are refused, as is a count outside ``1..limit``."""
+    if seeds is not None:
+        if n is not None:
+            raise UserError("give -n (seeds --seed, --seed+1, ...) or --seeds (the exact seeds), not both")
+        return parse_seeds(seeds, limit=limit)
+    count = default_count if n is None else n
+    if not 1 <= count <= limit:
+        raise UserError(f"-n must be between 1 and {limit}, got {count}")
+    base = check_seed(seed) if seed is not None else new_seed()
+    return [check_seed(base + k, f"--seed {base} with -n {count}: seed") for k in range(count)]
+
+
+__all__ = ["MAX_SAMPLES", "MAX_SEED", "check_seed", "choose_seeds", "parse_seeds"]

@@ -19,11 +19,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from gencli import io
-from gencli.backend.seeds import check_seed, parse_seeds
+from gencli.backend.seeds import choose_seeds
 from gencli.errors import UserError
 from gencli.io import plan_files
 
-MAX_SAMPLES = 4096
 FAMILY = "ddpm"
 NO_DEFAULT = "gencli sample ddpm has no embedded default model yet: pass --model FOLDER (a diffusers DDPMPipeline or DDIMPipeline folder)"
 
@@ -67,16 +66,7 @@ def _placeholders(pattern: str) -> list[str]:
 
 def plan_outputs(req: DDPMRequest, new_seed: Callable[[], int]) -> SamplePlan:
     """The seeds and output files of ``req``, every file checked (see the module doc)."""
-    if req.seeds is not None:
-        if req.n is not None:
-            raise UserError("give -n (seeds --seed, --seed+1, ...) or --seeds (the exact seeds), not both")
-        seeds = parse_seeds(req.seeds, limit=MAX_SAMPLES)
-    else:
-        n = 16 if req.n is None else req.n
-        if not 1 <= n <= MAX_SAMPLES:
-            raise UserError(f"-n must be between 1 and {MAX_SAMPLES}, got {n}")
-        base = check_seed(req.seed) if req.seed is not None else new_seed()
-        seeds = [check_seed(base + k, f"--seed {base} with -n {n}: seed") for k in range(n)]
+    seeds = choose_seeds(req.n, req.seeds, req.seed, default_count=16, new_seed=new_seed)
     if req.out is not None and req.out_dir is not None:
         raise UserError("give -o/--out (a grid or a file pattern) or --out-dir (one PNG per sample), not both")
     if req.out_dir is not None:  # one PNG per seed, named after it
@@ -144,4 +134,4 @@ def run(req: DDPMRequest, report: Any, load_options: dict[str, Any], *, new_seed
                                      force=req.force)  # fmt: skip
 
 
-__all__ = ["DDPMRequest", "SamplePlan", "plan_outputs", "check_request", "run", "NO_DEFAULT", "MAX_SAMPLES"]
+__all__ = ["DDPMRequest", "SamplePlan", "plan_outputs", "check_request", "run", "NO_DEFAULT"]

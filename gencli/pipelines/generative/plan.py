@@ -7,11 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from gencli.backend.seeds import check_seed, parse_seeds
+from gencli.backend.seeds import MAX_SAMPLES, check_seed, choose_seeds
 from gencli.errors import UserError
 from gencli.io import check_output_dir, make_output_dir, plan_files, plan_outputs
 
-MAX_SAMPLES = 4096  # -n and --seeds beyond this are refused (one grid, one process)
 DEFAULT_COUNT = 16
 
 
@@ -47,11 +46,7 @@ def plan_samples(
     new_seed: Callable[[], int],
 ) -> SamplePlan:
     """Check a ``sample`` command line and plan its outputs (every target checked before any work)."""
-    if n is not None and seeds is not None:
-        raise UserError("give -n (seeds --seed, --seed+1, ...) or --seeds (the exact seeds), not both")
-    count = DEFAULT_COUNT if n is None else n
-    if not 1 <= count <= MAX_SAMPLES:
-        raise UserError(f"-n must be between 1 and {MAX_SAMPLES}, got {count}")
+    chosen = choose_seeds(n, seeds, seed, default_count=DEFAULT_COUNT, new_seed=new_seed)
     if family == "gan" and not 0.0 < truncation <= 1.0:
         raise UserError(f"--truncation must lie in (0, 1], got {truncation}")
     if family == "vae" and not temperature > 0.0:
@@ -67,15 +62,11 @@ def plan_samples(
     if gif and out_dir is not None:
         raise UserError("--gif writes one file: use --out, not --out-dir")
     folder = check_output_dir(out_dir)
-    base = check_seed(seed) if seed is not None else new_seed()
-    if seeds is not None:
-        chosen = parse_seeds(seeds, limit=MAX_SAMPLES)
-    else:
-        chosen = [check_seed(base + k, f"--seed {base} with -n {count}: seed") for k in range(count)]
     if interpolate is not None:
         if len(chosen) != 2:
             if seeds is not None:
                 raise UserError(f"--interpolate walks between two seeds: --seeds gave {len(chosen)}")
+            base = chosen[0]
             chosen = [base, check_seed(base + 1, f"--seed {base} with --interpolate: seed")]
         if interpolate > MAX_SAMPLES:
             raise UserError(f"--interpolate must be at most {MAX_SAMPLES}")

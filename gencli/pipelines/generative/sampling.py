@@ -18,7 +18,6 @@ from gencli.models.gan import DCGAN
 from gencli.models.vae import ConvVAE
 from gencli.pipelines.diffusion.vae import images_to_tensor, tensor_to_images
 from gencli.pipelines.generative.loading import LoadedGenerative
-from gencli.pipelines.generative.plan import MAX_SAMPLES
 
 
 def seed_latent(seed: int, dim: int) -> torch.Tensor:
@@ -100,8 +99,3 @@ def reconstruct_vae(loaded: LoadedGenerative, images: np.ndarray, batch_size: in
 
 
 # -- seeds, grids and files -----------------------------------------------------------------------
-def parse_seeds(spec: str, limit: int = MAX_SAMPLES) -> list[int]:
-    """``"0-15,40"`` -> ``[0, 1, ..., 15, 40]`` (:func:`gencli.backend.seeds.parse_seeds`, at most ``limit``)."""
-    from gencli.backend.seeds import parse_seeds as parse
-
-    return parse(spec, limit=limit)
