@@ -9,8 +9,9 @@ held-out scenes.
 
 Data: each training scene (``train`` seeds) is captioned twice, in two different styles of
 :data:`TRAIN_STYLES`; half of each batch's scenes are random, the other half copies of them with one
-attribute changed (an object's shape, colour, size or position, or the background), so the batch's
-negatives include scenes that differ by one word. Loss: the multiple-negatives ranking loss (InfoNCE
+attribute changed (an object's shape, colour, size or position, or the background) or, for half of
+the two-object scenes, one attribute exchanged between the two objects, so the batch's negatives
+include scenes that differ by one word and scenes described by the same words in another binding. Loss: the multiple-negatives ranking loss (InfoNCE
 with in-batch negatives), symmetric (caption A finds its caption B among the batch's B captions and the
 other way round), temperature ``--temperature`` on the cosine similarity of mean-pooled, L2-normalised
 token states; a batch's scenes with the same description are not counted as negatives of each other.
@@ -22,7 +23,8 @@ N=1000, and the share of (same-scene, other-scene) pairs ordered correctly (the 
 more similar than the other scene's). Style pairs: the trained styles against each other, and the
 styles never trained on (the ``picture`` caption style and the ``paren`` / ``there_is`` phrasings of
 :mod:`gencli.data.shapes_text2text`) against the trained ones. A bag-of-words cosine baseline shows what
-exact word overlap alone achieves.
+exact word overlap alone achieves; the ``binding`` figures (captions of the same words in another
+binding, :func:`binding_scores`) are where word overlap cannot help.
 
 AdamW, bf16 autocast on CPU, warmup then cosine decay; checkpoints every --ckpt-minutes under --run-dir
 (a run resumes); the export is a sentence-transformers folder (BertModel in fp16, modules.json, mean
@@ -82,11 +84,35 @@ def mutate(scene: shapes.Scene, rng: np.random.Generator) -> shapes.Scene:
     return shapes.with_changes(scene, objects=tuple(objects))
 
 
+SWAPPABLE = ("shape", "colour", "size", "position")
+
+
+def swapped(scene: shapes.Scene, what: str) -> shapes.Scene | None:
+    """The two-object scene with attribute ``what`` exchanged between its objects (the same words in
+    another binding), or None when the scene has one object or both share that value."""
+    if len(scene.objects) != 2 or getattr(scene.objects[0], what) == getattr(scene.objects[1], what):
+        return None
+    a, b = scene.objects
+    return shapes.with_changes(
+        scene, objects=(dataclasses.replace(a, **{what: getattr(b, what)}), dataclasses.replace(b, **{what: getattr(a, what)}))
+    )
+
+
+def hard_negative(scene: shapes.Scene, rng: np.random.Generator) -> shapes.Scene:
+    """A scene a caption of ``scene`` must not match: one attribute changed (:func:`mutate`), or, for
+    half of the two-object scenes, one attribute exchanged between the objects (:func:`swapped`)."""
+    if len(scene.objects) == 2 and rng.random() < 0.5:
+        options = [s for s in (swapped(scene, w) for w in SWAPPABLE) if s is not None]
+        if options:
+            return options[int(rng.integers(len(options)))]
+    return mutate(scene, rng)
+
+
 def make_batch(rng: np.random.Generator, n_scenes: int) -> tuple[list[str], list[str], list[str]]:
     """(captions A, captions B, descriptions): two captions in two different trained styles per scene."""
     train = shapes.SPLITS["train"]
     base = [shapes.make_scene(int(s)) for s in rng.integers(train.start, train.stop, n_scenes - n_scenes // 2)]
-    scenes = base + [mutate(sc, rng) for sc in base[: n_scenes // 2]]
+    scenes = base + [hard_negative(sc, rng) for sc in base[: n_scenes // 2]]
     a, b = [], []
     for sc in scenes:
         i, j = rng.choice(len(TRAIN_STYLES), 2, replace=False)
@@ -155,6 +181,40 @@ def bag_of_words(texts: list[str], vocab: dict[str, int]) -> torch.Tensor:
     return F.normalize(rows, dim=-1)
 
 
+def binding_scores(folder: Path | None, groups: dict, n: int, threads: int = 1) -> dict:
+    """Captions with the same words in another binding: for the two-object scenes among the first
+    ``n`` held-out ones, each attribute the objects do not share exchanged between them; the share of
+    (query, own caption, exchanged scene's caption) triples where the own caption is the more similar
+    (a tie counts half: a bag of words scores 0.5 by construction)."""
+    pairs = [(sc, sw) for sc in heldout_scenes(n) for w in SWAPPABLE if (sw := swapped(sc, w)) is not None]
+    styles = TRAIN_STYLES + HELDOUT_STYLES
+    if folder is None:
+        words = sorted({w for s in styles for sc, sw in pairs for t in (caption(sc, s), caption(sw, s)) for w in re.findall(r"[a-z]+", t.lower())})
+        vocab = {w: i for i, w in enumerate(words)}
+
+        def vec(texts: list[str]) -> torch.Tensor:
+            return bag_of_words(texts, vocab)
+    else:
+        from gencli.pipelines.encoders.embed import embed_texts
+        from gencli.pipelines.encoders.loading import load_encoder
+
+        enc = load_encoder(folder, device="cpu", dtype="float32", threads=threads)
+
+        def vec(texts: list[str]) -> torch.Tensor:
+            return embed_texts(enc, texts, pooling="mean", normalize=True, batch_size=64)
+
+    own = {s: vec([caption(sc, s) for sc, _ in pairs]) for s in styles}
+    other = {s: vec([caption(sw, s) for _, sw in pairs]) for s in styles}
+    out: dict = {"triples_per_style_pair": len(pairs)}
+    for name, style_pairs in groups.items():
+        shares = []
+        for a, b in style_pairs:
+            pos, neg = (own[a] * own[b]).sum(-1), (own[a] * other[b]).sum(-1)
+            shares.append(float(((pos > neg).float() + 0.5 * (pos == neg).float()).mean()))
+        out[name] = round(float(np.mean(shares)), 4)
+    return out
+
+
 def evaluate(folder: Path | None, sizes: tuple[int, ...] = (100, 1000), threads: int = 1) -> dict:
     """Held-out figures of the embedding in ``folder`` (through gencli's embed pipeline), or of the
     bag-of-words cosine baseline when ``folder`` is None."""
@@ -176,6 +236,7 @@ def evaluate(folder: Path | None, sizes: tuple[int, ...] = (100, 1000), threads:
         "heldout_styles": [(a, b) for a in HELDOUT_STYLES for b in TRAIN_STYLES],
     }
     out: dict = {"scenes": list(sizes)}
+    out["binding"] = binding_scores(folder, groups, max(sizes), threads)
     for name, pairs in groups.items():
         figures = {}
         for n in sizes:
