@@ -4,7 +4,8 @@ Post-LN transformer layers (attention -> add & LayerNorm -> GELU MLP -> add & La
 absolute position embeddings, bidirectional attention with a key padding mask through the one
 attention entry point. A padded batch runs its token-wise work (projections, MLP, norms) on the real
 tokens alone, packed (:class:`Unpadding`); a sequence classifier's last layer computes the first
-token alone; the masked LM's head can be applied to the masked positions alone (:meth:`EncoderForTask.head_output`). The per-architecture differences are small and explicit:
+token alone; the masked LM's head can be applied to the masked positions alone
+(:meth:`EncoderForTask.head_output`). The per-architecture differences are small and explicit:
 
 - BERT: token type embeddings (sentence pairs), optional pooler (``dense`` + tanh on the first token);
 - RoBERTa: position ids counted past ``padding_idx`` over the non-pad tokens (``cumsum(mask) + pad``),

@@ -14,7 +14,9 @@ import ast
 import json
 import random
 import re
+import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -121,3 +123,19 @@ def compare(workdir: Path, side: str, name: str, values: torch.Tensor, result: d
         ref = torch.load(path, weights_only=True)
         if ref.shape == values.shape:
             result[atol_key] = float((values.float() - ref.float()).abs().max())
+
+
+def best_times(fn: Callable[[], object], repeat: int = 3, warmup: int = 1) -> tuple[float, float]:
+    """(best wall-clock seconds, best CPU seconds of this process) of ``repeat`` calls after ``warmup``.
+
+    On a CPU shared with other jobs the wall clock measures the neighbours as much as the code; the
+    process's CPU time (``time.process_time``, every thread) is the work itself, and at one thread it
+    is the figure to compare."""
+    for _ in range(warmup):
+        fn()
+    wall = cpu = float("inf")
+    for _ in range(max(1, repeat)):
+        w, c = time.perf_counter(), time.process_time()
+        fn()
+        wall, cpu = min(wall, time.perf_counter() - w), min(cpu, time.process_time() - c)
+    return wall, cpu
