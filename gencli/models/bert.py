@@ -2,7 +2,10 @@
 
 Post-LN transformer layers (attention -> add & LayerNorm -> GELU MLP -> add & LayerNorm), learned
 absolute position embeddings, bidirectional attention with a key padding mask through the one
-attention entry point. The per-architecture differences are small and explicit:
+attention entry point. A padded batch runs its token-wise work (projections, MLP, norms) on the real
+tokens alone, packed (:class:`Unpadding`); a sequence classifier's last layer computes the first
+token alone; the masked LM's head can be applied to the masked positions alone
+(:meth:`EncoderForTask.head_output`). The per-architecture differences are small and explicit:
 
 - BERT: token type embeddings (sentence pairs), optional pooler (``dense`` + tanh on the first token);
 - RoBERTa: position ids counted past ``padding_idx`` over the non-pad tokens (``cumsum(mask) + pad``),
@@ -166,15 +169,20 @@ class SelfAttention(nn.Module):
         self.key = Linear(cfg.hidden_size, cfg.hidden_size)
         self.value = Linear(cfg.hidden_size, cfg.hidden_size)
 
-    def forward(self, x: torch.Tensor, key_padding_mask: Optional[torch.Tensor]) -> torch.Tensor:
-        b, n, d = x.shape
+    def forward(self, x: torch.Tensor, key_padding_mask: Optional[torch.Tensor], queries: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Self attention over ``x``; ``queries`` (default ``x``) are the positions whose outputs are wanted."""
+        queries = x if queries is None else queries
+        return self.attend(self.query(queries), self.key(x), self.value(x), key_padding_mask)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """Attention of projected ``(B, nq, d)`` queries over projected ``(B, n, d)`` keys and values -> ``(B, nq, d)``."""
+        b, nq, d = q.shape
 
         def heads(t: torch.Tensor) -> torch.Tensor:
-            return t.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+            return t.view(b, t.shape[1], self.num_heads, self.head_dim).transpose(1, 2)
 
-        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
-        out = scaled_dot_product_attention(q, k, v, key_padding_mask=key_padding_mask)
-        return out.transpose(1, 2).reshape(b, n, d)
+        out = scaled_dot_product_attention(heads(q), heads(k), heads(v), key_padding_mask=key_padding_mask)
+        return out.transpose(1, 2).reshape(b, nq, d)
 
 
 class DenseNorm(nn.Module):
@@ -195,8 +203,8 @@ class Attention(nn.Module):
         self.self = SelfAttention(cfg)
         self.output = DenseNorm(cfg.hidden_size, cfg.hidden_size, cfg.layer_norm_eps)
 
-    def forward(self, x: torch.Tensor, key_padding_mask: Optional[torch.Tensor]) -> torch.Tensor:
-        return self.output(self.self(x, key_padding_mask), x)
+    def forward(self, x: torch.Tensor, key_padding_mask: Optional[torch.Tensor], queries: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.output(self.self(x, key_padding_mask, queries), x if queries is None else queries)
 
 
 class Intermediate(nn.Module):
@@ -217,9 +225,36 @@ class Layer(nn.Module):
         self.intermediate = Intermediate(cfg)
         self.output = DenseNorm(cfg.intermediate_size, cfg.hidden_size, cfg.layer_norm_eps)
 
-    def forward(self, x: torch.Tensor, key_padding_mask: Optional[torch.Tensor]) -> torch.Tensor:
-        x = self.attention(x, key_padding_mask)
+    def forward(self, x: torch.Tensor, key_padding_mask: Optional[torch.Tensor], queries: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The layer's output at every position of ``x``, or only at ``queries`` (a subset of ``x``'s
+        positions: every position still serves as a key and a value)."""
+        x = self.attention(x, key_padding_mask, queries)
         return self.output(self.intermediate(x), x)
+
+    def forward_packed(self, x: torch.Tensor, unpad: "Unpadding") -> torch.Tensor:
+        """The layer on the real tokens alone, packed ``(T, d)``: only attention sees the padded layout."""
+        attn = self.attention.self
+        q, k, v = (unpad.pad(p(x)) for p in (attn.query, attn.key, attn.value))
+        context = unpad.unpad(attn.attend(q, k, v, unpad.key_padding_mask))
+        x = self.attention.output(context, x)
+        return self.output(self.intermediate(x), x)
+
+
+class Unpadding:
+    """Moving a padded batch's token states ``(B, n, d)`` to the real tokens alone, packed ``(T, d)``, and back."""
+
+    def __init__(self, key_padding_mask: torch.Tensor):
+        self.key_padding_mask = key_padding_mask
+        self.batch, self.length = key_padding_mask.shape
+        self.index = key_padding_mask.reshape(-1).nonzero().squeeze(1)
+
+    def unpad(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(-1, x.shape[-1]).index_select(0, self.index)
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        """Packed ``(T, d)`` -> ``(B, n, d)``, zeros at the padded positions."""
+        out = x.new_zeros(self.batch * self.length, x.shape[-1]).index_copy(0, self.index, x)
+        return out.view(self.batch, self.length, x.shape[-1])
 
 
 class Stack(nn.Module):
@@ -227,10 +262,24 @@ class Stack(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList(Layer(cfg) for _ in range(cfg.num_hidden_layers))
 
-    def forward(self, x: torch.Tensor, key_padding_mask: Optional[torch.Tensor]) -> torch.Tensor:
-        for layer in self.layer:
-            x = layer(x, key_padding_mask)
-        return x
+    def forward(self, x: torch.Tensor, key_padding_mask: Optional[torch.Tensor], first_token_only: bool = False) -> torch.Tensor:
+        """The last layer's states ``(B, n, d)``; with ``first_token_only`` only the first token's
+        ``(B, 1, d)``, the last layer then computing that position alone (what a classifier reads)."""
+        last = len(self.layer) - 1
+        if key_padding_mask is None:
+            for i, layer in enumerate(self.layer):
+                x = layer(x, None, x[:, :1] if first_token_only and i == last else None)
+            return x
+        # padding: the token-wise work (projections, MLP, norms) runs on the real tokens alone; the
+        # padded positions' states come back as zeros (nothing reads them)
+        unpad = Unpadding(key_padding_mask)
+        x = unpad.unpad(x)
+        for i, layer in enumerate(self.layer):
+            if first_token_only and i == last:
+                full = unpad.pad(x)
+                return layer(full, key_padding_mask, full[:, :1])
+            x = layer.forward_packed(x, unpad)
+        return unpad.pad(x)
 
 
 class Pooler(nn.Module):
@@ -252,10 +301,16 @@ class EncoderModel(nn.Module):
         self.encoder = Stack(cfg)
         self.pooler = Pooler(cfg) if pooler else None
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None, token_type_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        token_type_ids: Optional[torch.Tensor] = None,
+        first_token_only: bool = False,
+    ) -> torch.Tensor:
         x = self.embeddings(input_ids, token_type_ids)
         kpm = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.to(torch.bool)
-        return self.encoder(x, kpm)
+        return self.encoder(x, kpm, first_token_only)
 
 
 # -- heads ------------------------------------------------------------------------------------
@@ -362,7 +417,14 @@ class EncoderForTask(nn.Module):
         return self.base(input_ids, attention_mask, token_type_ids)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None, token_type_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-        h = self.hidden_states(input_ids, attention_mask, token_type_ids)
+        # a sequence classifier reads the first token alone: the last layer computes only that one
+        h = self.base(input_ids, attention_mask, token_type_ids, first_token_only=self.head == "sequence_classification")
+        return self.head_output(h)
+
+    def head_output(self, h: torch.Tensor) -> torch.Tensor:
+        """The head applied to token states: ``(..., d)`` states of any positions for the per-token
+        heads (the masked LM's logits of the masked positions alone, say), ``(B, n, d)`` (or the first
+        token's ``(B, 1, d)``) for the sequence classifier."""
         arch = self.config.model_type
         if self.head == "base":
             return h

@@ -53,12 +53,17 @@ def fill_mask(
     with torch.inference_mode():
         for batch in batches_by_length([len(e.ids) for e in encoded], batch_size):
             ids, mask, types = collate([encoded[i] for i in batch], pad, enc.placement.device)
-            logits = enc.model(ids, mask, types).float().cpu()
-            for row, i in enumerate(batch):
+            # the vocabulary projection only where the masks are (the other positions' logits are never read)
+            hidden = enc.model.hidden_states(ids, mask, types)
+            rows, cols = (ids == mask_id).nonzero(as_tuple=True)
+            probs = enc.model.head_output(hidden[rows, cols]).float().softmax(dim=-1)
+            values_all, predictions_all = (t.cpu() for t in probs.topk(top_k))
+            first = 0
+            for i in batch:
                 seq = encoded[i].ids
                 positions = [p for p, t in enumerate(seq) if t == mask_id]
-                probs = logits[row, positions].softmax(dim=-1)
-                values, predictions = probs.topk(top_k)
+                values, predictions = values_all[first : first + len(positions)], predictions_all[first : first + len(positions)]
+                first += len(positions)
                 single = len(positions) == 1
                 per_mask = []
                 for m, pos in enumerate(positions):
