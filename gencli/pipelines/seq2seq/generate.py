@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 
+from gencli.backend.packed_linear import PackedLinear
 from gencli.errors import UserError
 from gencli.models.seq2seq import reorder_cache
 from gencli.pipelines.seq2seq.loading import Seq2SeqModel
@@ -312,7 +313,10 @@ def screen_for(sm: Seq2SeqModel, settings: Seq2SeqSettings):
     params = settings.sampling
     if not params.greedy or params.repetition_penalty != 1.0 or not sm.model.plain_head:
         return None
-    weight = sm.model.lm_head.weight
+    head = sm.model.lm_head
+    if isinstance(head, PackedLinear):  # a bf16 head, already packed
+        return None
+    weight = head.weight
     if sm.screen is None and not sm.screen_failed:
         if settings.max_new_tokens < SCREEN_MIN_STEPS or weight.numel() * weight.element_size() < SCREEN_MIN_HEAD_BYTES:
             return None
