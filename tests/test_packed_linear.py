@@ -92,6 +92,30 @@ def test_seq2seq_bf16_decodes_with_packed_weights(tmp_path):
     assert got == want and len(got) >= 1
 
 
+@needs_packing
+def test_bf16_greedy_screens_the_packed_head(tmp_path, monkeypatch):
+    """Greedy steps of a bf16 model with a packed head choose by the screened argmax of the head's
+    fp32 image (here forced on for a tiny head): the tokens of the plain argmax of the logits."""
+    from gencli.backend.screened_argmax import ScreenedArgmax
+    from gencli.pipelines.seq2seq import generate as g
+    from gencli.pipelines.seq2seq.loading import load_seq2seq_model
+    from tests._seq2seq_fixtures import INPUTS, t5_checkpoint
+
+    folder = t5_checkpoint(tmp_path / "t5", "v1.0", seed=3)
+    sm = load_seq2seq_model(folder, device="cpu", dtype="bfloat16")
+    if not ScreenedArgmax.supported(sm.model.lm_head.weight.float()):
+        pytest.skip("no screened argmax on this CPU")
+    inputs = [(t, g.encode_input(sm, t)) for t in INPUTS[:3]]
+    settings = g.resolve_settings(sm.generation_config, max_new_tokens=8, temperature=0.0, eos_ids=sm.eos_ids)
+    want = [o.token_ids for o in g.generate(sm, inputs, settings)]
+    assert sm.screen is None  # a tiny head: not screened by default
+    monkeypatch.setattr(g, "SCREEN_MIN_HEAD_BYTES", 0)
+    monkeypatch.setattr(g, "SCREEN_MIN_STEPS", 1)
+    got = [o.token_ids for o in g.generate(sm, inputs, settings)]
+    assert isinstance(sm.screen, ScreenedArgmax) and sm.screen.weight.dtype == torch.float32
+    assert got == want
+
+
 def test_auto_dtype_of_an_encoder_decoder(monkeypatch):
     """--dtype auto: bf16 (packed) only for a model of 20M parameters or more on a CPU with native
     bf16 and oneDNN's packed matmul; an explicit dtype always wins."""
