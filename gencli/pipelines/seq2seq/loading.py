@@ -57,9 +57,9 @@ def _ids(value: Any) -> list[int]:
 def _auto_dtype(device: str, dtype: str, n_params: Optional[int]) -> str:
     """``--dtype auto`` for an encoder-decoder: bf16 with oneDNN's packed matmul on a CPU with native
     bf16 (AMX) for a model of at least :data:`PACKED_BF16_MIN_PARAMS` parameters, where decoding
-    reads half the bytes per step (a T5-small shape: about 1.0x greedy and 1.9x 4-beam fp32's steps/s,
-    see docs/benchmarks.md); else the rule every decoder follows (fp32 on a CPU). ``--dtype float32``
-    gives transformers' fp32 output."""
+    reads half the bytes per step (a T5-small shape, one thread: about 1.2x fp32's greedy and 2x its
+    4-beam steps per CPU-second, see docs/benchmarks.md); else the rule every decoder follows (fp32 on
+    a CPU). ``--dtype float32`` gives transformers' fp32 output."""
     if (dtype or "auto").strip().lower() != "auto" or n_params is None or n_params < PACKED_BF16_MIN_PARAMS:
         return dtype
     if resolve_device(device).type != "cpu" or not cpu_has_native_bf16() or not packing_available():
