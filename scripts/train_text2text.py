@@ -8,19 +8,22 @@
 The tasks and the structure format are :mod:`gencli.data.shapes_text2text`'s: ``parse: CAPTION`` ->
 ``size=... colour=... shape=... position=... ; ... ; background=...`` and ``describe: STRUCTURE`` ->
 the full caption. Training scenes come from the ``train`` seeds, captions in the full, list and
-background-first styles.
+background-first styles and (``--augment``, half of them by default) the varied phrasings of
+:func:`gencli.data.shapes_text2text.augmented_caption`; the ``picture`` style and the paraphrases stay
+held out.
 
 Steps (each cached under --run-dir, so an interrupted run resumes where it stopped):
-1. a T5-style sentencepiece unigram tokenizer (``<pad>`` 0, ``</s>`` 1, ``<unk>`` 2, no sentinels)
-   trained on captions and structures of training scenes;
+1. a T5-style sentencepiece BPE tokenizer (``<pad>`` 0, ``</s>`` 1, ``<unk>`` 2, no sentinels)
+   trained on captions and structures of training scenes (and every printable ASCII character);
 2. gencli's own ``T5ForConditionalGeneration`` (v1.0 layout: ReLU feed-forward, head tied to the
    embedding) with T5's initialisation, trained with AdamW on freshly drawn pairs (each batch depends on
    its step alone), warmup then cosine decay; a checkpoint every --ckpt-every steps (atomic writes);
-3. export in the Hugging Face layout (config.json, model.safetensors, spiece.model,
+3. export in the Hugging Face layout (config.json, model.safetensors in fp16 unless --fp32, spiece.model,
    tokenizer_config.json, generation_config.json): ``gencli text2text -m FOLDER`` runs it;
 4. evaluation through the exported folder and gencli's own loader and decoder (greedy): exact match on
-   held-out ``test`` scenes for parse (the training styles), parse (the held-out ``picture`` style and
-   the never-written paraphrases) and describe, next to the rule-based baseline parser.
+   held-out ``test`` scenes for parse (the training styles, augmented phrasings), parse (the held-out
+   ``picture`` style and the never-written paraphrases) and describe, next to the rule-based
+   baseline parser; outputs cut by the token budget and a few wrong ones are logged.
 """
 
 from __future__ import annotations

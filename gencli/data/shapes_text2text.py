@@ -7,8 +7,9 @@ The structure names every object's attributes and the background, in caption ord
 Two tasks, each with a T5-style prefix: ``parse: CAPTION`` -> structure, and ``describe: STRUCTURE``
 -> the ``full`` caption. Captions for training come in the styles of :data:`TRAIN_STYLES`; the
 ``picture`` style is held out (a phrasing the model never saw), and evaluation scenes come from the
-``test`` split of seeds. :func:`baseline_parse` is a rule-based parser written from the caption
-templates, the baseline a trained model is compared with.
+``test`` split of seeds. :func:`augmented_caption` composes varied training phrasings (word order,
+joiners, background wording) that keep the held-out ones out. :func:`baseline_parse` is a rule-based
+parser written from the caption templates, the baseline a trained model is compared with.
 """
 
 from __future__ import annotations
