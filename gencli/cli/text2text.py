@@ -11,8 +11,9 @@ from gencli.cli import app
 from gencli.cli.common import RunOptions, at_least, command, option, option_group
 from gencli.console import Reporter
 
-# no embedded text-to-text default ships yet: --model is required
-DEFAULT_MODEL: Optional[str] = None
+# the embedded default of text2text (weights/t5-shapes: shapes-world captions to structures and back);
+# translate has none (--model is required)
+DEFAULT_MODEL: Optional[str] = "t5-shapes"
 
 Texts = Annotated[
     Optional[list[str]], typer.Argument(metavar="TEXT...", help="Input texts, one output each; - reads one input per line from stdin.", show_default=False)
@@ -81,14 +82,17 @@ def text2text(
 ) -> None:
     """Text in, text out with a T5 / Flan-T5 / mT5, Marian or BART checkpoint: one output line per input.
 
-    Decoding settings not given as flags come from the checkpoint's generation_config.json.
+    Decoding settings not given as flags come from the checkpoint's generation_config.json. Without
+    --model it runs the embedded t5-shapes ("parse: CAPTION" or "describe: STRUCTURE").
     Examples:
+
+    gencli text2text "parse: a small red star at the top left on a blue background"
 
     gencli text2text -m ./flan-t5-small "summarize: The cat sat on the mat all day long."
 
     cat questions.txt | gencli text2text -m ./flan-t5-small - --num-beams 4 --json
     """
-    _run(texts, settings, opts, prefix=None)
+    _run(texts, settings, opts, prefix=None, default_model=DEFAULT_MODEL)
 
 
 @command(app, "translate", seed_help=SEED_HELP)
@@ -113,14 +117,14 @@ def translate(
     if (source is None) != (target is None):
         raise UserError("--source and --target go together (T5: 'translate SOURCE to TARGET: ')")
     prefix = f"translate {source} to {target}: " if source is not None else None
-    _run(texts, settings, opts, prefix=prefix)
+    _run(texts, settings, opts, prefix=prefix, default_model=None)
 
 
 _SETTING_NAMES = ("max_new_tokens", "min_new_tokens", "num_beams", "num_return_sequences", "length_penalty", "early_stopping", "no_repeat_ngram_size",
                   "temperature", "top_k", "top_p", "repetition_penalty")  # fmt: skip
 
 
-def _run(texts, options: DecodingOptions, opts: RunOptions, *, prefix: Optional[str]) -> None:
+def _run(texts, options: DecodingOptions, opts: RunOptions, *, prefix: Optional[str], default_model: Optional[str]) -> None:
     from gencli.errors import UserError
 
     flags, prompts_file, batch_size = options.flags(), options.prompts_file, options.batch_size
@@ -129,8 +133,8 @@ def _run(texts, options: DecodingOptions, opts: RunOptions, *, prefix: Optional[
 
     check_flags(**{k: flags[k] for k in ("num_beams", "num_return_sequences", "max_new_tokens", "min_new_tokens", "no_repeat_ngram_size", "temperature",
                                           "top_k", "top_p", "repetition_penalty")})  # fmt: skip
-    if opts.model is None and DEFAULT_MODEL is None:
-        raise UserError("no model: pass --model with a T5, Marian or BART checkpoint folder (no embedded text-to-text default ships yet)")
+    if opts.model is None and default_model is None:
+        raise UserError("no model: pass --model with a Marian (opus-mt) or T5 checkpoint folder (translate has no embedded default)")
     inputs = _read_inputs(texts, prompts_file, opts.report)
     if prefix is not None:
         inputs = [prefix + t for t in inputs]
@@ -141,7 +145,7 @@ def _run(texts, options: DecodingOptions, opts: RunOptions, *, prefix: Optional[
     from gencli.weights import resolve_model
 
     report = opts.report
-    path = resolve_model(opts.model, DEFAULT_MODEL)
+    path = resolve_model(opts.model, default_model)
     with report.progress("loading model"):
         sm = load_seq2seq_model(path, **opts.load_options())
     report.debug(f"model: {describe(sm)}; loaded in {sm.load_seconds:.2f}s")

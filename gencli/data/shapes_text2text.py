@@ -7,14 +7,15 @@ The structure names every object's attributes and the background, in caption ord
 Two tasks, each with a T5-style prefix: ``parse: CAPTION`` -> structure, and ``describe: STRUCTURE``
 -> the ``full`` caption. Captions for training come in the styles of :data:`TRAIN_STYLES`; the
 ``picture`` style is held out (a phrasing the model never saw), and evaluation scenes come from the
-``test`` split of seeds. :func:`baseline_parse` is a rule-based parser written from the caption
-templates, the baseline a trained model is compared with.
+``test`` split of seeds. :func:`augmented_caption` composes varied training phrasings (word order,
+joiners, background wording) that keep the held-out ones out. :func:`baseline_parse` is a rule-based
+parser written from the caption templates, the baseline a trained model is compared with.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -46,12 +47,52 @@ def parse_structure(text: str) -> Optional[dict]:
     return {"objects": objects, "background": parts[-1].split("=", 1)[1]}
 
 
-def pair(seed: int, rng: np.random.Generator, styles: tuple[str, ...] = TRAIN_STYLES) -> tuple[str, str]:
-    """One training pair of the scene of ``seed``: a parse or a describe task (chosen with ``rng``)."""
+def pair(seed: int, rng: np.random.Generator, styles: tuple[str, ...] = TRAIN_STYLES, augment: float = 0.0) -> tuple[str, str]:
+    """One training pair of the scene of ``seed``: a parse or a describe task (chosen with ``rng``).
+    A parse caption is one of ``styles``, or with probability ``augment`` an :func:`augmented_caption`."""
     scene = shapes.make_scene(seed)
     if rng.random() < 0.5:
-        return PARSE + scene.random_caption(rng, styles), structure(scene)
+        caption = augmented_caption(scene, rng) if augment and rng.random() < augment else scene.random_caption(rng, styles)
+        return PARSE + caption, structure(scene)
     return DESCRIBE + structure(scene), scene.caption("full")
+
+
+def _choice(rng: np.random.Generator, options: Sequence[str]) -> str:
+    return options[int(rng.integers(len(options)))]
+
+
+def _position_phrase(position: str, rng: np.random.Generator) -> str:
+    options = [shapes.POSITION_PHRASES[position], f"in the {position}", position]
+    if " " in position:  # a corner
+        options.append(f"in the {position} corner")
+    return _choice(rng, options)
+
+
+def _object_phrase(o: shapes.ShapeObject, rng: np.random.Generator) -> str:
+    where = _position_phrase(o.position, rng)
+    article = shapes._article(o.size)
+    return _choice(rng, [
+        f"{article} {o.size} {o.colour} {o.shape} {where}",
+        f"{o.size} {o.colour} {o.shape} {where}",
+        f"{o.colour} {o.shape}, {o.size}, {o.position}",
+        f"{where} {article} {o.size} {o.colour} {o.shape}",
+        f"{shapes._article(o.colour)} {o.colour} {o.shape} of {o.size} size {where}",
+    ])  # fmt: skip
+
+
+def augmented_caption(scene: shapes.Scene, rng: np.random.Generator) -> str:
+    """A caption composed from varied parts, for training variety: each object's phrase (word order,
+    article, position wording), the joiner between objects, the background before or after the
+    objects, an optional lead-in. Kept out on purpose, so that evaluation measures phrasings never
+    trained on: the ``picture`` style's "a picture of ..., on a ... background", parentheses (the
+    ``paren`` paraphrase), "there is" and a leading "on a ... background" (the ``there_is`` one)."""
+    objects = _choice(rng, [" and ", ", ", "; ", " with "]).join(_object_phrase(o, rng) for o in scene.objects)
+    bg, article = scene.background, shapes._article(scene.background)
+    if rng.random() < 0.5:
+        lead = _choice(rng, ["", "", "an image of ", "a scene with "])
+        return lead + objects + _choice(rng, [f" on {article} {bg} background", f", {bg} background", f"; {bg} background",
+                                              f" against {article} {bg} background", f", the background is {bg}"])  # fmt: skip
+    return _choice(rng, [f"{article} {bg} background with ", f"{bg} background: ", f"{bg} background, ", f"background {bg}: "]) + objects
 
 
 _POSITION_RX = "|".join(re.escape(p) for p in sorted(shapes.POSITION_PHRASES.values(), key=len, reverse=True))

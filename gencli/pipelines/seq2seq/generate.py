@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 
+from gencli.backend.packed_linear import PackedLinear
 from gencli.errors import UserError
 from gencli.models.seq2seq import reorder_cache
 from gencli.pipelines.seq2seq.loading import Seq2SeqModel
@@ -312,10 +313,14 @@ def screen_for(sm: Seq2SeqModel, settings: Seq2SeqSettings):
     params = settings.sampling
     if not params.greedy or params.repetition_penalty != 1.0 or not sm.model.plain_head:
         return None
-    weight = sm.model.lm_head.weight
+    head = sm.model.lm_head
+    packed = isinstance(head, PackedLinear)
     if sm.screen is None and not sm.screen_failed:
-        if settings.max_new_tokens < SCREEN_MIN_STEPS or weight.numel() * weight.element_size() < SCREEN_MIN_HEAD_BYTES:
+        # a packed bf16 head is screened as its fp32 image: fp32 weights of its bf16 values
+        size = head.in_features * head.out_features * (4 if packed else head.weight.element_size())
+        if settings.max_new_tokens < SCREEN_MIN_STEPS or size < SCREEN_MIN_HEAD_BYTES:
             return None
+        weight = head.weight.float() if packed else head.weight
         if not ScreenedArgmax.supported(weight):
             return None
         try:
@@ -330,7 +335,7 @@ def _screened(screen, hidden: torch.Tensor, seqs: torch.Tensor, settings: Seq2Se
     (the masks only lower banned tokens to -inf: an unbanned argmax is the masked argmax too)."""
     if (settings.forced_eos_ids and step == settings.max_new_tokens - 1) or (settings.forced_bos_id is not None and step == 0):
         return None
-    tokens = screen(hidden)
+    tokens = screen(hidden.float())  # a bf16 hidden state: the argmax of its exact product with the (bf16) head
     banned = set(settings.suppressed_ids) | (set(eos_ids) if step < settings.min_new_tokens else set())
     picks = tokens.tolist()
     if banned and any(t in banned for t in picks):

@@ -7,7 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from gencli.backend.device import DTYPE_NAMES, Placement, choose_placement
+import torch
+
+from gencli.backend.device import DTYPE_NAMES, Placement, choose_placement, cpu_has_native_bf16, resolve_device
+from gencli.backend.packed_linear import pack_linears, packing_available
 from gencli.errors import UserError
 from gencli.models.seq2seq import Seq2SeqLM
 from gencli.tokenizers.seq2seq import load_seq2seq_tokenizer
@@ -15,6 +18,7 @@ from gencli.tokenizers.text import TextTokenizer, read_json
 
 SUPPORTED = "T5ForConditionalGeneration, MT5ForConditionalGeneration, MarianMTModel, BartForConditionalGeneration"
 WANTED = "a text-to-text model"
+PACKED_BF16_MIN_PARAMS = 20_000_000  # smaller models decode in fp32 under --dtype auto (bf16 would not pay)
 # generation settings an old config.json carries itself (transformers reads them there when the
 # folder has no generation_config.json)
 _GENERATION_KEYS = (
@@ -48,6 +52,19 @@ def _ids(value: Any) -> list[int]:
     if isinstance(value, (list, tuple)):
         return [int(v) for v in value if v is not None]
     return [int(value)]
+
+
+def _auto_dtype(device: str, dtype: str, n_params: Optional[int]) -> str:
+    """``--dtype auto`` for an encoder-decoder: bf16 with oneDNN's packed matmul on a CPU with native
+    bf16 (AMX) for a model of at least :data:`PACKED_BF16_MIN_PARAMS` parameters, where decoding
+    reads half the bytes per step (a T5-small shape, one thread: about 1.2x fp32's greedy and 2x its
+    4-beam steps per CPU-second, see docs/benchmarks.md); else the rule every decoder follows (fp32 on
+    a CPU). ``--dtype float32`` gives transformers' fp32 output."""
+    if (dtype or "auto").strip().lower() != "auto" or n_params is None or n_params < PACKED_BF16_MIN_PARAMS:
+        return dtype
+    if resolve_device(device).type != "cpu" or not cpu_has_native_bf16() or not packing_available():
+        return dtype
+    return "bfloat16"
 
 
 def family_of(src) -> tuple[str, str]:
@@ -101,8 +118,11 @@ def load_seq2seq_model(path: Path, *, device: str = "auto", dtype: str = "auto",
             cfg = marian.MarianConfig.from_hf(src.config, has_final_logits_bias="final_logits_bias" in keys)
             factory, keymap = (lambda: marian.MarianMTModel(cfg)), marian.HF_KEYMAP
             window = cfg.max_position_embeddings
-        placement = choose_placement(device, dtype, "decoder", threads, n_params=src.num_parameters())
+        n_params = src.num_parameters()
+        placement = choose_placement(device, _auto_dtype(device, dtype, n_params), "decoder", threads, n_params=n_params)
         model = load_state(build_on_meta(factory), reader, keymap, device=placement.device, dtype=placement.dtype, config=src.config)
+        if placement.dtype == torch.bfloat16 and placement.device.type == "cpu":
+            pack_linears(model)
     finally:
         reader.close()
     gen_cfg = {k: src.config[k] for k in _GENERATION_KEYS if src.config.get(k) is not None}

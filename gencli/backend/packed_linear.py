@@ -1,0 +1,87 @@
+"""bf16 linear layers with their weights held in oneDNN's blocked layout, for CPU decoding.
+
+``F.linear`` on bf16 CPU tensors hands the dense weight to oneDNN on every call, which reorders it
+into its own blocked layout first; for the few rows of a decoding step (one per sequence or beam)
+that reorder costs as much as the product. :func:`pack_linears` swaps every linear layer of a bf16
+model for a :class:`PackedLinear` whose weight is reordered once, when the model is loaded; each call
+then runs oneDNN's matmul (AMX tiles where the CPU has them) with the bias and the activation fused
+into it. Measured on a 2-core AMX CPU, one thread, one row: a 2048x512 layer 149 us -> 75 us, a
+32128x512 LM head 2.7 ms -> 1.4 ms; with four rows (4-beam search) the fp32 head takes 7.2 ms.
+
+The values are those of ``F.linear`` in bf16 up to the kernel's summation order. Swapping is done from
+outside the model (as :func:`gencli.backend.quantize.quantize_linears` does): a tied LM head gets
+its own packed copy and the embedding keeps its dense weight. A packed layer serves inference only;
+with autograd on, or for an input of another dtype or device, it falls back to ``F.linear`` on its
+weight unpacked.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gencli.backend.device import release_free_memory
+from gencli.backend.layers import _ONEDNN_POST_OPS, _onednn_ops_available, get_activation
+
+_OPS = ("_reorder_linear_weight", "_linear_pointwise")
+
+
+def packing_available() -> bool:
+    """Whether this torch build and CPU run oneDNN's packed bf16 matmul."""
+    return _onednn_ops_available(_OPS, bf16=True)
+
+
+class PackedLinear(nn.Module):
+    """A bf16 linear layer (``forward(x, activation=None)`` as :class:`gencli.backend.layers.Linear`'s)
+    whose weight is held reordered for oneDNN; ``weight`` gives it back dense."""
+
+    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], rows_hint: int = 1):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        dense = weight.detach().to(torch.bfloat16).contiguous()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(dense, rows_hint)
+        self.bias = None if bias is None else bias.detach().to(torch.bfloat16).contiguous()
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.packed.to_dense()
+
+    def forward(self, x: torch.Tensor, activation: Optional[str] = None) -> torch.Tensor:
+        if x.dtype != torch.bfloat16 or x.device.type != "cpu" or torch.is_grad_enabled():
+            out = F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+            return out if activation is None else get_activation(activation)(out)
+        fused = activation in _ONEDNN_POST_OPS
+        op, algorithm = _ONEDNN_POST_OPS[activation if fused else None]
+        flat = x.reshape(-1, self.in_features)
+        if not flat.is_contiguous():
+            flat = flat.contiguous()
+        out = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, op, [], algorithm)
+        out = out.reshape(*x.shape[:-1], self.out_features)
+        return out if fused else get_activation(activation)(out)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, bf16 packed"
+
+
+def pack_linears(model: nn.Module, *, include: Optional[Callable[[str], bool]] = None, rows_hint: int = 1) -> int:
+    """Replace every ``nn.Linear`` (gencli's :class:`~gencli.backend.layers.Linear` included) of a bf16
+    CPU ``model`` whose name ``include`` accepts by a :class:`PackedLinear`, in place; returns how many.
+    Nothing is swapped where :func:`packing_available` is False. Each dense weight no other module
+    holds (a tied embedding does) is released."""
+    if not packing_available():
+        return 0
+    targets = [
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and module.weight.dtype == torch.bfloat16 and module.weight.device.type == "cpu" and (include is None or include(name))
+    ]
+    for name, module in targets:
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, attr, PackedLinear(module.weight, module.bias, rows_hint))
+    if targets:
+        release_free_memory()
+    return len(targets)
