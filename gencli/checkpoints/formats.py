@@ -342,6 +342,7 @@ _COMMAND_FOR = {
     **dict.fromkeys(("DDPMPipeline", "DDIMPipeline"), ("a pixel-space diffusion pipeline", "gencli sample ddpm")),
     "UNet2DModel": ("a pixel-space diffusion UNet", "gencli sample ddpm, with the pipeline folder it belongs to"),
     **dict.fromkeys(("SegformerForSemanticSegmentation", "UNetSegmenter"), ("a segmentation model", "gencli segment")),
+    "SimCLREncoder": ("an image encoder", "gencli embed --images"),
     # BERT-family encoders: the command that runs each head
     **{
         f"{family}{head}": (what, command)
