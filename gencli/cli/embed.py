@@ -67,9 +67,17 @@ QueryOpt = Annotated[
 ]
 
 
+InputsArg = Annotated[
+    Optional[list[str]],
+    typer.Argument(
+        metavar="[TEXT|IMAGE]...", help="Texts (- = one a line on stdin); with --images image files, directories, or - for paths on stdin.", show_default=False
+    ),
+]
+
+
 @command(app, "embed", seed_help=DETERMINISTIC_SEED_HELP)
 def embed(
-    texts: TextsArg = None,
+    texts: InputsArg = None,
     texts_file: TextsFileOpt = None,
     images: ImagesFlag = False,
     query: QueryOpt = None,
