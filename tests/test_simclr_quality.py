@@ -30,5 +30,7 @@ def test_probes_beat_the_random_encoder_and_the_floors(tmp_path):
         torch.set_num_threads(threads)
     for (task, probe), floor in FLOORS.items():
         assert r["simclr"][task][probe] >= floor, (task, probe, r["simclr"][task])
-    for probe in ("linear", "knn"):  # what SimCLR learnt about shape, beyond what random features give
-        assert r["simclr"]["shape"][probe] >= r["random"]["shape"][probe] + 0.15, r
+    # what SimCLR learnt about shape and position, beyond what random features give
+    assert r["simclr"]["shape"]["linear"] >= r["random"]["shape"]["linear"] + 0.25, r
+    assert r["simclr"]["shape"]["knn"] >= r["random"]["shape"]["knn"] + 0.03, r
+    assert r["simclr"]["position"]["linear"] >= r["random"]["position"]["linear"] + 0.3, r
