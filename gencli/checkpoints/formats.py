@@ -342,6 +342,7 @@ _COMMAND_FOR = {
     **dict.fromkeys(("DDPMPipeline", "DDIMPipeline"), ("a pixel-space diffusion pipeline", "gencli sample ddpm")),
     "UNet2DModel": ("a pixel-space diffusion UNet", "gencli sample ddpm, with the pipeline folder it belongs to"),
     **dict.fromkeys(("SegformerForSemanticSegmentation", "UNetSegmenter"), ("a segmentation model", "gencli segment")),
+    "SimCLREncoder": ("an image encoder", "gencli embed --images"),
     # BERT-family encoders: the command that runs each head
     **{
         f"{family}{head}": (what, command)
@@ -359,8 +360,10 @@ _COMMAND_FOR = {
 
 
 def with_article(word: str) -> str:
-    """``word`` after "a" or "an" (by its first letter: "an AutoencoderKL", "a ViT...")."""
-    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
+    """``word`` after "a" or "an" (by its sound: "an AutoencoderKL", "a ViT...", "a UNet2DModel":
+    an initial "U" before a capital, and "UNet", "Unet", "Uni...", read "you")."""
+    sounds_like_you = word[:1] == "U" and (word[1:2].isupper() or word.lower().startswith(("unet", "uni")))
+    return f"{'an' if word[:1].lower() in 'aeiou' and not sounds_like_you else 'a'} {word}"
 
 
 def command_for(arch: Optional[str]) -> Optional[tuple[str, str]]:

@@ -8,9 +8,9 @@ from typing import Annotated, Optional
 import typer
 
 from gencli.cli import app
-from gencli.cli.common import DETERMINISTIC_SEED_HELP, RunOptions, command, option
+from gencli.cli.common import DETERMINISTIC_SEED_HELP, RunOptions, at_least, command, option
 
-DEFAULT_MODEL = "bert-pystdlib"  # the embedded default (mean pooling)
+DEFAULT_MODEL = "bert-shapes-embed"  # the embedded text default (a sentence-transformers folder)
 
 
 class Pooling(str, enum.Enum):
@@ -58,14 +58,38 @@ MaxLengthOpt = Annotated[
 ]
 
 
+ImagesFlag = Annotated[
+    bool, option("--images", help="The inputs are images (files, directories, or - for paths on stdin): embed them with a CLIP, ViT or SimCLR model.")
+]
+QueryOpt = Annotated[
+    Optional[list[str]],
+    option("--query", metavar="IMAGE", help="With --images: list the -k inputs most cosine-similar to this image (repeatable).", show_default=False),
+]
+
+
+InputsArg = Annotated[
+    Optional[list[str]],
+    typer.Argument(
+        metavar="[TEXT|IMAGE]...", help="Texts (- = one a line on stdin); with --images image files, directories, or - for paths on stdin.", show_default=False
+    ),
+]
+
+
 @command(app, "embed", seed_help=DETERMINISTIC_SEED_HELP)
 def embed(
-    texts: TextsArg = None,
+    texts: InputsArg = None,
     texts_file: TextsFileOpt = None,
+    images: ImagesFlag = False,
+    query: QueryOpt = None,
+    top_k: Annotated[int, option("--top-k", callback=at_least(1), help="With --query: neighbours listed per query.")] = 5,
+    recursive: Annotated[bool, option("--recursive", help="With --images: descend into sub-directories of directory inputs.")] = False,
     pooling: Annotated[Optional[Pooling], option("--pooling", help="Override the model's pooling of token states.")] = None,
-    normalize: Annotated[Optional[bool], option("--normalize/--no-normalize", help="L2-normalise the vectors (default: as the model's folder says).")] = None,
+    normalize: Annotated[
+        Optional[bool],
+        option("--normalize/--no-normalize", help="L2-normalise the vectors (default: as the model's folder says; CLIP: yes; ViT, SimCLR: no)."),
+    ] = None,
     max_length: MaxLengthOpt = None,
-    batch_size: Annotated[int, option("--batch-size", help="Texts per forward pass (batched by length; results stay in input order).")] = 32,
+    batch_size: Annotated[int, option("--batch-size", help="Texts (or images) per forward pass (texts batched by length; results stay in input order).")] = 32,
     out: Annotated[
         Optional[str], option("--out", metavar="FILE", help="Write the matrix to FILE.npy, FILE.safetensors (tensor 'embeddings') or FILE.jsonl.")
     ] = None,
@@ -73,49 +97,175 @@ def embed(
     *,
     opts: RunOptions,
 ) -> None:
-    """Sentence embeddings from a BERT, RoBERTa or DistilBERT checkpoint (sentence-transformers folders: their pooling, normalisation and window).
+    """Embeddings of texts (BERT, RoBERTa, DistilBERT, sentence-transformers and CLIP checkpoints) or, with --images, of images (CLIP, ViT, SimCLR).
 
-    With --json one line per text: {"text", "embedding": [...]} in input order; --out writes the matrix
-    (rows in input order). Otherwise one line per text: its dimension, norm and first values. Without
-    --model: bert-pystdlib's mean-pooled token states (a small encoder pretrained on the standard
-    library's docstrings and comments, not trained for sentence similarity).
+    With --json one line per input: {"text", "embedding": [...]} (or {"image", "embedding"}) in input
+    order; --out writes the matrix (rows in input order). Otherwise one line per input: its dimension,
+    norm and first values. Texts: pooling, normalisation and window from the model's files; on a CLIP
+    checkpoint the text tower's projected, L2-normalised embedding, comparable by dot product with
+    the same model's image embeddings. Images: CLIP -> the image tower's projected, L2-normalised
+    embedding; ViT/DeiT -> the [CLS] token's final hidden state; SimCLR -> the encoder's pooled
+    representation. Without --model: bert-shapes-embed for texts (a small sentence embedding trained
+    contrastively on shapes-world captions: it knows that world's words and little else),
+    simclr-shapes for images (trained without labels on shapes-world scenes).
+    --query IMAGE lists the inputs nearest to the image by cosine similarity (JSON: {"query",
+    "neighbours": [{"rank", "image", "cosine"}]}). Unreadable images are reported, the others go on,
+    and the exit code is then 2.
     """
-    from gencli.weights import resolve_model
+    from gencli.errors import UserError
 
-    text_list = read_texts(texts, texts_file)
     if out is not None:
         from gencli.io import ensure_writable
         from gencli.pipelines.encoders.outputs import check_matrix_path
 
         check_matrix_path(out)
         ensure_writable(out, force)
-    from gencli.console import emit_json
-    from gencli.pipelines.encoders.embed import embed_texts
-    from gencli.pipelines.encoders.loading import load_encoder
+    if images:
+        if texts_file is not None:
+            raise UserError("--texts-file gives texts: it cannot be combined with --images")
+        if pooling is not None or max_length is not None:
+            raise UserError(f"{'--pooling' if pooling is not None else '--max-length'} applies to texts, not to --images")
+        if query and out is not None:
+            raise UserError("--query lists neighbours: it writes no matrix, so --out cannot go with it")
+        return _embed_images(texts or [], query or [], top_k, recursive, normalize, batch_size, out, force, opts)
+    if query:
+        raise UserError("--query needs --images: the inputs it is compared with are images")
+    _embed_texts(read_texts(texts, texts_file), pooling, normalize, max_length, batch_size, out, force, opts)
+
+
+def _embed_texts(text_list, pooling, normalize, max_length, batch_size, out, force, opts: RunOptions) -> None:
+    from gencli.errors import UserError
+    from gencli.pipelines.vision.embed import clip_text_embeddings, is_clip_checkpoint
+    from gencli.weights import resolve_model
 
     report = opts.report
-    enc = load_encoder(resolve_model(opts.model, DEFAULT_MODEL), task="base", **opts.load_options())
-    report.debug(f"embed: {enc.describe()}; pooling {enc.layout.pooling}, normalize {enc.layout.normalize}")
-    vectors = embed_texts(
-        enc,
-        text_list,
-        pooling=pooling.value if pooling is not None else None,
-        normalize=normalize,
-        max_length=max_length,
-        batch_size=batch_size,
-        warn=report.warn,
-    )
+    path = resolve_model(opts.model, DEFAULT_MODEL)
+    if opts.model is not None and is_clip_checkpoint(path, opts.allow_pickle):
+        if pooling is not None or max_length is not None:
+            raise UserError(
+                f"{'--pooling' if pooling is not None else '--max-length'} does not apply to CLIP: its text tower pools the end token of a 77-token window"
+            )
+        report.debug(f"embed: CLIP text tower of {path}")
+        vectors = clip_text_embeddings(path, text_list, normalize=normalize, batch_size=batch_size, warn=report.warn, **opts.load_options())
+    else:
+        from gencli.pipelines.encoders.embed import embed_texts
+        from gencli.pipelines.encoders.loading import load_encoder
+
+        enc = load_encoder(path, task="base", **opts.load_options())
+        report.debug(f"embed: {enc.describe()}; pooling {enc.layout.pooling}, normalize {enc.layout.normalize}")
+        vectors = embed_texts(
+            enc,
+            text_list,
+            pooling=pooling.value if pooling is not None else None,
+            normalize=normalize,
+            max_length=max_length,
+            batch_size=batch_size,
+            warn=report.warn,
+        )
+    _write(vectors, text_list, "text", out, force, opts)
+
+
+def _write(vectors, names: list[str], key: str, out: Optional[str], force: bool, opts: RunOptions) -> None:
+    """The vectors to --out (the matrix), to stdout as JSON lines, or as one summary line each."""
+    from gencli.console import emit_json
+
+    report = opts.report
     if out is not None:
         from gencli.pipelines.encoders.outputs import write_matrix
 
-        write_matrix(out, vectors, text_list, force=force)
+        write_matrix(out, vectors, names, force=force, key=key)
         report.log(f"wrote {vectors.shape[0]} x {vectors.shape[1]} embeddings to {out}")
         if not report.json:
             return
-    for text, vec in zip(text_list, vectors.tolist()):
+    for name, vec in zip(names, vectors.tolist()):
         if report.json:
-            emit_json({"text": text, "embedding": vec})
+            emit_json({key: name, "embedding": vec})
         else:
-            norm = sum(v * v for v in vec) ** 0.5
-            head = " ".join(f"{v:+.4f}" for v in vec[:6])
-            typer.echo(f"{len(vec)}-d  norm {norm:.4f}  [{head} ...]  {text}")
+            typer.echo(_summary(vec, name))
+
+
+def _summary(vec: list[float], name: str) -> str:
+    norm = sum(v * v for v in vec) ** 0.5
+    head = " ".join(f"{v:+.4f}" for v in vec[:6])
+    return f"{len(vec)}-d  norm {norm:.4f}  [{head} ...]  {name}"
+
+
+def _embed_images(inputs, queries, top_k, recursive, normalize, batch_size, out, force, opts: RunOptions) -> None:
+    import torch
+
+    from gencli.console import emit_json
+    from gencli.errors import UserError
+    from gencli.pipelines.vision.embed import DEFAULT_MODEL as IMAGE_MODEL
+    from gencli.pipelines.vision.embed import load_image_embedder
+    from gencli.pipelines.vision.images import ImageReadError, image_paths, load_image, predict_image_files, unreadable_inputs_error
+    from gencli.weights import resolve_model
+
+    report = opts.report
+    if not inputs:
+        raise UserError("no images: give image files, directories, or - for paths on stdin")
+    paths = image_paths(inputs, recursive=recursive)  # bad inputs fail before the model loads
+    query_images = []
+    for q in queries:
+        try:
+            query_images.append(load_image(q))
+        except ImageReadError as exc:
+            raise UserError(f"--query {exc}") from None
+    embedder = load_image_embedder(resolve_model(opts.model, IMAGE_MODEL), normalize=normalize, warn=report.warn, **opts.load_options())
+    report.debug(f"embed --images: {embedder.describe()}")
+    names: list[str] = []
+    rows: list[torch.Tensor] = []
+    failed: list[str] = []
+    listing = bool(queries)
+    with report.progress("embedding", total=len(paths)) as advance:
+        for r in predict_image_files(paths, lambda ims: list(embedder.embed(ims)), batch_size=batch_size):
+            advance(1)
+            if r.error is not None:
+                failed.append(r.path)
+                report.error(f"'{r.path}': {r.error}")
+                if report.json and out is None and not listing:
+                    emit_json({"image": r.path, "error": r.error})
+                continue
+            names.append(r.path)
+            rows.append(r.value)
+            if out is None and not listing:  # stream: one line per image as it comes
+                vec = r.value.tolist()
+                emit_json({"image": r.path, "embedding": vec}) if report.json else typer.echo(_summary(vec, r.path))
+    if out is not None:
+        if failed:
+            raise UserError(f"{unreadable_inputs_error(failed, len(paths))}: --out not written (its rows would not match the inputs)")
+        _write(torch.stack(rows), names, "image", out, force, opts)
+    if listing and rows:
+        _list_neighbours(queries, embedder.embed(query_images), names, torch.stack(rows), top_k, report)
+    if failed:
+        raise unreadable_inputs_error(failed, len(paths))
+
+
+def _list_neighbours(queries, query_vectors, names, vectors, top_k, report) -> None:
+    from pathlib import Path
+
+    from gencli.console import emit_json, print_table
+    from gencli.pipelines.vision.embed import nearest
+
+    for q, qv in zip(queries, query_vectors):
+        same = {i for i, n in enumerate(names) if Path(n).resolve() == Path(q).resolve()}  # the query itself is not its neighbour
+        keep = [i for i in range(len(names)) if i not in same]
+        if not keep:
+            report.warn(f"--query '{q}': no other image to compare it with")
+            continue
+        found = nearest(qv[None], vectors[keep], top_k)[0]
+        hits = [{"rank": rank, "image": names[keep[j]], "cosine": cos} for rank, (j, cos) in enumerate(found, 1)]
+        if report.json:
+            emit_json({"query": q, "neighbours": hits})
+        else:
+            print_table(_neighbour_table(q, hits))
+
+
+def _neighbour_table(query: str, hits):
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold", show_edge=False, pad_edge=False)
+    for name, justify in (("query", "left"), ("rank", "right"), ("cosine", "right"), ("image", "left")):
+        table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for h in hits:
+        table.add_row(query, str(h["rank"]), f"{h['cosine']:.4f}", h["image"])
+    return table
