@@ -292,9 +292,10 @@ class SegformerDecodeHead(nn.Module):
     def composed_projections(self, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """:meth:`fused_projections` in ``dtype``, composed once and kept for inference while the
         weights stay the same tensors, unchanged (their version counters), in the same dtype."""
-        if torch.is_grad_enabled():
+        tensors = self._head_tensors()
+        if torch.is_grad_enabled() or any(t.is_inference() for t in tensors):  # (inference tensors keep no version counter)
             return [(w.to(dtype), b.to(dtype)) for w, b in self.fused_projections()]
-        key = (dtype, *((t.data_ptr(), t._version, t.dtype, t.device) for t in self._head_tensors()))
+        key = (dtype, *((t.data_ptr(), t._version, t.dtype, t.device) for t in tensors))
         cached = getattr(self, "_composed", None)
         if cached is None or cached[0] != key:
             cached = (key, [(w.to(dtype), b.to(dtype)) for w, b in self.fused_projections()])
