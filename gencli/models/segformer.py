@@ -22,6 +22,13 @@ that reads each stage and the BatchNorm are linear maps, and bilinear resizing c
 ``decoder_hidden_size`` channels per stage instead of building a ``4 x decoder_hidden_size``
 concatenation; the result equals the literal order up to rounding.
 
+A stage's token sequence ``(B, H*W, C)`` is, in memory, its ``(B, C, H, W)`` map in channels-last
+layout: the convolutions (the Mix-FFN's depthwise one, the spatial reduction, the next stage's patch
+embedding) read that view and return the same layout, so tokens and maps pass between them without a
+copy; the stage outputs and the logits are channels-last tensors. At CPU inference the GELU runs
+inside the packed depthwise convolution and each residual inside the matmul of the block's last
+projection (:class:`gencli.backend.layers.Conv2d`, :func:`gencli.backend.layers.linear`).
+
 Module attribute names are those of the files on the model hubs (``segformer.encoder.block.I.J.
 attention.self.query``, ``...mlp.dwconv.dwconv``, ``decode_head.linear_c.N.proj`` ...), so a
 downloaded checkpoint loads with an identity key map; :data:`HF_V5_KEYMAP` covers transformers 5's
