@@ -292,3 +292,47 @@ def test_conv2d_prepacked_matches_plain_and_stays_a_conv(dtype):
     out = conv(x.float().requires_grad_())
     out.sum().backward()
     assert conv.weight.grad is not None and conv.weight.grad.shape == weight.shape
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("act", ["gelu", "silu", "quick_gelu"])
+def test_conv2d_activation_packed_or_not_is_the_conv_then_the_activation(dtype, act):
+    """``conv(x, activation=...)``: inside oneDNN's packed convolution where it has the activation
+    (a depthwise conv, as SegFormer's Mix-FFN runs it), after it otherwise; the same values."""
+    from gencli.backend.layers import Conv2d
+
+    torch.manual_seed(0)
+    conv = Conv2d(12, 12, 3, padding=1, groups=12).to(dtype)
+    x = torch.randn(2, 12, 7, 5).to(dtype).to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        want = get_activation(act)(F.conv2d(x.float(), conv.weight.float(), conv.bias.float(), padding=1, groups=12))
+        tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=0.05, rtol=0.05)
+        torch.testing.assert_close(conv(x, activation=act).float(), want, **tol)  # plain
+        conv.prepack()
+        torch.testing.assert_close(conv(x, activation=act).float(), want, **tol)  # packed (where oneDNN is)
+        assert not torch.equal(conv(x, activation=act), conv(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_with_residual_adds_it_to_the_product(dtype):
+    """``lin(x, residual=r)`` equals ``lin(x) + r``: in oneDNN's matmul at inference on the CPU, by
+    a separate addition under autograd (which then reaches the residual)."""
+    if dtype == torch.bfloat16 and not devmod.cpu_has_native_bf16():
+        pytest.skip("no native bf16 on this CPU")
+    torch.manual_seed(0)
+    lin = Linear(24, 16).to(dtype)
+    x = torch.randn(3, 10, 24).to(dtype)
+    r = torch.randn(3, 10, 16).to(dtype)
+    want = F.linear(x.float(), lin.weight.float(), lin.bias.float()) + r.float()
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=0.1, rtol=0.02)
+    with torch.no_grad():
+        torch.testing.assert_close(lin(x, residual=r).float(), want, **tol)
+        torch.testing.assert_close(lin(x[:1, :1], residual=r[:1, :1]).float(), want[:1, :1], **tol)  # one row: F.linear + r
+    if dtype == torch.float32:
+        rg = r.clone().requires_grad_()
+        out = lin(x, residual=rg)
+        torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+        out.sum().backward()
+        assert torch.equal(rg.grad, torch.ones_like(r))
+    with pytest.raises(ValueError, match="residual"):
+        lin(x, activation="gelu", residual=r)

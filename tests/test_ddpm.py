@@ -143,6 +143,25 @@ def test_ddpm_images_match_diffusers_ddpm_pipeline(folders, tmp_path, overrides)
     assert np.abs(got.astype(int) - want.astype(int)).max() <= 2
 
 
+def test_auto_dtype_is_bf16_where_the_cpu_multiplies_it_and_the_images_stay_close(folders, monkeypatch):
+    """--dtype auto follows the UNet families' rule (bf16 on a CPU with native bf16, else fp32); the
+    bf16 UNet's images stay within a few levels of the fp32 ones (the sampler itself stays fp32)."""
+    from gencli.backend import device as devmod
+    from gencli.pipelines.ddpm import sampling
+    from gencli.pipelines.ddpm.loading import inspect_pipeline, open_ddpm
+
+    checkpoint = inspect_pipeline(folders["cifar"])
+    for flag, want in (("0", torch.float32), ("1", torch.bfloat16)):
+        devmod.cpu_has_native_bf16.cache_clear()
+        monkeypatch.setenv("GENCLI_CPU_BF16", flag)
+        assert open_ddpm(checkpoint, device="cpu", dtype="auto", threads=1).placement.dtype == want
+    devmod.cpu_has_native_bf16.cache_clear()
+    seeds = [3, 4]
+    full = sampling.generate(_load(folders["cifar"]), seeds, sampler="ddpm", steps=10)
+    half = sampling.generate(open_ddpm(checkpoint, device="cpu", dtype="bfloat16", threads=1), seeds, sampler="ddpm", steps=10)
+    assert np.abs(full.astype(int) - half.astype(int)).max() <= 3
+
+
 @pytest.mark.parametrize("eta", [0.0, 1.0])
 def test_ddim_images_match_diffusers_ddim_pipeline(folders, eta):
     from gencli.pipelines.ddpm import sampling

@@ -206,3 +206,25 @@ def test_only_shrink_resizes_larger_images_only(tmp_path):
     assert seg.preprocess(small).shape == (3, 30, 40)
     assert seg.preprocess(large).shape == (3, 48, 57)
     assert seg.segment([large])[0].shape == (80, 96)
+
+
+def test_segformer_autograd_path_and_the_composed_head_follow_the_weights(seg_dir):
+    """The plain path (autograd on: no fused kernels, no packed weights) gives the inference path's
+    logits, and the head composed once for inference is composed again when a weight changes."""
+    path, ref = seg_dir
+    model = load_ours(path).model
+    x = torch.randn(1, 3, 41, 29, generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        fast = model(x)
+    slow = model(x)
+    torch.testing.assert_close(slow.detach(), fast, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        model.decode_head.batch_norm.bias.add_(1.0)
+        ref.decode_head.batch_norm.bias.add_(1.0)
+        try:
+            want = ref(pixel_values=x).logits
+            with torch.inference_mode():
+                got = model(x)
+        finally:
+            ref.decode_head.batch_norm.bias.sub_(1.0)
+    assert (got - want).abs().max().item() < 1e-4

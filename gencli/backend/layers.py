@@ -208,14 +208,26 @@ def _onednn_conv_available() -> bool:
     return _onednn_ops_available(_CONV_OPS)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, activation: Optional[str] = None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    activation: Optional[str] = None,
+    residual: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """``activation(x @ weight.T + bias)``, the computation of :class:`Linear` for any weight (a row
-    slice of a larger matrix, say: GEGLU multiplies by the two halves of one projection).
+    slice of a larger matrix, say: GEGLU multiplies by the two halves of one projection); with
+    ``residual`` (no activation), ``x @ weight.T + bias + residual``.
 
     For bf16 inference on a CPU with native bf16 support (and more than one row) it runs oneDNN's
     matmul with the bias and the activation fused into the kernel (see :class:`Linear`); everywhere
-    else ``F.linear`` followed by the activation.
+    else ``F.linear`` followed by the activation. A residual is added inside oneDNN's matmul for
+    fp32 and bf16 CPU inference (one pass over the output instead of two), else after ``F.linear``.
     """
+    if residual is not None:
+        if activation is not None:
+            raise ValueError("linear: a residual is added to the product, not after an activation")
+        return _linear_residual(x, weight, bias, residual)
     if (
         x.dtype == torch.bfloat16
         and weight.dtype == torch.bfloat16
@@ -234,6 +246,25 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     return get_activation(activation)(out) if activation is not None else out
 
 
+def _linear_residual(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], residual: torch.Tensor) -> torch.Tensor:
+    out_shape = (*x.shape[:-1], weight.shape[0])
+    if (
+        x.dtype in (torch.float32, torch.bfloat16)
+        and weight.dtype == x.dtype
+        and residual.dtype == x.dtype
+        and tuple(residual.shape) == out_shape
+        and x.device.type == "cpu"
+        and not torch.is_grad_enabled()
+        and x.numel() >= _ONEDNN_MIN_ROWS * x.shape[-1]
+        and _onednn_ops_available(("_linear_pointwise",), bf16=x.dtype == torch.bfloat16)
+    ):
+        flat = x.reshape(-1, x.shape[-1])
+        out = torch.ops.mkldnn._linear_pointwise.binary(flat, residual.reshape(flat.shape[0], -1), weight, bias, "add")
+        return out.reshape(out_shape)
+    out = F.linear(x, weight, bias)
+    return out + residual if torch.is_grad_enabled() else out.add_(residual)
+
+
 class Linear(nn.Linear):
     """``nn.Linear`` (same parameters, same state-dict keys) that can apply an activation after it:
     ``lin(x, activation="gelu")``, the activation named in transformers' ``hidden_act`` vocabulary.
@@ -244,23 +275,26 @@ class Linear(nn.Linear):
     separate broadcast-bias copy and activation pass (about a third less time for a ViT-B-sized
     layer); other activations (CLIP's quick_gelu) follow the fused matmul + bias. Everywhere else
     (training, fp32/fp16, CUDA, and a single row: batch-1 decoding) it is ``F.linear``.
+    ``lin(x, residual=r)`` adds ``r`` to the output, inside the matmul where :func:`linear` can.
     """
 
-    def forward(self, x: torch.Tensor, activation: Optional[str] = None) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, activation)
+    def forward(self, x: torch.Tensor, activation: Optional[str] = None, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return linear(x, self.weight, self.bias, activation, residual)
 
 
 class Conv2d(nn.Conv2d):
     """``nn.Conv2d`` (same parameters, same state-dict keys) that can keep its weight in oneDNN's own
-    layout for CPU inference, and add a residual to its output: ``conv(x, residual=r)``.
+    layout for CPU inference, and add a residual to its output: ``conv(x, residual=r)``, or apply an
+    activation to it: ``conv(x, activation="gelu")`` (transformers' ``hidden_act`` names).
 
     ``F.conv2d`` on a CPU reorders the weight into oneDNN's blocked layout on every call; for the
     wide, low-resolution convolutions of a UNet (1280 channels at 8x8 or 4x4) that reorder costs
     more than the convolution. After :meth:`prepack` the first inference call (no autograd, a CPU
     input in the weight's dtype) reorders the weight once for that input's shape and releases the
     dense parameter; every later call runs oneDNN's convolution on the packed weight, with the
-    residual added inside the kernel. The same values as ``F.conv2d`` (+ residual) up to the
-    kernel's summation order. ``state_dict()`` still returns the dense weight; :meth:`unpack` (done
+    residual added inside the kernel, and the activations oneDNN has (GELU, tanh-GELU, SiLU, ReLU,
+    sigmoid, tanh) applied inside it too. The same values as ``F.conv2d`` (+ residual, then the
+    activation) up to the kernel's summation order. ``state_dict()`` still returns the dense weight; :meth:`unpack` (done
     automatically before ``.to()``, ``load_state_dict`` or a call with autograd) restores it.
     """
 
@@ -312,21 +346,32 @@ class Conv2d(nn.Conv2d):
             return False
         return dtype == torch.float32 or (dtype == torch.bfloat16 and _onednn_ops_available(_CONV_OPS, bf16=True))
 
-    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None, activation: Optional[str] = None) -> torch.Tensor:
         if self._prepack or self._packed is not None:
             if self._can_pack(x):
-                if self._packed is None:
-                    self._pack(x)
-                args = (list(self.padding), list(self.stride), list(self.dilation), self.groups)
-                if residual is None:
-                    return torch.ops.mkldnn._convolution_pointwise(x, self._packed, self.bias, *args, "none", [], "")
-                cl = torch.channels_last
-                if residual.dtype == x.dtype and residual.is_contiguous(memory_format=cl) and x.is_contiguous(memory_format=cl):
-                    return torch.ops.mkldnn._convolution_pointwise.binary(x, residual, self._packed, self.bias, *args, "add", None, None, [], None)
-                return torch.ops.mkldnn._convolution_pointwise(x, self._packed, self.bias, *args, "none", [], "").add_(residual)
+                return self._packed_forward(x, residual, activation)
             self.unpack()
         out = self._conv_forward(x, self.weight, self.bias)
-        return out if residual is None else out.add_(residual)
+        if residual is not None:
+            out = out + residual if torch.is_grad_enabled() else out.add_(residual)
+        return out if activation is None else get_activation(activation)(out)
+
+    def _packed_forward(self, x: torch.Tensor, residual: Optional[torch.Tensor], activation: Optional[str]) -> torch.Tensor:
+        if self._packed is None:
+            self._pack(x)
+        args = (list(self.padding), list(self.stride), list(self.dilation), self.groups)
+        if residual is None:
+            if activation in _ONEDNN_POST_OPS:
+                op, algorithm = _ONEDNN_POST_OPS[activation]
+                return torch.ops.mkldnn._convolution_pointwise(x, self._packed, self.bias, *args, op, [], algorithm)
+            out = torch.ops.mkldnn._convolution_pointwise(x, self._packed, self.bias, *args, "none", [], "")
+        else:
+            cl = torch.channels_last
+            if residual.dtype == x.dtype and residual.is_contiguous(memory_format=cl) and x.is_contiguous(memory_format=cl):
+                out = torch.ops.mkldnn._convolution_pointwise.binary(x, residual, self._packed, self.bias, *args, "add", None, None, [], None)
+            else:
+                out = torch.ops.mkldnn._convolution_pointwise(x, self._packed, self.bias, *args, "none", [], "").add_(residual)
+        return out if activation is None else get_activation(activation)(out)
 
     # the dense weight is what the rest of torch sees
     def _apply(self, fn, recurse=True):  # type: ignore[override]

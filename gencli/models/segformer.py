@@ -22,6 +22,13 @@ that reads each stage and the BatchNorm are linear maps, and bilinear resizing c
 ``decoder_hidden_size`` channels per stage instead of building a ``4 x decoder_hidden_size``
 concatenation; the result equals the literal order up to rounding.
 
+A stage's token sequence ``(B, H*W, C)`` is, in memory, its ``(B, C, H, W)`` map in channels-last
+layout: the convolutions (the Mix-FFN's depthwise one, the spatial reduction, the next stage's patch
+embedding) read that view and return the same layout, so tokens and maps pass between them without a
+copy; the stage outputs and the logits are channels-last tensors. At CPU inference the GELU runs
+inside the packed depthwise convolution and each residual inside the matmul of the block's last
+projection (:class:`gencli.backend.layers.Conv2d`, :func:`gencli.backend.layers.linear`).
+
 Module attribute names are those of the files on the model hubs (``segformer.encoder.block.I.J.
 attention.self.query``, ``...mlp.dwconv.dwconv``, ``decode_head.linear_c.N.proj`` ...), so a
 downloaded checkpoint loads with an identity key map; :data:`HF_V5_KEYMAP` covers transformers 5's
@@ -37,10 +44,24 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gencli.backend.layers import LayerNorm, Linear, get_activation
+from gencli.backend.layers import Conv2d, LayerNorm, Linear, get_activation, linear, prepack_convolutions
 from gencli.checkpoints.config import read_config
 from gencli.checkpoints.keymap import Drop, KeyMap, Rename
 from gencli.models.attention import multi_head_attention
+
+
+# -- layout: a token sequence (B, H*W, C) is a (B, C, H, W) map in channels-last memory --------------
+def map_of(tokens: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """``(B, H*W, C)`` tokens as the ``(B, C, H, W)`` map they are: a channels-last view, no copy
+    (oneDNN's CPU convolutions work in that layout and give their output in it)."""
+    b, _, c = tokens.shape
+    return tokens.reshape(b, height, width, c).permute(0, 3, 1, 2)
+
+
+def tokens_of(x: torch.Tensor) -> torch.Tensor:
+    """A ``(B, C, H, W)`` map as ``(B, H*W, C)`` tokens: a view of a channels-last map, a copy otherwise."""
+    b, c, h, w = x.shape
+    return x.permute(0, 2, 3, 1).reshape(b, h * w, c)
 
 
 @dataclass
@@ -93,13 +114,13 @@ class SegformerOverlapPatchEmbeddings(nn.Module):
 
     def __init__(self, patch_size: int, stride: int, num_channels: int, hidden_size: int):
         super().__init__()
-        self.proj = nn.Conv2d(num_channels, hidden_size, kernel_size=patch_size, stride=stride, padding=patch_size // 2)
+        self.proj = Conv2d(num_channels, hidden_size, kernel_size=patch_size, stride=stride, padding=patch_size // 2)
         self.layer_norm = LayerNorm(hidden_size)
 
     def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, int, int]:
         x = self.proj(pixel_values)
         _, _, h, w = x.shape
-        return self.layer_norm(x.flatten(2).transpose(1, 2)), h, w
+        return self.layer_norm(tokens_of(x)), h, w
 
 
 class SegformerEfficientSelfAttention(nn.Module):
@@ -113,15 +134,13 @@ class SegformerEfficientSelfAttention(nn.Module):
         self.value = Linear(hidden_size, hidden_size)
         self.sr_ratio = sr_ratio
         if sr_ratio > 1:
-            self.sr = nn.Conv2d(hidden_size, hidden_size, kernel_size=sr_ratio, stride=sr_ratio)
+            self.sr = Conv2d(hidden_size, hidden_size, kernel_size=sr_ratio, stride=sr_ratio)
             self.layer_norm = LayerNorm(hidden_size)
 
     def forward(self, hidden: torch.Tensor, height: int, width: int) -> torch.Tensor:
         context = hidden
         if self.sr_ratio > 1:
-            b, _, c = hidden.shape
-            grid = hidden.transpose(1, 2).reshape(b, c, height, width)
-            context = self.layer_norm(self.sr(grid).flatten(2).transpose(1, 2))
+            context = self.layer_norm(tokens_of(self.sr(map_of(hidden, height, width))))
         return multi_head_attention(hidden, self.query, self.key, self.value, self.num_heads, context=context)
 
 
@@ -130,49 +149,53 @@ class SegformerSelfOutput(nn.Module):
         super().__init__()
         self.dense = Linear(hidden_size, hidden_size)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.dense(hidden)
+    def forward(self, hidden: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.dense(hidden, residual=residual)
 
 
 class SegformerAttention(nn.Module):
+    """The efficient self-attention and its output projection (``residual``: added to the output,
+    inside the projection's matmul where the backend can)."""
+
     def __init__(self, hidden_size: int, num_heads: int, sr_ratio: int):
         super().__init__()
         self.self = SegformerEfficientSelfAttention(hidden_size, num_heads, sr_ratio)
         self.output = SegformerSelfOutput(hidden_size)
 
-    def forward(self, hidden: torch.Tensor, height: int, width: int) -> torch.Tensor:
-        return self.output(self.self(hidden, height, width))
+    def forward(self, hidden: torch.Tensor, height: int, width: int, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.output(self.self(hidden, height, width), residual)
 
 
 class SegformerDWConv(nn.Module):
-    """The depthwise 3x3 convolution of the Mix-FFN, on the token sequence seen as its map."""
+    """The depthwise 3x3 convolution of the Mix-FFN, on the token sequence seen as its map (then
+    ``activation``, inside the convolution where the backend can)."""
 
     def __init__(self, dim: int):
         super().__init__()
-        self.dwconv = nn.Conv2d(dim, dim, 3, 1, 1, bias=True, groups=dim)
+        self.dwconv = Conv2d(dim, dim, 3, 1, 1, bias=True, groups=dim)
 
-    def forward(self, hidden: torch.Tensor, height: int, width: int) -> torch.Tensor:
-        b, _, c = hidden.shape
-        x = self.dwconv(hidden.transpose(1, 2).reshape(b, c, height, width))
-        return x.flatten(2).transpose(1, 2)
+    def forward(self, hidden: torch.Tensor, height: int, width: int, activation: Optional[str] = None) -> torch.Tensor:
+        return tokens_of(self.dwconv(map_of(hidden, height, width), activation=activation))
 
 
 class SegformerMixFFN(nn.Module):
-    """Mix-FFN: dense1 -> depthwise 3x3 convolution -> activation -> dense2."""
+    """Mix-FFN: dense1 -> depthwise 3x3 convolution -> activation -> dense2 (+ ``residual``)."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, act: str):
         super().__init__()
+        get_activation(act)  # an unknown name fails here
         self.dense1 = Linear(hidden_size, intermediate_size)
         self.dwconv = SegformerDWConv(intermediate_size)
-        self.act = get_activation(act)
+        self.act = act
         self.dense2 = Linear(intermediate_size, hidden_size)
 
-    def forward(self, hidden: torch.Tensor, height: int, width: int) -> torch.Tensor:
-        return self.dense2(self.act(self.dwconv(self.dense1(hidden), height, width)))
+    def forward(self, hidden: torch.Tensor, height: int, width: int, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.dense2(self.dwconv(self.dense1(hidden), height, width, activation=self.act), residual=residual)
 
 
 class SegformerLayer(nn.Module):
-    """Pre-norm block: x + Attn(LN(x)), then x + MixFFN(LN(x))."""
+    """Pre-norm block: x + Attn(LN(x)), then x + MixFFN(LN(x)); each residual is added by the
+    block's last projection."""
 
     def __init__(self, hidden_size: int, num_heads: int, sr_ratio: int, mlp_ratio: int, act: str):
         super().__init__()
@@ -182,8 +205,8 @@ class SegformerLayer(nn.Module):
         self.mlp = SegformerMixFFN(hidden_size, int(hidden_size * mlp_ratio), act)
 
     def forward(self, hidden: torch.Tensor, height: int, width: int) -> torch.Tensor:
-        hidden = hidden + self.attention(self.layer_norm_1(hidden), height, width)
-        return hidden + self.mlp(self.layer_norm_2(hidden), height, width)
+        hidden = self.attention(self.layer_norm_1(hidden), height, width, residual=hidden)
+        return self.mlp(self.layer_norm_2(hidden), height, width, residual=hidden)
 
 
 class SegformerEncoder(nn.Module):
@@ -205,14 +228,14 @@ class SegformerEncoder(nn.Module):
         self.layer_norm = nn.ModuleList(LayerNorm(c.hidden_sizes[i]) for i in range(c.num_encoder_blocks))
 
     def forward(self, pixel_values: torch.Tensor) -> list[torch.Tensor]:
+        """Every stage's map ``(B, C_i, H_i, W_i)``, in channels-last memory (its token sequence)."""
         maps = []
-        x = pixel_values
+        x = pixel_values.contiguous(memory_format=torch.channels_last)
         for embed, blocks, norm in zip(self.patch_embeddings, self.block, self.layer_norm):
             hidden, h, w = embed(x)
             for blk in blocks:
                 hidden = blk(hidden, h, w)
-            hidden = norm(hidden)
-            x = hidden.reshape(hidden.shape[0], h, w, -1).permute(0, 3, 1, 2).contiguous()
+            x = map_of(norm(hidden), h, w)
             maps.append(x)
         return maps
 
@@ -268,6 +291,24 @@ class SegformerDecodeHead(nn.Module):
         self.batch_norm = BatchNorm2d(d)
         self.classifier = nn.Conv2d(d, config.num_labels, kernel_size=1)
 
+    def _head_tensors(self) -> list[torch.Tensor]:
+        return [t for mlp in self.linear_c for t in (mlp.proj.weight, mlp.proj.bias)] + [
+            self.linear_fuse.weight, self.batch_norm.weight, self.batch_norm.bias, self.batch_norm.running_mean, self.batch_norm.running_var,
+        ]  # fmt: skip
+
+    def composed_projections(self, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """:meth:`fused_projections` in ``dtype``, composed once and kept for inference while the
+        weights stay the same tensors, unchanged (their version counters), in the same dtype."""
+        tensors = self._head_tensors()
+        if torch.is_grad_enabled() or any(t.is_inference() for t in tensors):  # (inference tensors keep no version counter)
+            return [(w.to(dtype), b.to(dtype)) for w, b in self.fused_projections()]
+        key = (dtype, *((t.data_ptr(), t._version, t.dtype, t.device) for t in tensors))
+        cached = getattr(self, "_composed", None)
+        if cached is None or cached[0] != key:
+            cached = (key, [(w.to(dtype), b.to(dtype)) for w, b in self.fused_projections()])
+            self._composed = cached
+        return cached[1]
+
     def fused_projections(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per stage, ``(weight (D, C_i), bias (D,))`` of projection -> its slice of linear_fuse ->
         BatchNorm, composed (float32)."""
@@ -286,15 +327,23 @@ class SegformerDecodeHead(nn.Module):
         return out
 
     def forward(self, maps: list[torch.Tensor]) -> torch.Tensor:
+        """Logits ``(B, labels, H_1, W_1)`` (channels-last memory) from the stages' maps. Every step
+        runs on the maps' token layout (channels last): the projections are matrix products over
+        the channels, and bilinear resizing in that layout is vectorised over them."""
         size = maps[0].shape[2:]
         dtype = maps[0].dtype
+        grad = torch.is_grad_enabled()
         fused: Optional[torch.Tensor] = None
-        for (w, b), x in zip(self.fused_projections(), maps):
-            y = torch.einsum("dc,bchw->bdhw", w.to(dtype), x) + b.to(dtype)[:, None, None]
+        for (w, b), x in zip(self.composed_projections(dtype), maps):
+            y = map_of(linear(tokens_of(x), w, b), *x.shape[2:])
             if y.shape[2:] != size:
                 y = F.interpolate(y, size=size, mode="bilinear", align_corners=False)
-            fused = y if fused is None else fused + y
-        return self.classifier(F.relu(fused))
+            fused = y if fused is None else (fused + y if grad else fused.add_(y))
+        assert fused is not None
+        fused = F.relu(fused) if grad else fused.relu_()
+        weight = self.classifier.weight
+        logits = linear(tokens_of(fused), weight.reshape(weight.shape[0], -1), self.classifier.bias)
+        return map_of(logits, *size)
 
 
 class SegformerForSemanticSegmentation(nn.Module):
@@ -310,6 +359,13 @@ class SegformerForSemanticSegmentation(nn.Module):
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         dtype = self.decode_head.classifier.weight.dtype
         return self.decode_head(self.segformer(pixel_values.to(dtype)))
+
+    def prepack_convolutions(self, enabled: bool = True) -> "SegformerForSemanticSegmentation":
+        """Keep the encoder's convolution weights in oneDNN's layout after the first CPU inference
+        call (:class:`gencli.backend.layers.Conv2d`; the Mix-FFN's activation then runs inside its
+        depthwise convolution): inference only, reversed by ``enabled=False``."""
+        prepack_convolutions(self, enabled)
+        return self
 
 
 # -- checkpoint formats --------------------------------------------------------------------------

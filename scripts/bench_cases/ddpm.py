@@ -54,7 +54,10 @@ def run(side, args, workdir):
         from gencli.pipelines.ddpm import loading, sampling
 
         checkpoint = loading.inspect_pipeline(folder)
-        loaded = loading.open_ddpm(checkpoint, device=str(device), dtype=str(dtype).replace("torch.", ""), threads=torch.get_num_threads())
+        # --dtype auto: the command's own choice (what `gencli sample ddpm --dtype auto` runs)
+        wanted = "auto" if args.dtype == "auto" else str(dtype).replace("torch.", "")
+        loaded = loading.open_ddpm(checkpoint, device=str(device), dtype=wanted, threads=torch.get_num_threads())
+        dtype = loaded.placement.dtype
 
         def sample(steps: int) -> np.ndarray:
             return sampling.generate(loaded, seeds, sampler="ddpm", steps=steps, batch_size=len(seeds))

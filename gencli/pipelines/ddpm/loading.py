@@ -158,10 +158,13 @@ def load_unet(checkpoint: DDPMCheckpoint, placement: Placement, *, allow_pickle:
 def open_ddpm(
     checkpoint: DDPMCheckpoint, *, device: str = "auto", dtype: str = "auto", threads: Optional[int] = None, allow_pickle: bool = False
 ) -> LoadedDDPM:
-    """Load the UNet of an inspected pipeline with the user's ``--device/--dtype/--threads`` (fp32 unless asked)."""
+    """Load the UNet of an inspected pipeline with the user's ``--device/--dtype/--threads``. ``auto``
+    is the UNet families' choice: bf16 on a CPU that multiplies bf16 natively (AMX, AVX512-BF16) and
+    on CUDA, else fp32 (the sampler's arithmetic stays fp32 whatever the UNet's dtype); its
+    threads, every usable core."""
     from gencli.backend.device import choose_placement
 
-    placement = choose_placement(device, dtype, "float", threads)
+    placement = choose_placement(device, dtype, "transformer", threads)
     return LoadedDDPM(checkpoint, load_unet(checkpoint, placement, allow_pickle=allow_pickle), placement)
 
 

@@ -160,6 +160,8 @@ class Segmenter:
             raw = read_json(folder / "preprocessor_config.json", missing_ok=True) or {}
             only_shrink = bool(raw.get("only_shrink"))
         model.requires_grad_(False)
+        if kind == "segformer" and placement.device.type == "cpu":
+            model.prepack_convolutions()  # oneDNN's weight layout, packed on the first call
         return cls(model, processor, labels, kind, placement, Path(path), only_shrink if kind == "unet" else False)
 
     @property
