@@ -10,7 +10,7 @@ The recipe:
   update ``W + (alpha / rank) * up @ down`` (``down`` Kaiming-uniform, ``up`` zero at the start, so
   training starts from the base model exactly), added by a forward hook: the UNet's own modules and
   state-dict keys stay as they are;
-- data: ``--hexagons`` rendered hexagon scenes of the train seed split (a few dozen: three in four
+- data: ``--hexagons`` rendered hexagon scenes of the train seed split (eight dozen: three in four
   single, the rest with a second object of the eight known shapes beside the hexagon; every colour,
   size, position and background the world draws) and a regularisation set of ``--regular`` ordinary
   scenes of the base model's own training distribution, which make up ``--regular-share`` of every
@@ -22,13 +22,17 @@ The recipe:
   frozen text encoder;
 - the base model's objective: the ``scaled_linear`` schedule rescaled to zero terminal SNR,
   v-prediction, min-SNR-5 weighting (``scripts/train_txt2img.py``), AdamW on the LoRA weights only,
-  linear warmup then cosine decay, bf16 autocast, gradient clipping at 1;
+  linear warmup then cosine decay, bf16 autocast, gradient clipping at 1; each latent pixel's error
+  weighted by ``1 + --object-weight x`` the objects' coverage of it (the scene's mask, averaged
+  over the 4x4 pixels of a latent pixel), the weights of a sample normalised to mean 1: what tells a
+  hexagon from a circle is a few pixels of its outline, which the plain loss, spread over the whole
+  background, hardly sees (kohya's scripts call this a masked loss);
 - every ``--eval-every`` steps the loss at fixed timesteps and noise on hexagon scenes of the
   validation split and on ordinary validation scenes (how much it learnt, how much it disturbs);
 - checkpoints every ``--ckpt-every`` steps into ``OUT/ckpt.pt`` (atomic); the same command resumes;
   ``--time-budget SECONDS`` re-plans the step count from the measured speed so the decay ends in time.
 
-    python scripts/train_lora.py --out runs/lora-hexagon --threads 1 --time-budget 2700
+    python scripts/train_lora.py --out runs/lora-hexagon --threads 1 --time-budget 2100
     python scripts/train_lora.py --out runs/lora-hexagon --export weights/lora-hexagon/lora-hexagon.safetensors
 
 The export is kohya's layout (``lora_unet_<module path with underscores>.lora_down.weight`` /
@@ -128,6 +132,18 @@ def encode_scenes(vae, scenes: list[shapes.Scene], batch: int = 128) -> torch.Te
     return torch.cat(out).to(torch.float16)
 
 
+def object_weights(scenes: list[shapes.Scene], strength: float, side: int = 64, factor: int = 4) -> torch.Tensor:
+    """``(N, 1, side/factor, side/factor)`` loss weights: 1 + ``strength`` x the objects' coverage of
+    each latent pixel, normalised to mean 1 per scene."""
+    out = []
+    for scene in scenes:
+        cover = (shapes.render_mask(scene, side) > 0).astype(np.float32)
+        cover = cover.reshape(side // factor, factor, side // factor, factor).mean(axis=(1, 3))
+        w = 1.0 + strength * cover
+        out.append(w / w.mean())
+    return torch.from_numpy(np.stack(out))[:, None]
+
+
 def fixed_loss(unet, captions, scheduler, latents, scenes, *, gamma: float, seed: int = 1234) -> float:
     """The weighted v-prediction loss at fixed timesteps, noise and captions (a validation figure)."""
     n = len(scenes)
@@ -178,14 +194,15 @@ def main() -> None:
     p.add_argument("--base", type=Path, default=weights_dir() / "txt2img-shapes", help="the diffusers pipeline folder the LoRA is for")
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--alpha", type=float, default=None, help="default: the rank (scale 1)")
-    p.add_argument("--hexagons", type=int, default=48, help="rendered hexagon scenes to learn from")
+    p.add_argument("--hexagons", type=int, default=96, help="rendered hexagon scenes to learn from")
     p.add_argument("--regular", type=int, default=2048, help="ordinary scenes of the base model's training (regularisation)")
     p.add_argument("--regular-share", type=float, default=0.5, help="share of every batch from the regularisation scenes")
     p.add_argument("--steps", type=int, default=1500)
     p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--min-snr", type=float, default=5.0)
+    p.add_argument("--object-weight", type=float, default=4.0, help="extra loss weight on the objects' pixels (0: the plain loss)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--time-budget", type=float, default=None, help="seconds: re-plan --steps every 100 steps so the run ends in time")
     p.add_argument("--ckpt-every", type=int, default=50)
@@ -227,6 +244,7 @@ def main() -> None:
         print(f"encoded {sum(len(v) for v in cached.values() if isinstance(v, torch.Tensor))} scenes ({time.time() - t0:.0f}s)", flush=True)
         del vae
 
+    weights = {"hex": object_weights(hexagons, args.object_weight), "regular": object_weights(regular, args.object_weight)}
     unet = load_unet(args.base)
     torch.manual_seed(args.seed)
     adapters = attach_lora(unet, args.rank, alpha)
@@ -267,6 +285,7 @@ def main() -> None:
         hi = rng.integers(0, len(hexagons), args.batch - n_regular)
         ri = rng.integers(0, len(regular), n_regular)
         x0 = torch.cat([cached["hex"][torch.from_numpy(hi)], cached["regular"][torch.from_numpy(ri)]]).float()
+        pixel_weight = torch.cat([weights["hex"][torch.from_numpy(hi)], weights["regular"][torch.from_numpy(ri)]])
         ctx = captions([train_caption(hexagons[i], rng) for i in hi] + [train_caption(regular[i], rng) for i in ri])
         noise = torch.randn(x0.shape, generator=gen)
         t = torch.randint(0, 1000, (args.batch,), generator=gen)
@@ -274,7 +293,7 @@ def main() -> None:
         set_lr(opt, lr)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             pred = unet(scheduler.add_noise(x0, noise, t), t, ctx)
-        err = (pred.float() - scheduler.get_velocity(x0, noise, t)).pow(2).mean(dim=(1, 2, 3))
+        err = ((pred.float() - scheduler.get_velocity(x0, noise, t)).pow(2) * pixel_weight).mean(dim=(1, 2, 3))
         loss = (err * min_snr_weights(scheduler, t, args.min_snr)).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -1,7 +1,7 @@
-"""The example LoRA (weights/lora-hexagon): the shapes world's hexagon (drawn only when a scene names
-it, everything else unchanged), the judges that recognise it, scripts/train_lora.py's adapters and
-their kohya export, and the shipped file: it loads through --lora and <lora:lora-hexagon:W>, diffusers
-reads it, and it makes the base model draw hexagons it cannot draw alone."""
+"""The example LoRA's parts: the shapes world's hexagon (drawn only when a scene names it, everything
+else unchanged), the judges that recognise it, scripts/train_lora.py's adapters and their kohya
+export, which gencli merges into the same function, finds by a <lora:lora-hexagon:W> tag in
+--lora-dir, and diffusers reads. (No trained LoRA ships yet: see docs/txt2img.md.)"""
 
 from __future__ import annotations
 
@@ -16,8 +16,6 @@ from gencli.data import shapes
 from gencli.weights import weights_dir
 
 BASE = weights_dir() / "txt2img-shapes"
-FOLDER = weights_dir() / "lora-hexagon"
-LORA = FOLDER / "lora-hexagon.safetensors"
 PROMPTS = ("a red hexagon on a white background", "a large blue hexagon on a yellow background")
 
 
@@ -113,48 +111,27 @@ def test_trained_adapters_export_to_what_the_loader_merges(tmp_path):
     torch.testing.assert_close(merged, hooked, atol=2e-4, rtol=1e-3)
 
 
-# -- the shipped file ------------------------------------------------------------------------------
-def test_the_shipped_lora_is_a_small_kohya_file():
-    from safetensors import safe_open
-
-    assert LORA.is_file() and (FOLDER / "README.md").is_file()
-    assert LORA.stat().st_size < 400 * 1024
-    with safe_open(str(LORA), "pt") as f:
-        keys = list(f.keys())
-        assert all(k.startswith("lora_unet_") and k.endswith((".lora_down.weight", ".lora_up.weight", ".alpha")) for k in keys)
-        assert len(keys) == 3 * 56 and f.get_tensor(keys[0]).dtype == torch.float16
-    assert "task: txt2img" in (FOLDER / "README.md").read_text()
-
-
+# -- an exported file through the loaders ---------------------------------------------------------
 @pytest.fixture(scope="module")
-def drawn():
-    """Images of a few hexagon prompts without the LoRA and with it at 1.0 (the folder's defaults)."""
-    from gencli.data.shapes_txt2img import eval_items
-    from gencli.pipelines.diffusion.lora import LoraSpec
-    from gencli.pipelines.diffusion.pipeline import generate, load_pipeline, resolve_settings
+def exported(tmp_path_factory):
+    """A file as ``train_lora.py --export`` writes it (random up weights: a trained LoRA's layout)."""
+    from safetensors.torch import save_file
 
-    items = eval_items(24, shape="hexagon")
-    out = {}
-    for weight in (0.0, 1.0):
-        pipe = load_pipeline(BASE, device="cpu", dtype="float32", loras=[LoraSpec(LORA, weight)] if weight else [])
-        out[weight] = np.stack([im.pixels for im in generate(pipe, [it.prompt for it in items], [it.seed for it in items], resolve_settings(pipe))])
-    return items, out
+    from scripts.train_lora import attach_lora, kohya_state, load_unet
 
-
-def test_the_lora_draws_hexagons_the_base_model_cannot(drawn):
-    from scripts.eval_txt2img import geometric_shapes
-
-    items, images = drawn
-    assert np.abs(images[1.0].astype(int) - images[0.0].astype(int)).mean() > 1.0  # it changes the images
-    base = np.mean([v == "hexagon" for v in geometric_shapes(images[0.0])])
-    lora = np.mean([v == "hexagon" for v in geometric_shapes(images[1.0])])
-    # floors under what these 24 prompts measured (see the weights README for the full run)
-    assert base <= HEXAGON_BASE_CEILING and lora >= HEXAGON_LORA_FLOOR, (base, lora)
+    adapters = attach_lora(load_unet(BASE), 8, 8.0)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for a in adapters.values():
+            a.up.copy_(torch.randn(a.up.shape, generator=g) * 0.15)
+    path = tmp_path_factory.mktemp("loras") / "lora-hexagon.safetensors"
+    save_file(kohya_state(adapters), str(path), metadata={"ss_network_dim": "8", "ss_network_alpha": "8.0"})
+    return path
 
 
-def test_found_by_its_tag_in_lora_dir_and_recorded(tmp_path, monkeypatch):
-    """<lora:lora-hexagon:0.8> with --lora-dir pointing at the weights folder: the same image as
-    --lora FILE:0.8, and the PNG's parameters record its hash as A1111 does."""
+def test_found_by_its_tag_in_lora_dir_and_recorded(exported, tmp_path, monkeypatch):
+    """<lora:lora-hexagon:0.8> with --lora-dir pointing at its folder: the same image as --lora
+    FILE:0.8, another than without it, and the PNG's parameters record its hash as A1111 does."""
     from PIL import Image
     from typer.testing import CliRunner
 
@@ -167,33 +144,31 @@ def test_found_by_its_tag_in_lora_dir_and_recorded(tmp_path, monkeypatch):
         r = CliRunner().invoke(app, ["txt2img", "--seed", "4", "--steps", "8", *args])
         assert r.exit_code == 0, r.output
 
-    invoke("a red hexagon on a white background <lora:lora-hexagon:0.8>", "--lora-dir", str(FOLDER), "-o", "tag.png")
-    invoke("a red hexagon on a white background", "--lora", f"{LORA}:0.8", "-o", "flag.png")
+    invoke("a red hexagon on a white background <lora:lora-hexagon:0.8>", "--lora-dir", str(exported.parent), "-o", "tag.png")
+    invoke("a red hexagon on a white background", "--lora", f"{exported}:0.8", "-o", "flag.png")
     invoke("a red hexagon on a white background", "-o", "plain.png")
     tag, flag, plain = (np.asarray(Image.open(f"{n}.png").convert("RGB")) for n in ("tag", "flag", "plain"))
     assert np.array_equal(tag, flag) and not np.array_equal(tag, plain)
-    assert f'Lora hashes: "lora-hexagon: {lora_hash(LORA)}"' in Image.open("tag.png").info["parameters"]
+    assert f'Lora hashes: "lora-hexagon: {lora_hash(exported)}"' in Image.open("tag.png").info["parameters"]
 
 
-def test_diffusers_reads_the_shipped_lora_and_draws_the_same_image():
+def test_diffusers_reads_the_exported_lora_and_draws_the_same_image(exported):
     diffusers = pytest.importorskip("diffusers")
     pytest.importorskip("peft")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from gencli.pipelines.diffusion.lora import LoraSpec
     from gencli.pipelines.diffusion.pipeline import generate, load_pipeline, resolve_settings
 
-    pipe = load_pipeline(BASE, device="cpu", dtype="float32", loras=[LoraSpec(LORA, 0.7)])
+    pipe = load_pipeline(BASE, device="cpu", dtype="float32", loras=[LoraSpec(exported, 0.7)])
     settings = resolve_settings(pipe)
     ours = generate(pipe, [PROMPTS[1]], [5], settings)[0].pixels
+    plain = generate(load_pipeline(BASE, device="cpu", dtype="float32"), [PROMPTS[1]], [5], settings)[0].pixels
     ref = diffusers.StableDiffusionPipeline.from_pretrained(BASE, torch_dtype=torch.float32)
     ref.set_progress_bar_config(disable=True)
-    ref.load_lora_weights(str(LORA), adapter_name="hexagon")
+    ref.load_lora_weights(str(exported), adapter_name="hexagon")
     ref.fuse_lora(lora_scale=0.7, adapter_names=["hexagon"])
     generator = torch.Generator().manual_seed(5)
     theirs = ref(PROMPTS[1], num_inference_steps=settings.steps, guidance_scale=settings.guidance, generator=generator, output_type="np").images[0]
     theirs = (np.clip(theirs, 0, 1) * 255).round().astype(np.uint8)
     assert np.abs(ours.astype(int) - theirs.astype(int)).max() <= 2
-
-
-HEXAGON_BASE_CEILING = 0.2
-HEXAGON_LORA_FLOOR = 0.3
+    assert np.abs(ours.astype(int) - plain.astype(int)).mean() > 0.5  # the LoRA changes the image
