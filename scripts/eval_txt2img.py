@@ -18,8 +18,8 @@ object, and the report adds what the images were drawn as (the templates' verdic
     python scripts/eval_txt2img.py --n 100 --held-out 40 --json
     python scripts/eval_txt2img.py --engine diffusers   # the same folder through diffusers
     python scripts/eval_txt2img.py --grid docs/txt2img-shapes-grid.png   # only the README's grid
-    python scripts/eval_txt2img.py --shape hexagon --n 200 --lora weights/lora-hexagon/lora-hexagon.safetensors:0.5
-    python scripts/eval_txt2img.py --lora-grid docs/txt2img-lora-hexagon-grid.png --lora weights/lora-hexagon/lora-hexagon.safetensors
+    python scripts/eval_txt2img.py --shape hexagon --n 200 --lora runs/lora-hexagon/lora-hexagon.safetensors:0.5
+    python scripts/eval_txt2img.py --lora-grid docs/txt2img-lora-hexagon-grid.png --lora runs/lora-hexagon/lora-hexagon.safetensors
 """
 
 from __future__ import annotations

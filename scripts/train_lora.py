@@ -33,7 +33,7 @@ The recipe:
   ``--time-budget SECONDS`` re-plans the step count from the measured speed so the decay ends in time.
 
     python scripts/train_lora.py --out runs/lora-hexagon --threads 1 --time-budget 2100
-    python scripts/train_lora.py --out runs/lora-hexagon --export weights/lora-hexagon/lora-hexagon.safetensors
+    python scripts/train_lora.py --out runs/lora-hexagon --export runs/lora-hexagon/lora-hexagon.safetensors
 
 The export is kohya's layout (``lora_unet_<module path with underscores>.lora_down.weight`` /
 ``.lora_up.weight`` / ``.alpha``) in fp16. ``scripts/eval_txt2img.py --lora FILE:W --shape hexagon``
@@ -326,7 +326,7 @@ def main() -> None:
         if args.stop_after is not None and step >= args.stop_after:
             print(f"stopped at step {step} (resume with the same command)")
             return
-    print(f"done; export with --export weights/lora-hexagon/lora-hexagon.safetensors (regular scenes: {REGULAR_SEEDS_NOTE})")
+    print(f"done; export with --export runs/lora-hexagon/lora-hexagon.safetensors (regular scenes: {REGULAR_SEEDS_NOTE})")
 
 
 if __name__ == "__main__":
