@@ -34,6 +34,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -64,7 +65,8 @@ ROTATIONS = np.arange(0.0, 360.0, 5.0)
 class GeometricJudge:
     """Judges uint8 images ``(N, H, W, 3)`` (see :meth:`judge`): per image, whether every object matches a shape."""
 
-    def __init__(self) -> None:
+    def __init__(self, shape_names: Sequence[str] = shapes.SHAPES) -> None:
+        """``shape_names``: the templates it fits (``shapes.ALL_SHAPES`` to recognise the hexagon too)."""
         from scipy import ndimage
 
         self.ndimage = ndimage
@@ -74,7 +76,8 @@ class GeometricJudge:
         self.templates, self.keys = [], []
         self.unit_area: dict[str, float] = {}
         self.centroid_offset: dict[tuple[str, float], np.ndarray] = {}
-        for shape in shapes.SHAPES:
+        self.shape_names = tuple(shape_names)
+        for shape in self.shape_names:
             for rot in ROTATIONS if shape != "circle" else [0.0]:
                 cov = shapes.shape_coverage(shape, 0.5, 0.5, diameter, float(rot), size)
                 area = float(cov.sum())
@@ -162,7 +165,7 @@ class GeometricJudge:
             "matching": round(sum(r["match"] for r in results) / n, 4),
             "empty": round(sum(r["objects"] == 0 for r in results) / n, 4),
             "mean_iou_main": round(float(np.mean([r["ious"][0] if r["ious"] else 0.0 for r in results])) if results else 0.0, 4),
-            "shapes": {s: round(matched.count(s) / max(1, len(matched)), 4) for s in shapes.SHAPES},
+            "shapes": {s: round(matched.count(s) / max(1, len(matched)), 4) for s in self.shape_names},
         }
 
 

@@ -6,7 +6,7 @@ structured labels (per object: shape, colour, size, position; the background) an
 several phrasings. The world trains and evaluates the embedded defaults (ViT classifier, CLIP,
 VAE/GAN, text-to-image) and gives tests an exact ground truth.
 
-Vocabulary (module constants): ``SHAPES``, ``COLOURS`` (name -> RGB), ``SIZES``, ``POSITIONS``
+Vocabulary (module constants): ``SHAPES`` (``EXTRA_SHAPES``, drawn only when named, in ``ALL_SHAPES``), ``COLOURS`` (name -> RGB), ``SIZES``, ``POSITIONS``
 (a 3x3 grid of named positions), ``BACKGROUNDS`` (name -> RGB).
 
 Rules of the world:
@@ -44,6 +44,11 @@ from PIL import Image, ImageDraw
 WORLD_VERSION = 1  # bump when the scene distribution changes (recorded in the weights trained on it)
 
 SHAPES: tuple[str, ...] = ("circle", "square", "triangle", "star", "heart", "cross", "diamond", "crescent")
+# shapes drawn only where a scene asks for them by name (``make_scene(seed, shape="hexagon")``), never
+# by a random draw: every scene, split and dataset of SHAPES stays as it was, so the defaults trained
+# on them know nothing of these (the example LoRA teaches txt2img-shapes the hexagon)
+EXTRA_SHAPES: tuple[str, ...] = ("hexagon",)
+ALL_SHAPES: tuple[str, ...] = SHAPES + EXTRA_SHAPES
 
 COLOURS: dict[str, tuple[int, int, int]] = {
     "red": (220, 35, 35),
@@ -199,7 +204,7 @@ class Scene:
         """The main object's labels as class indices into the vocabularies (for classifiers)."""
         m = self.main
         return {
-            "shape": SHAPES.index(m.shape),
+            "shape": ALL_SHAPES.index(m.shape),  # the EXTRA_SHAPES after the eight
             "colour": list(COLOURS).index(m.colour),
             "size": list(SIZES).index(m.size),
             "position": POSITIONS.index(m.position),
@@ -262,13 +267,16 @@ def _join(parts: Iterable[str]) -> str:
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
-def _allowed(value: Choice, vocabulary: Sequence[str], what: str) -> tuple[str, ...]:
+def _allowed(value: Choice, vocabulary: Sequence[str], what: str, known: Optional[Sequence[str]] = None) -> tuple[str, ...]:
+    """The names ``value`` allows: all of ``vocabulary`` for None, else the names given, each one of
+    ``known`` (default: ``vocabulary``)."""
     if value is None:
         return tuple(vocabulary)
+    known = vocabulary if known is None else known
     values = (value,) if isinstance(value, str) else tuple(value)
-    bad = [v for v in values if v not in vocabulary]
+    bad = [v for v in values if v not in known]
     if bad or not values:
-        raise ValueError(f"unknown {what} '{bad[0] if bad else ''}' (known: {', '.join(vocabulary)})")
+        raise ValueError(f"unknown {what} '{bad[0] if bad else ''}' (known: {', '.join(known)})")
     return values
 
 
@@ -362,7 +370,7 @@ def make_scene(
 
     constraints = [
         {
-            "shape": _allowed(c.get("shape"), SHAPES, "shape"),
+            "shape": _allowed(c.get("shape"), SHAPES, "shape", known=ALL_SHAPES),
             "colour": _allowed(c.get("colour"), tuple(COLOURS), "colour"),
             "size": _allowed(c.get("size"), tuple(SIZES), "size"),
             "position": _allowed(c.get("position"), POSITIONS, "position"),
@@ -461,9 +469,10 @@ _POLYGONS: dict[str, np.ndarray] = {
     "heart": _heart(),
     "cross": _cross(),
     "diamond": np.array([[0.0, 1.0], [0.78, 0.0], [0.0, -1.0], [-0.78, 0.0]]),
+    "hexagon": _regular(6),  # a regular hexagon, a corner at the top
 }
 # the largest distance from the centre each shape reaches, in radii (for the no-overlap rule)
-_EXTENT: dict[str, float] = {s: max(1.0, float(np.hypot(*_POLYGONS[s].T).max())) if s in _POLYGONS else 1.0 for s in SHAPES}
+_EXTENT: dict[str, float] = {s: max(1.0, float(np.hypot(*_POLYGONS[s].T).max())) if s in _POLYGONS else 1.0 for s in ALL_SHAPES}
 
 
 def _rotate(pts: np.ndarray, degrees: float) -> np.ndarray:
@@ -547,8 +556,8 @@ def shape_coverage(shape: str, x: float, y: float, diameter: float, rotation: fl
     """The anti-aliased coverage (0..1, ``(H, W)`` float32) of one ``shape`` drawn as a scene draws it:
     centre ``(x, y)`` and ``diameter`` relative to the image (as in :class:`ShapeObject`), ``rotation``
     in degrees counter-clockwise. Shape templates for judging generated images against the world's shapes."""
-    if shape not in SHAPES:
-        raise ValueError(f"unknown shape '{shape}' (known: {', '.join(SHAPES)})")
+    if shape not in ALL_SHAPES:
+        raise ValueError(f"unknown shape '{shape}' (known: {', '.join(ALL_SHAPES)})")
     width, height = _size_pair(size)
     obj = ShapeObject(shape, "white", "medium", "center", float(x), float(y), float(diameter), float(rotation), (255, 255, 255))
     out = np.zeros((height, width), np.float32)
@@ -599,11 +608,13 @@ def render_batch(seeds: Iterable[int], size: Union[int, Sequence[int]] = 64, **c
 # -- segmentation masks -------------------------------------------------------------------------
 # the classes of a scene's mask: 0 the background, then the shapes in SHAPES' order
 MASK_CLASSES: tuple[str, ...] = ("background", *SHAPES)
+# with the EXTRA_SHAPES after them (a hexagon's pixels are class 9 in a scene that asks for one)
+ALL_MASK_CLASSES: tuple[str, ...] = ("background", *ALL_SHAPES)
 
 
 def render_mask(scene: Scene, size: Union[int, Sequence[int]] = 64) -> np.ndarray:
     """The exact class map of ``scene`` at ``size`` (as :func:`render_scene`): ``(H, W)`` uint8 ids
-    into :data:`MASK_CLASSES`, 0 for the background, ``1 + SHAPES.index(shape)`` where an object covers
+    into :data:`ALL_MASK_CLASSES`, 0 for the background, ``1 + ALL_SHAPES.index(shape)`` where an object covers
     at least half of the pixel (its supersampled coverage, the same geometry the image is drawn from)."""
     width, height = _size_pair(size)
     ss = _supersampling(min(width, height))
@@ -614,7 +625,7 @@ def render_mask(scene: Scene, size: Union[int, Sequence[int]] = 64) -> np.ndarra
             continue
         h, w = alpha.shape
         region = mask[top : top + h, left : left + w]
-        region[alpha >= 0.5] = 1 + SHAPES.index(obj.shape)
+        region[alpha >= 0.5] = 1 + ALL_SHAPES.index(obj.shape)
     return mask
 
 
@@ -632,6 +643,8 @@ def with_changes(scene: Scene, **changes) -> Scene:
 __all__ = [
     "WORLD_VERSION",
     "SHAPES",
+    "EXTRA_SHAPES",
+    "ALL_SHAPES",
     "COLOURS",
     "SIZES",
     "POSITIONS",
@@ -650,6 +663,7 @@ __all__ = [
     "render_batch",
     "shape_coverage",
     "MASK_CLASSES",
+    "ALL_MASK_CLASSES",
     "render_mask",
     "render_with_mask",
     "split_seeds",

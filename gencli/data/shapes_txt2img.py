@@ -10,7 +10,8 @@
   that drew it: the background colour (nearest palette colour of the border), the object's colour
   (nearest palette colour of its pixels), its position on the 3x3 grid (centroid) and its size
   (area against the calibrated area of each shape and size). The shape is judged by the default
-  classifier, in the evaluation script.
+  classifier, in the evaluation script (for the hexagon, which the classifier does not know, by
+  fitting shape templates: ``scripts/eval_generative.GeometricJudge``).
 """
 
 from __future__ import annotations
@@ -70,15 +71,19 @@ class EvalItem:
     seed: int
 
 
-def eval_items(n: int, *, held_out: bool = False, offset: int = 0) -> list[EvalItem]:
+def eval_items(n: int, *, held_out: bool = False, offset: int = 0, shape: str | None = None) -> list[EvalItem]:
     """``n`` prompts from single-object test-split scenes: with ``held_out`` only the colour+shape
-    pairs never trained on (cycled), else only the others."""
+    pairs never trained on (cycled), else only the others. ``shape`` (one of
+    ``shapes.EXTRA_SHAPES``, such as ``"hexagon"``) draws every scene's object as that shape instead,
+    the same seeds, captions and named attributes otherwise."""
     items: list[EvalItem] = []
     pairs = shapes_clip.HELD_OUT_PAIRS
     for seed in shapes.SPLITS["test"][offset:]:
         if len(items) == n:
             break
-        if held_out:
+        if shape is not None:
+            scene = shapes.make_scene(seed, n_objects=1, shape=shape)
+        elif held_out:
             colour, shape = pairs[len(items) % len(pairs)]
             try:
                 scene = shapes.make_scene(seed, n_objects=1, shape=shape, colour=colour)
@@ -136,13 +141,20 @@ def _interior(mask: np.ndarray) -> np.ndarray:
 
 @lru_cache(maxsize=None)
 def size_calibration(side: int = 64, n: int = 400) -> dict[tuple[str, str], float]:
-    """Mean object area (share of the image) of each shape at each size, from rendered train scenes."""
+    """Mean object area (share of the image) of each shape at each size, from rendered train scenes
+    (``n`` scenes of the eight shapes; ``n // 8`` more for each of ``shapes.EXTRA_SHAPES``)."""
     areas: dict[tuple[str, str], list[float]] = {}
     for i, seed in enumerate(shapes.split_seeds("train", n, offset=50_000)):
         size = tuple(shapes.SIZES)[i % len(shapes.SIZES)]
         scene = shapes.make_scene(seed, n_objects=1, object_size=size)
         mask, _ = object_mask(shapes.render_scene(scene, side))
         areas.setdefault((scene.main.shape, size), []).append(float(mask.mean()))
+    for shape in shapes.EXTRA_SHAPES:
+        for i, seed in enumerate(shapes.split_seeds("train", max(len(shapes.SIZES), n // len(shapes.SHAPES)), offset=60_000)):
+            size = tuple(shapes.SIZES)[i % len(shapes.SIZES)]
+            scene = shapes.make_scene(seed, n_objects=1, shape=shape, object_size=size)
+            mask, _ = object_mask(shapes.render_scene(scene, side))
+            areas.setdefault((shape, size), []).append(float(mask.mean()))
     return {k: float(np.mean(v)) for k, v in areas.items()}
 
 
