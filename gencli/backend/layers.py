@@ -265,6 +265,17 @@ def _linear_residual(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     return out + residual if torch.is_grad_enabled() else out.add_(residual)
 
 
+def dense_of(module: nn.Module) -> Optional[tuple[torch.Tensor, Optional[torch.Tensor]]]:
+    """``(weight (out, in), bias)`` of a linear layer: ``nn.Linear`` (and its subclasses) or any module
+    offering ``linear_weight()`` (GPT-2's Conv1D, stored ``(in, out)``); None for another module."""
+    if isinstance(module, nn.Linear):
+        return module.weight, module.bias
+    as_linear = getattr(module, "linear_weight", None)
+    if callable(as_linear):
+        return as_linear(), getattr(module, "bias", None)
+    return None
+
+
 class Linear(nn.Linear):
     """``nn.Linear`` (same parameters, same state-dict keys) that can apply an activation after it:
     ``lin(x, activation="gelu")``, the activation named in transformers' ``hidden_act`` vocabulary.

@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gencli.backend.device import release_free_memory
-from gencli.backend.layers import _ONEDNN_POST_OPS, _onednn_ops_available, get_activation
+from gencli.backend.layers import _ONEDNN_POST_OPS, _onednn_ops_available, dense_of, get_activation
 
 _OPS = ("_reorder_linear_weight", "_linear_pointwise")
 
@@ -67,21 +67,28 @@ class PackedLinear(nn.Module):
 
 
 def pack_linears(model: nn.Module, *, include: Optional[Callable[[str], bool]] = None, rows_hint: int = 1) -> int:
-    """Replace every ``nn.Linear`` (gencli's :class:`~gencli.backend.layers.Linear` included) of a bf16
-    CPU ``model`` whose name ``include`` accepts by a :class:`PackedLinear`, in place; returns how many.
-    Nothing is swapped where :func:`packing_available` is False. Each dense weight no other module
-    holds (a tied embedding does) is released."""
+    """Replace every linear layer of a bf16 CPU ``model`` whose name ``include`` accepts by a
+    :class:`PackedLinear`, in place; returns how many. Linear layers are ``nn.Linear`` (gencli's
+    :class:`~gencli.backend.layers.Linear` included) and modules offering ``linear_weight()`` (GPT-2's
+    Conv1D, stored ``(in, out)``), as :func:`gencli.backend.layers.dense_of` finds them. Nothing is swapped
+    where :func:`packing_available` is False. Each dense weight no other module holds (a tied
+    embedding does) is released."""
     if not packing_available():
         return 0
-    targets = [
-        (name, module)
-        for name, module in model.named_modules()
-        if isinstance(module, nn.Linear) and module.weight.dtype == torch.bfloat16 and module.weight.device.type == "cpu" and (include is None or include(name))
-    ]
-    for name, module in targets:
+    targets = []
+    for name, module in model.named_modules():
+        dense = dense_of(module) if name and not isinstance(module, PackedLinear) else None
+        if dense is None or (include is not None and not include(name)):
+            continue
+        if dense[0].dtype == torch.bfloat16 and dense[0].device.type == "cpu":
+            targets.append((name, dense))
+    weight = bias = None
+    for name, (weight, bias) in targets:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, PackedLinear(module.weight, module.bias, rows_hint))
-    if targets:
+        setattr(parent, attr, PackedLinear(weight, bias, rows_hint))
+    count = len(targets)
+    del targets, weight, bias  # the dense weights go before the memory is handed back
+    if count:
         release_free_memory()
-    return len(targets)
+    return count

@@ -30,6 +30,7 @@ import torch
 import torch.nn as nn
 
 from gencli.backend.device import release_free_memory
+from gencli.backend.layers import dense_of as _dense_of
 from gencli.backend.layers import get_activation, linear
 from gencli.backend.quant_kernels import cpu_kernels, int8_activations
 
@@ -311,17 +312,6 @@ def project_together(x: torch.Tensor, layers: tuple[nn.Module, ...], activations
 
 
 # -- quantizing a model ----------------------------------------------------------------------------------
-def _dense_of(module: nn.Module) -> Optional[tuple[torch.Tensor, Optional[torch.Tensor]]]:
-    """``(weight (out, in), bias)`` of a linear layer: ``nn.Linear`` (and its subclasses) or any module
-    offering ``linear_weight()`` (GPT-2's Conv1D, stored ``(in, out)``)."""
-    if isinstance(module, nn.Linear):
-        return module.weight, module.bias
-    as_linear = getattr(module, "linear_weight", None)
-    if callable(as_linear):
-        return as_linear(), getattr(module, "bias", None)
-    return None
-
-
 def quantization_targets(
     model: nn.Module, spec: QuantizationSpec, *, include: Optional[Callable[[str], bool]] = None
 ) -> tuple[list[str], QuantizationSpec]:

@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from gencli.backend.packed_linear import PackedLinear
 from gencli.backend.random import make_generator
 from gencli.backend.screened_argmax import ScreenedArgmax
 from gencli.errors import UserError
@@ -35,17 +36,22 @@ SCREEN_KIND: Optional[str] = None  # the head copy the screen reads: "int8", "bf
 
 def screen_for(tm: TextModel, params: SamplingParams, steps: int) -> Optional[ScreenedArgmax]:
     """The exact screened argmax of the LM head (:mod:`gencli.backend.screened_argmax`), when the
-    tokens are plain greedy choices from a large fp32 head on a CPU with oneDNN's int8 (VNNI) or
-    native bf16 kernels and the generation is long enough to repay building it (or it is built
-    already); else None."""
-    weight = tm.model.lm_head.weight
-    if not weight.is_floating_point():  # a quantized head: already a fraction of the fp32 read
+    tokens are plain greedy choices from a large fp32 head, or a packed bf16 one, on a CPU with
+    oneDNN's int8 (VNNI) or native bf16 kernels and the generation is long enough to repay building
+    it (or it is built already); else None."""
+    head = tm.model.lm_head
+    packed = isinstance(head, PackedLinear)
+    if not packed and not head.weight.is_floating_point():  # a quantized head: already a fraction of the fp32 read
         return None
-    if not params.greedy or params.repetition_penalty != 1.0 or getattr(tm.model.lm_head, "bias", None) is not None:
+    if not params.greedy or params.repetition_penalty != 1.0 or getattr(head, "bias", None) is not None:
         return None
     if tm.screen is None and not tm.screen_failed:
-        if steps < SCREEN_MIN_STEPS or weight.numel() * weight.element_size() < SCREEN_MIN_HEAD_BYTES:
+        # a packed bf16 head is screened as its fp32 image (fp32 weights of its bf16 values), as the
+        # encoder-decoders' is: the argmax of the exact product of the bf16 hidden state and head
+        size = head.in_features * head.out_features * 4 if packed else head.weight.numel() * head.weight.element_size()
+        if steps < SCREEN_MIN_STEPS or size < SCREEN_MIN_HEAD_BYTES:
             return None
+        weight = head.weight.float() if packed else head.weight
         if not ScreenedArgmax.supported(weight, SCREEN_KIND):
             return None
         try:
@@ -299,7 +305,7 @@ def generate(
         where = torch.arange(ids.shape[1], device=device) if static else None  # the prompt: slots 0..L-1
         hidden = model.hidden_states(ids, position_ids=pos, attention_mask=attention_mask, kv_cache=cache, cache_position=where, logits_to_keep=1)[:, -1]
         if head is not None:
-            return head(hidden)
+            return head(hidden.float())  # a bf16 hidden state: the argmax of its exact product with the bf16 head
         return next_tokens(model.lm_head(hidden), params, generator, seen_so_far)
 
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
