@@ -5,6 +5,7 @@
     python scripts/eval_text.py --model PATH --dtype float32 --json
     python scripts/eval_text.py --quantize int8          # weight-only int8 (int4: --quantize int4)
     python scripts/eval_text.py --quantize int4 --agreement 200   # + greedy agreement with fp32
+    python scripts/eval_text.py --dtype bfloat16 --agreement 200  # bf16 (packed on CPUs with native bf16) vs fp32
     python scripts/eval_text.py --quantize int4 --decode-kernels  # every row through the decoding kernels
 
 Reports loss per token (nats), perplexity and bits per byte over the modules listed in
@@ -37,7 +38,7 @@ def main() -> None:
     p.add_argument("--group-size", type=int, default=None, help="int4: input columns per group (default 32)")
     p.add_argument("--stride", type=int, default=None, help="window advance in tokens (default: half the context)")
     p.add_argument("--max-tokens", type=int, default=None, help="score only the first N tokens of each module")
-    p.add_argument("--agreement", type=int, default=0, metavar="N", help="with --quantize: greedy 16-token agreement with fp32 on N held-out lines")
+    p.add_argument("--agreement", type=int, default=0, metavar="N", help="with --quantize or --dtype bfloat16: greedy 16-token agreement with fp32 on N lines")
     p.add_argument(
         "--decode-kernels",
         action="store_true",
@@ -91,8 +92,10 @@ def main() -> None:
         **score.as_dict(),
         "seconds": round(time.perf_counter() - start, 1),
     }
-    if args.quantize and args.agreement:
-        fp32 = load_text_model(resolve_model(args.model), device=args.device, dtype=args.dtype, threads=args.threads)
+    if args.agreement and (args.quantize or args.dtype not in ("auto", "float32")):
+        # the reference: the same dtype unquantized (--quantize), else float32 (--dtype bfloat16)
+        ref_dtype = args.dtype if args.quantize else "float32"
+        fp32 = load_text_model(resolve_model(args.model), device=args.device, dtype=ref_dtype, threads=args.threads)
         report["agreement"] = greedy_agreement(fp32, tm, docs, args.agreement)
     if args.json:
         print(json.dumps(report))

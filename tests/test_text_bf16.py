@@ -138,3 +138,12 @@ def test_pack_linears_packs_gpt2_conv1d_layers():
         got = holder[0](x)
     assert isinstance(holder[0], PackedLinear) and torch.equal(holder[0].weight, layer.weight.t())
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_the_cli_shows_the_notice_once(models):
+    from conftest import run_cli
+
+    result = run_cli("generate", "hello", "--model", str(models / "gpt2"), "--dtype", "bfloat16", "--max-new-tokens", "3", env={"GENCLI_CPU_BF16": "0"})
+    assert result.returncode == 0, result.stderr
+    warnings_shown = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings_shown) == 1 and "no native bf16" in warnings_shown[0], result.stderr

@@ -280,13 +280,18 @@ def _llama_cpp_generator(args, workdir: Path, kind: str, prompt: list[int]):
 
 def _module_bytes_per_token(model: torch.nn.Module) -> int:
     """The bytes of weights one decoding step reads: every parameter and buffer once (the codes and
-    scales of quantized layers as stored), except an input embedding table not tied to the head, of
-    which a token reads one row."""
+    scales of quantized layers as stored, the bf16 weights of packed layers), except an input
+    embedding table not tied to the head, of which a token reads one row."""
+    from gencli.backend.packed_linear import PackedLinear
+
     seen, total = set(), 0
     for t in [*model.parameters(), *model.buffers()]:
         if t.data_ptr() not in seen and t.numel() > 1:
             seen.add(t.data_ptr())
             total += t.numel() * t.element_size()
+    for m in model.modules():
+        if isinstance(m, PackedLinear):  # its weight (oneDNN's layout) and bias are plain attributes
+            total += 2 * m.in_features * m.out_features + (0 if m.bias is None else 2 * m.out_features)
     embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else getattr(model, "lm_head", None)
     if embed is not None and getattr(head, "weight", None) is not None and embed.weight.data_ptr() != head.weight.data_ptr():
