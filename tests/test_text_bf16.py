@@ -128,6 +128,7 @@ def test_pack_linears_packs_gpt2_conv1d_layers():
 
     torch.manual_seed(0)
     layer = Conv1D(24, 40)
+    nn.init.normal_(layer.weight)  # (Conv1D starts from an empty weight: GPT-2 checkpoints fill it)
     nn.init.normal_(layer.bias)
     layer.to(torch.bfloat16)
     holder = nn.Sequential(layer)

@@ -82,13 +82,15 @@ def pack_linears(model: nn.Module, *, include: Optional[Callable[[str], bool]] =
             continue
         if dense[0].dtype == torch.bfloat16 and dense[0].device.type == "cpu":
             targets.append((name, dense))
-    weight = bias = None
-    for name, (weight, bias) in targets:
+    module = dense = None  # the loop's last references
+    count = len(targets)
+    targets.reverse()
+    while targets:  # each dense weight goes as soon as its packed copy exists: the peak is one layer over the model
+        name, (weight, bias) = targets.pop()
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, attr, PackedLinear(weight, bias, rows_hint))
-    count = len(targets)
-    del targets, weight, bias  # the dense weights go before the memory is handed back
+        del weight, bias
     if count:
         release_free_memory()
     return count
