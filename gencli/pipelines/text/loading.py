@@ -175,7 +175,7 @@ def stream_bf16_weights(model: torch.nn.Module) -> bool:
     if cpu_has_native_bf16() and packing_available():
         return pack_linears(model) > 0
     warnings.warn(
-        "--dtype bfloat16: this CPU has no native bf16 products (AVX512_BF16/AMX): decoding is computed correctly "
+        "decoding in bfloat16: this CPU has no native bf16 products (AVX512_BF16/AMX): computed correctly "
         "but slower than in float32",
         Notice,
         stacklevel=2,
