@@ -67,6 +67,18 @@ def test_eval_items_and_size_calibration_for_the_hexagon():
     assert cal[("hexagon", "large")] < cal[("circle", "large")]  # a hexagon covers less than its circle
 
 
+def test_held_out_eval_items_cycle_the_held_out_pairs():
+    """The held-out prompts name exactly the colour+shape pairs never trained on, in their order."""
+    from gencli.data import shapes_clip, shapes_txt2img
+
+    pairs = shapes_clip.HELD_OUT_PAIRS
+    items = shapes_txt2img.eval_items(2 * len(pairs) + 3, held_out=True)
+    assert [(i.named["colour"], i.named["shape"]) for i in items] == [pairs[k % len(pairs)] for k in range(len(items))]
+    assert all(shapes_clip.is_held_out(i.scene) for i in items)
+    plain = shapes_txt2img.eval_items(40)
+    assert not any(shapes_clip.is_held_out(i.scene) for i in plain)
+
+
 def test_the_shape_templates_tell_a_hexagon_from_a_circle():
     from scripts.eval_txt2img import HEXAGON_HARMONIC, geometric_shapes
 

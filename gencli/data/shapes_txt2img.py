@@ -84,9 +84,9 @@ def eval_items(n: int, *, held_out: bool = False, offset: int = 0, shape: str | 
         if shape is not None:
             scene = shapes.make_scene(seed, n_objects=1, shape=shape)
         elif held_out:
-            colour, shape = pairs[len(items) % len(pairs)]
+            pair_colour, pair_shape = pairs[len(items) % len(pairs)]
             try:
-                scene = shapes.make_scene(seed, n_objects=1, shape=shape, colour=colour)
+                scene = shapes.make_scene(seed, n_objects=1, shape=pair_shape, colour=pair_colour)
             except ValueError:
                 continue
         else:
