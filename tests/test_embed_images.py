@@ -98,6 +98,22 @@ def test_clip_image_and_text_embeddings_equal_transformers(clip_dir, images):
     torch.testing.assert_close(torch.tensor(raw[0]["embedding"])[None], want_raw, atol=1e-4, rtol=1e-4)
 
 
+def test_clip_without_center_crop_embeds_non_square_images(clip_dir, images, tmp_path):
+    """A CLIP processor that resizes without cropping gives non-square pixels: the position embeddings
+    are interpolated (transformers' interpolate_pos_encoding=True), one size group at a time."""
+    folder = tmp_path / "clip-nocrop"
+    shutil.copytree(clip_dir, folder)
+    CLIPImageProcessorPil(size={"height": 32, "width": 48}, do_center_crop=False).save_pretrained(folder)
+    paths = [images / f"img{i}.png" for i in range(4)]
+    model = transformers.CLIPModel.from_pretrained(str(folder)).eval()
+    px = CLIPImageProcessorPil.from_pretrained(str(folder))(_pil(paths), return_tensors="pt")["pixel_values"]
+    assert tuple(px.shape[-2:]) == (32, 48)
+    with torch.no_grad():
+        want = _unit(_features(model.get_image_features(pixel_values=px, interpolate_pos_encoding=True)))
+    got = rows(invoke("--images", *paths, "-m", folder, "--json", "--dtype", "float32"))
+    torch.testing.assert_close(torch.tensor([r["embedding"] for r in got]), want, atol=1e-4, rtol=0)
+
+
 @pytest.mark.parametrize("bare", [False, True])
 def test_vit_embedding_is_the_cls_token_after_the_final_layernorm(tmp_path, images, bare):
     torch.manual_seed(0)

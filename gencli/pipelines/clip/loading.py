@@ -92,10 +92,17 @@ class ClipBundle:
         return torch.cat(out)
 
     @torch.inference_mode()
+    def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """Projected, unnormalised image embeddings ``(N, projection_dim)`` for preprocessed pixels of one
+        size; a size other than the tower's (a processor without center crop) interpolates the
+        position embeddings, as transformers' ``interpolate_pos_encoding=True`` does."""
+        pixel_values = pixel_values.to(self.placement.device, self.placement.dtype)
+        size = self.model.config.vision_config.image_size
+        return self.model.get_image_features(pixel_values, interpolate_pos_encoding=tuple(pixel_values.shape[-2:]) != (size, size))
+
     def encode_pixels(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """L2-normalised image embeddings ``(N, projection_dim)`` in fp32 for preprocessed pixels."""
-        pixel_values = pixel_values.to(self.placement.device, self.placement.dtype)
-        return l2_normalize(self.model.get_image_features(pixel_values))
+        return l2_normalize(self.image_features(pixel_values))
 
     def temperature(self) -> float:
         """``exp(logit_scale)``: the multiplier of cosine similarities in the logits."""

@@ -22,7 +22,6 @@ from gencli.backend.device import choose_placement
 from gencli.checkpoints.formats import open_source
 from gencli.errors import UserError
 from gencli.io import read_json
-from gencli.models.clip.model import l2_normalize
 from gencli.pipelines.clip.loading import ClipBundle, load_clip, truncation_notice
 from gencli.pipelines.vision.images import ImageProcessor
 
@@ -142,13 +141,7 @@ def encode_images(bundle: ClipBundle, images: Sequence[Image.Image]) -> torch.Te
     if len({a.shape for a in arrays}) == 1:
         return bundle.encode_pixels(torch.from_numpy(np.stack(arrays)))
     # no center crop and different aspect ratios: one at a time, positions interpolated to each size
-    out = []
-    size = bundle.model.config.vision_config.image_size
-    for a in arrays:
-        px = torch.from_numpy(a)[None].to(bundle.placement.device, bundle.placement.dtype)
-        with torch.inference_mode():
-            out.append(l2_normalize(bundle.model.get_image_features(px, interpolate_pos_encoding=tuple(a.shape[1:]) != (size, size))))
-    return torch.cat(out)
+    return torch.cat([bundle.encode_pixels(torch.from_numpy(a)[None]) for a in arrays])
 
 
 class ZeroShotClassifier:

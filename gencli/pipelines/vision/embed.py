@@ -30,6 +30,7 @@ from PIL import Image
 from gencli.backend.device import Placement, choose_placement
 from gencli.checkpoints.formats import CheckpointSource, command_for, detect_architecture, open_source, with_article, wrong_family
 from gencli.errors import CheckpointError, UserError
+from gencli.models.clip.model import l2_normalize
 from gencli.pipelines.vision.images import ImageProcessor
 
 DEFAULT_MODEL = "simclr-shapes"
@@ -57,10 +58,6 @@ def checkpoint_family(src: CheckpointSource) -> Optional[str]:
 def is_clip_checkpoint(path: str | Path, allow_pickle: bool = False) -> bool:
     """Whether ``path`` holds a CLIPModel (both towers): ``embed TEXT...`` then runs its text tower."""
     return checkpoint_family(open_source(path, allow_pickle=allow_pickle)) == "clip"
-
-
-def _l2(x: torch.Tensor) -> torch.Tensor:
-    return x / x.norm(dim=-1, keepdim=True).clamp_min(1e-12)
 
 
 @dataclass
@@ -92,9 +89,10 @@ class ImageEmbedder:
             px = torch.from_numpy(np.stack([arrays[i] for i in idx])).to(self.placement.device, self.placement.dtype)
             feats = self.encode(px).float()
             if self.normalize:
-                feats = _l2(feats)
+                feats = l2_normalize(feats)
+            feats = feats.cpu()
             for row, i in enumerate(idx):
-                out[i] = feats[row].cpu()
+                out[i] = feats[row]
         return torch.stack(out)  # type: ignore[arg-type]
 
 
@@ -166,9 +164,8 @@ def load_image_embedder(
         from gencli.pipelines.clip import zeroshot as zs
 
         bundle = zs.load(path, device=device, dtype=dtype, threads=threads, allow_pickle=allow_pickle, warn=warn)
-        model = bundle.model
         return ImageEmbedder(
-            "clip", model.get_image_features, bundle.processor, bundle.placement, Path(path), True if normalize is None else normalize, clip=bundle
+            "clip", bundle.image_features, bundle.processor, bundle.placement, Path(path), True if normalize is None else normalize, clip=bundle
         )
     placement = choose_placement(device, dtype, "transformer" if family == "vit" else "float", threads, n_params=src.num_parameters())
     load = _load_vit if family == "vit" else _load_simclr
@@ -216,7 +213,7 @@ def nearest(queries: torch.Tensor, vectors: torch.Tensor, k: int) -> list[list[t
     ``[(row, cosine), ...]`` (ties keep the input order)."""
     if k < 1:
         raise UserError("-k must be at least 1")
-    sims = _l2(queries.float()) @ _l2(vectors.float()).t()
+    sims = l2_normalize(queries.float()) @ l2_normalize(vectors.float()).t()
     k = min(k, vectors.shape[0])
     out = []
     for row in sims:
