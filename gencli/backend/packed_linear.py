@@ -17,14 +17,16 @@ weight unpacked.
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gencli.backend.device import release_free_memory
+from gencli.backend.device import cpu_has_native_bf16, release_free_memory
 from gencli.backend.layers import _ONEDNN_POST_OPS, _onednn_ops_available, dense_of, get_activation
+from gencli.errors import Notice
 
 _OPS = ("_reorder_linear_weight", "_linear_pointwise")
 
@@ -94,3 +96,21 @@ def pack_linears(model: nn.Module, *, include: Optional[Callable[[str], bool]] =
     if count:
         release_free_memory()
     return count
+
+
+def stream_bf16_weights(model: torch.nn.Module) -> bool:
+    """Hold the linear layers of a bf16 CPU ``model`` (the LM head included) in oneDNN's packed layout
+    (:func:`pack_linears`) where the CPU multiplies bf16 natively
+    (AVX512_BF16 or AMX): a decoding step then streams the weights instead of reordering them on
+    every product (GPT-2-124M shape, one thread: about 1.6x the steps of ``F.linear`` in bf16, see
+    docs/benchmarks.md). Elsewhere the model runs as it is, correct but slower than fp32, after one
+    notice. Returns whether the layers were packed."""
+    if cpu_has_native_bf16() and packing_available():
+        return pack_linears(model) > 0
+    warnings.warn(
+        "decoding in bfloat16: this CPU has no native bf16 products (AVX512_BF16/AMX): computed correctly "
+        "but slower than in float32",
+        Notice,
+        stacklevel=2,
+    )
+    return False

@@ -10,7 +10,7 @@ from typing import Any, Optional
 import torch
 
 from gencli.backend.device import DTYPE_NAMES, Placement, choose_placement, cpu_has_native_bf16, resolve_device
-from gencli.backend.packed_linear import pack_linears, packing_available
+from gencli.backend.packed_linear import packing_available, stream_bf16_weights
 from gencli.errors import UserError
 from gencli.models.seq2seq import Seq2SeqLM
 from gencli.tokenizers.seq2seq import load_seq2seq_tokenizer
@@ -122,7 +122,7 @@ def load_seq2seq_model(path: Path, *, device: str = "auto", dtype: str = "auto",
         placement = choose_placement(device, _auto_dtype(device, dtype, n_params), "decoder", threads, n_params=n_params)
         model = load_state(build_on_meta(factory), reader, keymap, device=placement.device, dtype=placement.dtype, config=src.config)
         if placement.dtype == torch.bfloat16 and placement.device.type == "cpu":
-            pack_linears(model)
+            stream_bf16_weights(model)
     finally:
         reader.close()
     gen_cfg = {k: src.config[k] for k in _GENERATION_KEYS if src.config.get(k) is not None}

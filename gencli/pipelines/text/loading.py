@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -11,8 +10,9 @@ from typing import Any, Optional
 import torch
 
 from gencli.backend.device import DTYPE_NAMES, Placement, choose_placement
+from gencli.backend.packed_linear import stream_bf16_weights
 from gencli.backend.screened_argmax import ScreenedArgmax
-from gencli.errors import Notice, UserError
+from gencli.errors import UserError
 from gencli.models.causal_lm import CausalLM
 from gencli.pipelines.text.quantization import describe_quantization, quantization_of
 from gencli.tokenizers.text import TextTokenizer, load_tokenizer, read_json
@@ -160,27 +160,6 @@ def load_text_model(
         context = window  # within the window, full causal attention is exactly what the model computes
     elapsed = time.perf_counter() - start
     return TextModel(model, tokenizer, placement, Path(path), arch, gen_cfg, eos, pad, context, elapsed, quantization=spec)
-
-
-def stream_bf16_weights(model: torch.nn.Module) -> bool:
-    """Hold the linear layers of a bf16 CPU ``model`` (the LM head included) in oneDNN's packed layout
-    (:func:`gencli.backend.packed_linear.pack_linears`) where the CPU multiplies bf16 natively
-    (AVX512_BF16 or AMX): a decoding step then streams the weights instead of reordering them on
-    every product (GPT-2-124M shape, one thread: about 1.6x the steps of ``F.linear`` in bf16, see
-    docs/benchmarks.md). Elsewhere the model runs as it is, correct but slower than fp32, after one
-    notice. Returns whether the layers were packed."""
-    from gencli.backend.device import cpu_has_native_bf16
-    from gencli.backend.packed_linear import pack_linears, packing_available
-
-    if cpu_has_native_bf16() and packing_available():
-        return pack_linears(model) > 0
-    warnings.warn(
-        "decoding in bfloat16: this CPU has no native bf16 products (AVX512_BF16/AMX): computed correctly "
-        "but slower than in float32",
-        Notice,
-        stacklevel=2,
-    )
-    return False
 
 
 def _narrow_source_dtype(src: Any, dtype: torch.dtype) -> Optional[torch.dtype]:
