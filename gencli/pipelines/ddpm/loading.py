@@ -159,9 +159,10 @@ def open_ddpm(
     checkpoint: DDPMCheckpoint, *, device: str = "auto", dtype: str = "auto", threads: Optional[int] = None, allow_pickle: bool = False
 ) -> LoadedDDPM:
     """Load the UNet of an inspected pipeline with the user's ``--device/--dtype/--threads``. ``auto``
-    is the UNet families' choice: bf16 on a CPU that multiplies bf16 natively (AMX, AVX512-BF16) and
-    on CUDA, else fp32 (the sampler's arithmetic stays fp32 whatever the UNet's dtype); its
-    threads, every usable core."""
+    is the UNet families' choice (:func:`gencli.backend.device.resolve_dtype`, ``"transformer"``):
+    bf16 on a CPU that multiplies bf16 natively (AMX, AVX512-BF16), else fp32 on a CPU; bf16 on CUDA
+    where supported, else fp16; fp16 on MPS. The sampler's arithmetic stays fp32 whatever the UNet's
+    dtype; its threads, every usable core."""
     from gencli.backend.device import choose_placement
 
     placement = choose_placement(device, dtype, "transformer", threads)
