@@ -246,8 +246,10 @@ def _list_neighbours(queries, query_vectors, names, vectors, top_k, report) -> N
     from gencli.console import emit_json, print_table
     from gencli.pipelines.vision.embed import nearest
 
+    resolved = [Path(n).resolve() for n in names]
     for q, qv in zip(queries, query_vectors):
-        same = {i for i, n in enumerate(names) if Path(n).resolve() == Path(q).resolve()}  # the query itself is not its neighbour
+        target = Path(q).resolve()
+        same = {i for i, r in enumerate(resolved) if r == target}  # the query itself is not its neighbour
         keep = [i for i in range(len(names)) if i not in same]
         if not keep:
             report.warn(f"--query '{q}': no other image to compare it with")

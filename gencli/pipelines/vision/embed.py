@@ -215,11 +215,8 @@ def nearest(queries: torch.Tensor, vectors: torch.Tensor, k: int) -> list[list[t
         raise UserError("-k must be at least 1")
     sims = l2_normalize(queries.float()) @ l2_normalize(vectors.float()).t()
     k = min(k, vectors.shape[0])
-    out = []
-    for row in sims:
-        order = sorted(range(len(row)), key=lambda j: (-float(row[j]), j))[:k]
-        out.append([(j, round(float(row[j]), 6)) for j in order])
-    return out
+    values, order = torch.sort(sims, dim=1, descending=True, stable=True)  # stable: ties keep the input order
+    return [[(int(j), round(float(v), 6)) for j, v in zip(idx[:k].tolist(), vals[:k].tolist())] for idx, vals in zip(order, values)]
 
 
 __all__ = ["DEFAULT_MODEL", "ImageEmbedder", "checkpoint_family", "is_clip_checkpoint", "load_image_embedder", "clip_text_embeddings", "nearest"]
