@@ -135,6 +135,63 @@ def prefetched(make: Callable[[int], Any], start: int, stop: int, workers: int) 
     return iter(loader)
 
 
+
+def fit_until(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    ckpt: str | Path,
+    loss_of_step: Callable[[int, int], torch.Tensor],
+    *,
+    step: int,
+    steps: int,
+    lr: float,
+    warmup: int,
+    history: str,
+    until: Optional[str] = None,
+    ckpt_minutes: float = 5.0,
+    log: Callable[[str], None] = print,
+    log_every: int = 25,
+) -> tuple[int, Optional[float]]:
+    """The loop of the encoder scripts: from ``step`` to ``steps`` (or, with ``until`` = ``"HH:MM"``, to
+    that wall-clock time, the total re-estimated every step from the measured speed), each step
+    ``loss_of_step(step, total)`` under a warmup-cosine learning rate (floor 5%), gradients clipped at
+    1, a smoothed loss logged every ``log_every`` steps, a checkpoint ``{"model", "opt", "step",
+    "command"}`` every ``ckpt_minutes`` and at the end. Returns the last step and the smoothed loss."""
+    model.train()
+    last, t0, smooth = time.time(), time.time(), None
+    total, deadline, step_time, t_step = steps, None, None, time.time()
+    if until:
+        total = max(steps, step + 2)  # re-estimated from the first step's time on
+        hh, mm = (int(x) for x in until.split(":"))
+        now = time.localtime()
+        deadline = time.mktime((now.tm_year, now.tm_mon, now.tm_mday, hh, mm, 0, 0, 0, now.tm_isdst))
+
+    def state() -> dict[str, Any]:
+        return {"model": model.state_dict(), "opt": optimizer.state_dict(), "step": step, "command": history}
+
+    while step < total:
+        if deadline is not None and step_time is not None:
+            total = max(step + 1, step + int((deadline - time.time()) / step_time))
+        set_lr(optimizer, warmup_cosine_lr(step, total, lr, warmup=warmup, floor=0.05))
+        loss = loss_of_step(step, total)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        step += 1
+        dt, t_step = time.time() - t_step, time.time()
+        step_time = dt if step_time is None else 0.9 * step_time + 0.1 * dt
+        value = loss.item()
+        smooth = value if smooth is None else 0.95 * smooth + 0.05 * value
+        if step % log_every == 0:
+            log(f"step {step}/{total} loss {smooth:.4f} {(time.time() - t0) / log_every:.2f}s/step")
+            t0 = time.time()
+        if time.time() - last > ckpt_minutes * 60:
+            save_checkpoint(ckpt, state())
+            last = time.time()
+    save_checkpoint(ckpt, state())
+    return step, smooth
+
 class StepBudget:
     """``--time-budget``: every ``every`` steps, the total number of steps that ends the run within
     ``seconds`` of :meth:`begin` at the recent speed (the first interval's speed includes the warm-up;

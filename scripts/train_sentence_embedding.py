@@ -52,7 +52,7 @@ import torch.nn.functional as F  # noqa: E402
 from gencli.data import shapes, shapes_text2text  # noqa: E402
 from gencli.io import atomic_path, atomic_write_bytes  # noqa: E402
 from gencli.models.bert import EncoderConfig, EncoderForTask  # noqa: E402
-from gencli.training import command_history, load_checkpoint, save_checkpoint, set_lr, warmup_cosine_lr  # noqa: E402
+from gencli.training import command_history, fit_until, load_checkpoint  # noqa: E402
 
 TRAIN_STYLES: tuple[str, ...] = ("full", "list", "background_first")
 HELDOUT_STYLES: tuple[str, ...] = ("picture", "paren", "there_is")  # never trained on
@@ -332,38 +332,15 @@ def main() -> None:
         rng = np.random.default_rng([args.seed, step])
         history = command_history(state.get("command"), step)
         log(f"resumed at step {step}")
-    model.train()
-    last, t0, smooth = time.time(), time.time(), None
-    total, deadline, step_time, t_step = args.steps, None, None, time.time()
-    if args.until:
-        total = max(args.steps, step + 2)
-        hh, mm = (int(x) for x in args.until.split(":"))
-        now = time.localtime()
-        deadline = time.mktime((now.tm_year, now.tm_mon, now.tm_mday, hh, mm, 0, 0, 0, now.tm_isdst))
-    while step < total:
-        if deadline is not None and step_time is not None:
-            total = max(step + 1, step + int((deadline - time.time()) / step_time))
+
+    def loss_of_step(step: int, total: int) -> torch.Tensor:
         a, b, desc = make_batch(rng, args.batch)
-        set_lr(opt, warmup_cosine_lr(step, total, args.lr, warmup=args.warmup, floor=0.05))
         with torch.autocast("cpu", dtype=torch.bfloat16):
             za, zb = embed(model, tok, a), embed(model, tok, b)
-        loss = contrastive_loss(za.float(), zb.float(), desc, args.temperature)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        step += 1
-        dt, t_step = time.time() - t_step, time.time()
-        step_time = dt if step_time is None else 0.9 * step_time + 0.1 * dt
-        value = loss.item()
-        smooth = value if smooth is None else 0.95 * smooth + 0.05 * value
-        if step % 25 == 0:
-            log(f"step {step}/{total} loss {smooth:.4f} {(time.time() - t0) / 25:.2f}s/step")
-            t0 = time.time()
-        if time.time() - last > args.ckpt_minutes * 60:
-            save_checkpoint(ckpt, {"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "command": history})
-            last = time.time()
-    save_checkpoint(ckpt, {"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "command": history})
+        return contrastive_loss(za.float(), zb.float(), desc, args.temperature)
+
+    step, smooth = fit_until(model, opt, ckpt, loss_of_step, step=step, steps=args.steps, lr=args.lr, warmup=args.warmup, history=history,
+                             until=args.until, ckpt_minutes=args.ckpt_minutes, log=log)  # fmt: skip
     model.eval()
     meta = {"command": history, "step": step, "base": str(base), "batch_scenes": args.batch, "temperature": args.temperature,
             "train_styles": list(TRAIN_STYLES), "train_loss": round(smooth or 0.0, 4)}  # fmt: skip

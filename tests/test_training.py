@@ -118,3 +118,34 @@ def test_step_budget_replans_from_the_recent_speed(monkeypatch):
     now[0] += 10.0  # the next 10 steps took 1 s each: 70 s left -> 70 more
     assert budget.steps(70) == 140
     assert training.StepBudget(None).steps(200) is None
+
+
+def test_fit_until_trains_checkpoints_and_schedules(tmp_path):
+    """The shared encoder-script loop: it reaches the step count, lowers the loss, follows the
+    warmup-cosine schedule (the last step runs at the 5% floor's neighbourhood) and leaves a checkpoint
+    that holds the model, the optimizer, the step and the command."""
+    from gencli.training import fit_until
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(64, 4)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+    seen: list[tuple[int, int, float]] = []
+
+    def loss_of_step(step, total):
+        seen.append((step, total, opt.param_groups[0]["lr"]))
+        return torch.nn.functional.mse_loss(model(x), y)
+
+    first = float(torch.nn.functional.mse_loss(model(x), y))
+    logs: list[str] = []
+    step, smooth = fit_until(model, opt, tmp_path / "ckpt.pt", loss_of_step, step=0, steps=60, lr=0.1, warmup=5, history="cmd", log=logs.append, log_every=20)
+    assert step == 60 and [s for s, _, _ in seen] == list(range(60)) and len(logs) == 3
+    assert seen[0][2] == pytest.approx(warmup_cosine_lr(0, 60, 0.1, warmup=5, floor=0.05))
+    assert seen[-1][2] < seen[10][2]
+    assert smooth is not None and float(torch.nn.functional.mse_loss(model(x), y)) < 0.1 * first
+    state = load_checkpoint(tmp_path / "ckpt.pt")
+    assert state["step"] == 60 and state["command"] == "cmd" and set(state) == {"model", "opt", "step", "command"}
+    # resuming at the end runs no step and keeps the checkpoint's step
+    step, _ = fit_until(model, opt, tmp_path / "ckpt.pt", loss_of_step, step=60, steps=60, lr=0.1, warmup=5, history="cmd", log=logs.append)
+    assert step == 60 and len(seen) == 60
