@@ -139,3 +139,20 @@ def best_times(fn: Callable[[], object], repeat: int = 3, warmup: int = 1) -> tu
         fn()
         wall, cpu = min(wall, time.perf_counter() - w), min(cpu, time.process_time() - c)
     return wall, cpu
+
+
+def timed_sentences(predict: Callable[[], object], texts: list[str], repeat: int, *, load_s: float, dtype, device) -> tuple[object, dict]:
+    """``predict``'s best times over ``repeat`` runs and one more run's output, with the figures every
+    encoder case reports: sentences per second (wall and CPU), load time, dtype, count, peak GPU memory."""
+    from bench_cases._util import peak_gpu_mb
+
+    seconds, cpu_seconds = best_times(predict, repeat)
+    out = predict()
+    return out, {
+        "sentences_per_s": round(len(texts) / seconds, 2),
+        "sentences_per_cpu_s": round(len(texts) / cpu_seconds, 2),
+        "load_s": round(load_s, 3),
+        "dtype": str(dtype).replace("torch.", ""),
+        "sentences": len(texts),
+        "peak_gpu_mb": peak_gpu_mb(device),
+    }

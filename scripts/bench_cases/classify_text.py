@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from bench_cases import _encoders as E
-from bench_cases._util import device_and_dtype, peak_gpu_mb
+from bench_cases._util import device_and_dtype
 
 DESCRIPTION = "classify-text: sentences/s, all-MiniLM-L6-v2 shape (6 x 384, random weights, 4 labels), batch 32 (gencli vs transformers' pipeline)"
 METRICS = {"sentences_per_s": "higher", "sentences_per_cpu_s": "higher", "load_s": "lower"}
@@ -64,16 +64,7 @@ def run(side, args, workdir):
         def predict():
             return classify_texts(enc, texts, batch_size=args.batch)
 
-    seconds, cpu_seconds = E.best_times(predict, args.repeat)
-    labels = predict()
-    result = {
-        "sentences_per_s": round(len(texts) / seconds, 2),
-        "sentences_per_cpu_s": round(len(texts) / cpu_seconds, 2),
-        "load_s": round(load_s, 3),
-        "dtype": str(dtype).replace("torch.", ""),
-        "sentences": len(texts),
-        "peak_gpu_mb": peak_gpu_mb(device),
-    }
+    labels, result = E.timed_sentences(predict, texts, args.repeat, load_s=load_s, dtype=dtype, device=device)
     scores = torch.tensor([[next(d["score"] for d in per if d["label"] == name) for name in LABELS] for per in labels])
     E.compare(Path(workdir), side, "scores", scores, result, atol_key="max_score_diff_vs_reference")
     return result

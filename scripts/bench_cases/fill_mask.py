@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from bench_cases import _encoders as E
-from bench_cases._util import device_and_dtype, peak_gpu_mb
+from bench_cases._util import device_and_dtype
 
 DESCRIPTION = "fill-mask: sentences/s, all-MiniLM-L6-v2 shape (6 x 384, vocab 30522, random weights), batch 32 (gencli vs transformers' pipeline)"
 METRICS = {"sentences_per_s": "higher", "sentences_per_cpu_s": "higher", "load_s": "lower"}
@@ -75,16 +75,7 @@ def run(side, args, workdir):
         def predict():
             return [per_mask[0] for per_mask in fill_mask(enc, texts, top_k=args.k, batch_size=args.batch)]
 
-    seconds, cpu_seconds = E.best_times(predict, args.repeat)
-    preds = predict()
-    result = {
-        "sentences_per_s": round(len(texts) / seconds, 2),
-        "sentences_per_cpu_s": round(len(texts) / cpu_seconds, 2),
-        "load_s": round(load_s, 3),
-        "dtype": str(dtype).replace("torch.", ""),
-        "sentences": len(texts),
-        "peak_gpu_mb": peak_gpu_mb(device),
-    }
+    preds, result = E.timed_sentences(predict, texts, args.repeat, load_s=load_s, dtype=dtype, device=device)
     tokens = torch.tensor([[p["token"] for p in per] for per in preds])
     scores = torch.tensor([[p["score"] for p in per] for per in preds])
     E.compare(Path(workdir), side, "scores", scores, result, atol_key="max_score_diff_vs_reference")
