@@ -1,6 +1,6 @@
 """The fused decoding step (gencli.backend.decoder_step, csrc/decoder_step.cpp): every layer of a
-quantized GPT-2 / Llama / Qwen2-style model in one native call gives the logits of the layer-by-layer
-path, for one sequence and for a left-padded batch, on every instruction set this CPU has; where it
+quantized (int8, int4) or streamed (fp32, bf16 weights) GPT-2 / Llama / Qwen2-style model in one native
+call gives the logits of the layer-by-layer path, for one sequence and for a left-padded batch, on every instruction set this CPU has; where it
 does not apply (unquantized, prefill, switched off) the layer-by-layer path runs; its activations
 against torch's."""
 
@@ -12,10 +12,12 @@ import torch
 from gencli.backend import decoder_step, quant_kernels
 from gencli.backend.decoder_step import FusedDecoder
 from gencli.backend.quantize import QuantizationSpec, quantize_linears
+from gencli.backend.streamed_linear import stream_linears
 from gencli.models.gpt2 import GPT2Config, GPT2LMHeadModel
 from gencli.models.llama import LlamaConfig, LlamaForCausalLM
 
 kernels = quant_kernels.cpu_kernels()
+DENSE = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # streamed layers: dense weights, fp32 products
 needs_kernels = pytest.mark.usefixtures("quant_kernels_built")  # a skip saying why, a failure on CI
 
 
@@ -33,7 +35,10 @@ def _model(family: str, mode: str) -> torch.nn.Module:
         norm_weight = p.dim() == 1 and ("norm" in name or "ln_" in name) and "bias" not in name
         with torch.no_grad():
             p.copy_(torch.randn_like(p) * (0.2 if p.dim() > 1 else 0.1) + (1.0 if norm_weight else 0.0))
-    quantize_linears(model, QuantizationSpec.for_mode(mode))
+    if mode in DENSE:
+        stream_linears(model, DENSE[mode])
+    else:
+        quantize_linears(model, QuantizationSpec.for_mode(mode))
     return model.eval()
 
 
@@ -58,7 +63,7 @@ def _logits(model, ids, steps, fused, mask=None):
 
 @needs_kernels
 @pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2"])
-@pytest.mark.parametrize("mode", ["int8", "int4"])
+@pytest.mark.parametrize("mode", ["int8", "int4", "float32", "bfloat16"])
 @pytest.mark.parametrize("activations", ["fp32", "int8"])
 def test_the_fused_step_gives_the_logits_of_the_layer_by_layer_path(isa, family, mode, activations, monkeypatch):
     monkeypatch.setenv(quant_kernels.ENV_ACTIVATIONS, activations)
@@ -72,7 +77,7 @@ def test_the_fused_step_gives_the_logits_of_the_layer_by_layer_path(isa, family,
     got = _logits(model, ids, 8, fused=True)
     assert len(calls) == 8  # every decoding step, not the prefill
     rel = ((got - ref).norm(dim=-1) / ref.norm(dim=-1)).max().item()
-    if activations == "fp32":  # the same products; only the norms' and activations' rounding differs
+    if activations == "fp32" or mode in DENSE:  # the same products; only the norms' and activations' rounding differs
         assert rel < 1e-5, rel
         assert torch.equal(got.argmax(-1), ref.argmax(-1))
     else:
@@ -84,9 +89,10 @@ def test_the_fused_step_gives_the_logits_of_the_layer_by_layer_path(isa, family,
 
 @needs_kernels
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
-def test_a_left_padded_batch_decodes_each_sequence_as_the_layer_by_layer_path_does(family, monkeypatch):
+@pytest.mark.parametrize("mode", ["int8", "bfloat16"])
+def test_a_left_padded_batch_decodes_each_sequence_as_the_layer_by_layer_path_does(family, mode, monkeypatch):
     monkeypatch.setenv(quant_kernels.ENV_ACTIVATIONS, "fp32")
-    model = _model(family, "int8")
+    model = _model(family, mode)
     ids = torch.randint(0, 96, (3, 10), generator=torch.Generator().manual_seed(2))
     mask = torch.ones(3, 10, dtype=torch.bool)
     mask[1, :3] = False  # left padding
@@ -102,7 +108,10 @@ def test_a_left_padded_batch_decodes_each_sequence_as_the_layer_by_layer_path_do
 def test_the_layer_by_layer_path_runs_where_the_fused_step_does_not_apply(monkeypatch):
     dense = GPT2LMHeadModel(GPT2Config(vocab_size=96, n_positions=32, n_embd=64, n_layer=2, n_head=4)).eval()
     x = torch.zeros(1, 1, 64)
-    assert dense.fused_decoder(x, dense.new_cache(1, 8)) is None  # unquantized: nothing is built
+    assert dense.fused_decoder(x, dense.new_cache(1, 8)) is None  # torch's layers: nothing is built
+    mixed = _model("gpt2", "bfloat16")
+    mixed.transformer.h[0].mlp.c_fc = stream_and_keep(mixed.transformer.h[0].mlp.c_fc)
+    assert mixed.fused_decoder(x, mixed.new_cache(1, 8)) is None  # weights of two dtypes: layer by layer
     quant = _model("gpt2", "int8")
     cache = quant.new_cache(1, 8)
     assert isinstance(quant.fused_decoder(x, cache), FusedDecoder)
@@ -113,6 +122,13 @@ def test_the_layer_by_layer_path_runs_where_the_fused_step_does_not_apply(monkey
     assert "_fused_decoder" not in quant.__dict__
     monkeypatch.setenv(decoder_step.ENV_SWITCH, "0")
     assert quant.fused_decoder(x, cache) is None
+
+
+def stream_and_keep(layer):
+    """An fp32 StreamedLinear of a bf16 one's values."""
+    from gencli.backend.streamed_linear import StreamedLinear
+
+    return StreamedLinear(layer.weight.float(), layer.bias)
 
 
 @needs_kernels

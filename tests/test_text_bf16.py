@@ -1,7 +1,11 @@
-"""bf16 decoding of GPT-2 / Llama on a CPU (gencli generate --dtype bfloat16): with native bf16 the
-linear layers and the LM head are held packed for oneDNN (gencli.backend.packed_linear) and give the
-tokens of the unpacked bf16 model; greedy steps may screen the packed head exactly; without native
-bf16 the model runs unpacked, correct, after one notice."""
+"""bf16 decoding of GPT-2 / Llama on a CPU (gencli generate --dtype bfloat16).
+
+Where gencli's kernels build, the linear layers and the LM head hold bf16 weights multiplied in fp32
+(gencli.backend.streamed_linear; activations, norms, the KV cache fp32) and give the tokens of the
+fp32 model whose linear weights are rounded to bf16; the decoding steps run fused; greedy steps may
+screen the bf16 head exactly. Without the kernels, with native bf16, the whole model is bf16 with the
+linear layers packed for oneDNN (gencli.backend.packed_linear), giving the tokens of the unpacked bf16
+model; without either it runs unpacked, correct, after one notice."""
 
 from __future__ import annotations
 
@@ -13,8 +17,11 @@ import torch.nn as nn
 from _text_fixtures import gpt2_checkpoint, llama_checkpoint
 
 from gencli.backend import device as devmod
+from gencli.backend import quant_kernels
+from gencli.backend.decoder_step import FusedDecoder
 from gencli.backend.layers import dense_of
 from gencli.backend.packed_linear import PackedLinear, pack_linears, packing_available
+from gencli.backend.streamed_linear import StreamedLinear
 from gencli.errors import Notice
 
 pytest.importorskip("transformers")
@@ -29,6 +36,12 @@ def models(tmp_path_factory):
     gpt2_checkpoint(root / "gpt2")
     llama_checkpoint(root / "llama", kv_heads=2)
     return root
+
+
+@pytest.fixture
+def no_kernels(monkeypatch):
+    """gencli's kernels switched off for one test (the oneDNN / torch paths)."""
+    monkeypatch.setenv(quant_kernels.ENV_SWITCH, "0")
 
 
 @pytest.fixture
@@ -64,9 +77,61 @@ def _linears(model: nn.Module) -> list[str]:
     return [name for name, m in model.named_modules() if name and dense_of(m) is not None]
 
 
+def _rounded_fp32(folder):
+    """The fp32 model with its linear weights (the head included) rounded to bf16, computed by torch."""
+    plain, _ = _load(folder, dtype="float32")
+    with torch.no_grad():
+        for _, m in plain.model.named_modules():
+            dense = dense_of(m)
+            if dense is not None:
+                dense[0].copy_(dense[0].to(torch.bfloat16).float())
+    return plain
+
+
+@pytest.mark.usefixtures("quant_kernels_built")
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_bf16_decoding_streams_bf16_weights_in_fp32_products(models, name, native_bf16, monkeypatch):
+    native_bf16(False)  # (the kernels widen bf16 in registers: no native bf16 needed, no notice)
+    tm, notices = _load(models / name)
+    assert not notices
+    assert _linears(tm.model) == [n for n, m in tm.model.named_modules() if isinstance(m, StreamedLinear)]  # every one, the head too
+    assert all(m.weight.dtype == torch.bfloat16 for m in tm.model.modules() if isinstance(m, StreamedLinear))
+    assert tm.model.get_input_embeddings().weight.dtype == torch.float32  # fp32 activations all along
+    assert all(p.dtype == torch.float32 for p in tm.model.parameters())
+    from gencli.pipelines.text.loading import describe
+
+    assert "bfloat16 linear weights, float32 activations" in describe(tm)
+    calls = []
+    real = FusedDecoder.__call__
+    monkeypatch.setattr(FusedDecoder, "__call__", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    got = _tokens(tm)
+    assert len(calls) == 15  # every decoding step after the prompt's, fused
+    want = _tokens(_rounded_fp32(models / name))
+    assert got == want
+    assert _tokens(tm, static=True) == want
+    assert len({tuple(ids) for ids in want}) > 1  # the rows differ: a sane fixture
+
+
+@pytest.mark.usefixtures("quant_kernels_built")
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_greedy_screens_the_streamed_bf16_head_exactly(models, name, monkeypatch):
+    from gencli.backend.screened_argmax import ScreenedArgmax
+    from gencli.pipelines.text import generate as g
+
+    tm, _ = _load(models / name)
+    if not ScreenedArgmax.supported(tm.model.lm_head.weight.float()):
+        pytest.skip("no screened argmax on this CPU")
+    want = _tokens(tm)
+    monkeypatch.setattr(g, "SCREEN_MIN_HEAD_BYTES", 0)
+    monkeypatch.setattr(g, "SCREEN_MIN_STEPS", 1)
+    got = _tokens(tm)
+    assert isinstance(tm.screen, ScreenedArgmax) and torch.equal(tm.screen.weight, tm.model.lm_head.weight.float())
+    assert got == want
+
+
 @needs_packing
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
-def test_packed_bf16_decoding_gives_the_tokens_of_unpacked_bf16(models, name, native_bf16):
+def test_packed_bf16_decoding_gives_the_tokens_of_unpacked_bf16(models, name, native_bf16, no_kernels):
     native_bf16(True)
     packed, notices = _load(models / name)
     assert not notices
@@ -83,7 +148,7 @@ def test_packed_bf16_decoding_gives_the_tokens_of_unpacked_bf16(models, name, na
 
 @needs_packing
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
-def test_greedy_screens_the_packed_head_exactly(models, name, native_bf16, monkeypatch):
+def test_greedy_screens_the_packed_head_exactly(models, name, native_bf16, no_kernels, monkeypatch):
     """The screened argmax of the packed head's fp32 image (forced on for a tiny head) gives the
     tokens of the plain argmax of the bf16 logits."""
     from gencli.backend.screened_argmax import ScreenedArgmax
@@ -104,7 +169,7 @@ def test_greedy_screens_the_packed_head_exactly(models, name, native_bf16, monke
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
-def test_without_native_bf16_decoding_is_unpacked_and_correct_after_one_notice(models, name, native_bf16):
+def test_without_kernels_or_native_bf16_decoding_is_unpacked_and_correct_after_one_notice(models, name, native_bf16, no_kernels):
     native_bf16(False)
     tm, notices = _load(models / name)
     assert len(notices) == 1 and "no native bf16" in str(notices[0].message)
@@ -115,10 +180,10 @@ def test_without_native_bf16_decoding_is_unpacked_and_correct_after_one_notice(m
     assert _tokens(tm) == _tokens(plain)  # the same computation: the same tokens
 
 
-def test_float32_models_are_never_packed(models, native_bf16):
+def test_float32_models_are_never_packed_and_small_ones_run_as_torch_runs_them(models, native_bf16):
     native_bf16(True)
     tm, notices = _load(models / "gpt2", dtype="float32")
-    assert not notices and not any(isinstance(m, PackedLinear) for m in tm.model.modules())
+    assert not notices and not any(isinstance(m, (PackedLinear, StreamedLinear)) for m in tm.model.modules())
 
 
 @needs_packing
@@ -144,7 +209,51 @@ def test_pack_linears_packs_gpt2_conv1d_layers():
 def test_the_cli_shows_the_notice_once(models):
     from conftest import run_cli
 
-    result = run_cli("generate", "hello", "--model", str(models / "gpt2"), "--dtype", "bfloat16", "--max-new-tokens", "3", env={"GENCLI_CPU_BF16": "0"})
+    env = {"GENCLI_CPU_BF16": "0", quant_kernels.ENV_SWITCH: "0"}
+    result = run_cli("generate", "hello", "--model", str(models / "gpt2"), "--dtype", "bfloat16", "--max-new-tokens", "3", env=env)
     assert result.returncode == 0, result.stderr
     warnings_shown = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings_shown) == 1 and "no native bf16" in warnings_shown[0], result.stderr
+
+
+@pytest.mark.usefixtures("quant_kernels_built")
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_large_float32_models_stream_their_weights_and_decode_fused(models, name, monkeypatch):
+    """From COLUMN_MAJOR_MIN_BYTES on (lowered to 0 here) an fp32 model's linear layers are streamed
+    fp32 rows, the decoding steps fused, and the tokens those of torch's fp32 model."""
+    from gencli.pipelines.text import loading
+
+    want = _tokens(_load(models / name, dtype="float32")[0])
+    monkeypatch.setattr(loading, "COLUMN_MAJOR_MIN_BYTES", 0)
+    tm, notices = _load(models / name, dtype="float32")
+    assert not notices and _linears(tm.model) == [n for n, m in tm.model.named_modules() if isinstance(m, StreamedLinear)]
+    assert all(m.weight.dtype == torch.float32 and m.weight.is_contiguous() for m in tm.model.modules() if isinstance(m, StreamedLinear))
+    calls = []
+    real = FusedDecoder.__call__
+    monkeypatch.setattr(FusedDecoder, "__call__", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    assert _tokens(tm) == want
+    assert len(calls) == 15
+
+
+@pytest.mark.usefixtures("quant_kernels_built")
+def test_auto_streams_the_weights_of_a_bf16_checkpoint_as_they_are(models, tmp_path):
+    """--dtype auto on a CPU: a bf16 checkpoint's linear weights are streamed as stored (bf16, the
+    values fp32 would widen), an fp32 checkpoint decodes in fp32; both give the fp32 model's tokens."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "llama-bf16"
+    shutil.copytree(models / "llama", folder)
+    for f in folder.glob("*.safetensors"):
+        save_file({k: v.to(torch.bfloat16) for k, v in load_file(f).items()}, f, metadata={"format": "pt"})
+    auto, notices = _load(folder, dtype="auto")
+    assert not notices
+    heads = [m for m in auto.model.modules() if isinstance(m, StreamedLinear)]
+    assert heads and all(m.weight.dtype == torch.bfloat16 for m in heads)
+    assert all(p.dtype == torch.float32 for p in auto.model.parameters())
+    plain, _ = _load(folder, dtype="float32")
+    assert not any(isinstance(m, StreamedLinear) for m in plain.model.modules())  # (a small model: torch's fp32)
+    assert _tokens(auto) == _tokens(plain)
+    fp32_auto, _ = _load(models / "llama", dtype="auto")
+    assert not any(isinstance(m, StreamedLinear) for m in fp32_auto.model.modules())

@@ -118,12 +118,17 @@ def test_a_screen_that_cannot_be_built_falls_back_once(checkpoints, monkeypatch)
     assert len(calls) == 1  # a failed build is not repeated on every call
 
 
-def test_cpu_fp32_decoders_store_linear_weights_column_major(checkpoints, monkeypatch, tmp_path):
+def test_cpu_fp32_decoders_store_linear_weights_column_major_where_gencli_kernels_are_not_built(checkpoints, monkeypatch, tmp_path):
+    """(Where they are, big fp32 models and bf16 files stream row-major weights instead:
+    tests/test_text_bf16.py.)"""
     import shutil
 
     from safetensors.torch import load_file, save_file
 
+    from gencli.backend import quant_kernels
     from gencli.pipelines.text import loading as text
+
+    monkeypatch.setenv(quant_kernels.ENV_SWITCH, "0")
 
     # small models keep the checkpoint's layout (they run from the caches)
     assert _load(checkpoints["llama"][0]).model.lm_head.weight.is_contiguous()

@@ -1,4 +1,4 @@
-"""A whole decoding step of a stack of pre-norm decoder layers in one native call (quantized CPU decoding).
+"""A whole decoding step of a stack of pre-norm decoder layers in one native call (CPU decoding).
 
 Decoding one token layer by layer from Python costs ~20 tensor operations a layer besides the
 products (norms, views, rotary, the cache write, residual adds, the activation), a few microseconds
@@ -9,11 +9,12 @@ decode attention, no tensor created in between).
 
 A model offers it by describing its layers (:class:`DecoderStackParts`, from
 :meth:`gencli.models.causal_lm.CausalLM.fused_decoder_parts`). It applies where every projection
-is a :class:`~gencli.backend.quantize.QuantizedLinear` on a CPU with gencli's kernels, the norms are
-LayerNorm or RMSNorm and the MLP's activation is tanh-GELU, SiLU or ReLU; the step then takes one
-new position per sequence, float32 activations and a float32 :class:`~gencli.backend.attention.KVCache`.
-Anything else (prefill, unquantized or bf16 models, other devices) keeps the layer-by-layer path.
-``GENCLI_FUSED_DECODE=0`` turns it off.
+is a :class:`~gencli.backend.quantize.QuantizedLinear` (one mode) or every one a
+:class:`~gencli.backend.streamed_linear.StreamedLinear` (fp32 or bf16 weights, one dtype) on a CPU
+with gencli's kernels, the norms are LayerNorm or RMSNorm and the MLP's activation is tanh-GELU, SiLU
+or ReLU; the step then takes one new position per sequence, float32 activations and a float32
+:class:`~gencli.backend.attention.KVCache`. Anything else (prefill, layers of other kinds, other
+devices) keeps the layer-by-layer path. ``GENCLI_FUSED_DECODE=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from gencli.backend.attention import KVCache
 from gencli.backend.layers import LayerNorm, RMSNorm
 from gencli.backend.quant_kernels import cpu_kernels, int8_activations
 from gencli.backend.quantize import QuantizedLinear
+from gencli.backend.streamed_linear import StreamedLinear
 
 ENV_SWITCH = "GENCLI_FUSED_DECODE"
 # transformers' hidden_act names -> the activations the native step has
@@ -73,7 +75,21 @@ def _norm(m: nn.Module, hidden: int) -> Optional[tuple[Any, ...]]:
 
 
 def _linear(m: nn.Module) -> tuple[Any, ...]:
+    if isinstance(m, StreamedLinear):
+        return (m.weight, None, None, -1, m.bias)
     return (m.weight, m.weight_scale, m.weight_zero, m.group_size, m.bias)
+
+
+def _kind(m: nn.Module) -> Optional[tuple[Any, ...]]:
+    """What the native step must know is shared by all the layers: the quantization (mode, group size)
+    or the dense weights' dtype; None for a layer it cannot take."""
+    if m.weight.device.type != "cpu":
+        return None
+    if isinstance(m, QuantizedLinear):
+        return ("quantized", m.mode, m.group_size)
+    if isinstance(m, StreamedLinear):
+        return ("dense", m.weight.dtype)
+    return None
 
 
 class FusedDecoder:
@@ -88,15 +104,14 @@ class FusedDecoder:
         if not enabled() or not parts.layers or parts.activation not in ACTIVATIONS:
             return None
         linears = [m for p in parts.layers for m in (*p.attn_in, p.o_proj, *p.mlp_in, p.mlp_out)]
-        if not all(isinstance(m, QuantizedLinear) and m.weight.device.type == "cpu" for m in linears):
-            return None
-        if len({(m.mode, m.group_size) for m in linears}) != 1:
+        kinds = {_kind(m) for m in linears}
+        if len(kinds) != 1 or None in kinds:
             return None
         hidden = parts.layers[0].o_proj.out_features
         norms = [(_norm(p.norm1, hidden), _norm(p.norm2, hidden)) for p in parts.layers]
         if any(n is None for pair in norms for n in pair):
             return None
-        kernels = cpu_kernels()  # (the quantized layers have built it already)
+        kernels = cpu_kernels()  # (the quantized or streamed layers have built it already)
         if kernels is None or not hasattr(kernels, "DecoderStack"):
             return None
         native = kernels.DecoderStack(hidden, parts.num_heads, parts.num_kv_heads, parts.head_dim, ACTIVATIONS[parts.activation], parts.rotary)

@@ -3,7 +3,9 @@ Llama-shaped) random model, greedy, batch 1.
 
 ``--quantize int8|int4`` runs gencli with weight-only quantized linear layers against the reference
 in the dtype given (fp32 by default): the ratio is then quantized gencli over fp32 transformers. A
-list (``--quantize none,int8,int4``) runs one gencli side per mode in the same rounds.
+list (``--quantize none,int8,int4``) runs one gencli side per mode in the same rounds. ``bf16`` in the
+list is the gencli side loaded with ``--dtype bfloat16`` (on a CPU: bf16 linear weights, fp32
+activations), beside the others; its llama.cpp counterpart is BF16.
 
 ``--llama-cpp`` adds llama.cpp (the ``llama_cpp`` Python bindings, llama-cpp-python) on the same
 weights: the folder is converted to GGUF by llama.cpp's own ``convert_hf_to_gguf.py`` (from the
@@ -68,15 +70,15 @@ def add_arguments(p):
     p.add_argument("--intermediate", type=int, default=None, help="llama: MLP width (default 2.75 x hidden)")
     p.add_argument("--kv-heads", type=int, default=None, help="llama: key/value heads (default: all)")
     p.add_argument("--vocab", type=int, default=32000, help="llama: vocabulary size")
-    p.add_argument("--quantize", type=_modes, default=None, help="gencli: int8, int4, or a list such as none,int8,int4 (a side each)")
+    p.add_argument("--quantize", type=_modes, default=None, help="gencli: int8, int4, bf16 (--dtype bfloat16), or a list such as none,bf16,int8,int4 (a side each)")
     p.add_argument("--group-size", type=int, default=None, help="int4 group size (default 32)")
     p.add_argument("--saved", action="store_true", help="gencli's quantized sides load folders 'gencli quantize' wrote (default: quantize on loading)")
     p.add_argument("--llama-cpp", action="store_true", help="add llama.cpp sides (llama-cpp-python) for the same modes: F32, Q8_0, Q4_0")
     p.add_argument("--llama-cpp-source", default=os.environ.get("LLAMA_CPP_SOURCE"), help="llama.cpp source tree (convert_hf_to_gguf.py, gguf-py)")
 
 
-MODES = ("none", "int8", "int4")
-LLAMA_CPP_TYPES = {"none": "F32", "int8": "Q8_0", "int4": "Q4_0"}  # the llama.cpp counterpart of each gencli mode
+MODES = ("none", "bf16", "int8", "int4")
+LLAMA_CPP_TYPES = {"none": "F32", "bf16": "BF16", "int8": "Q8_0", "int4": "Q4_0"}  # the llama.cpp counterpart of each gencli mode
 
 
 def _modes(text: str) -> list[str]:
@@ -186,7 +188,7 @@ def setup(args, workdir):
         from gencli.pipelines.text.quantized_folder import quantize_checkpoint
 
         for mode in _gencli_modes(args):
-            if mode != "none":
+            if mode not in ("none", "bf16"):
                 quantize_checkpoint(workdir / "gpt2", _saved_folder(workdir, mode), mode, group_size=args.group_size)
     if args.llama_cpp and _llama_cpp_missing(args) is None:
         _write_gguf(args, workdir)
@@ -238,10 +240,10 @@ def _write_gguf(args, workdir: Path) -> None:
     if proc.returncode != 0 or not dense.is_file():
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
         raise SystemExit("convert_hf_to_gguf.py failed")
-    ftypes = {"Q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, "Q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0}
+    ftypes = {"Q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, "Q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, "BF16": llama_cpp.LLAMA_FTYPE_MOSTLY_BF16}
     for mode in _gencli_modes(args):
         kind = _llama_cpp_type(args, mode)
-        if kind in ftypes:
+        if kind in ftypes and kind != base.upper():
             params = llama_cpp.llama_model_quantize_default_params()
             params.ftype = ftypes[kind]
             params.nthread = args.threads or 0
@@ -342,6 +344,8 @@ def run(side, args, workdir):
 
         dtype_name = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
         mode = side[len("gencli-") :] if side.startswith("gencli-") else None
+        if mode == "bf16":  # not a quantization: the model loaded in bf16 (on a CPU: bf16 linear weights, fp32 activations)
+            dtype_name, mode = "bfloat16", None
         if mode is not None and args.saved:  # quantized already: loads without quantizing again
             folder, mode = _saved_folder(workdir, mode), None
         tm = load_text_model(folder, device=str(device), dtype=dtype_name, threads=args.threads, quantize=mode, group_size=args.group_size)

@@ -25,12 +25,12 @@ NormSpec norm_spec(const py::tuple& t) {
   return n;
 }
 
-// (codes, scale, zero or None, group size, bias or None)
+// (codes, scale, zero or None, group size, bias or None); a dense layer: (weight, None, None, -1, bias or None)
 LinearSpec linear_spec(const py::tuple& t) {
   TORCH_CHECK(t.size() == 5, "decoder_step: a linear layer is (codes, scale, zero or None, group size, bias or None)");
   LinearSpec l;
   l.codes = t[0].cast<at::Tensor>();
-  l.scale = t[1].cast<at::Tensor>();
+  if (!t[1].is_none()) l.scale = t[1].cast<at::Tensor>();
   if (!t[2].is_none()) l.zero = t[2].cast<at::Tensor>();
   l.group_size = t[3].cast<int64_t>();
   if (!t[4].is_none()) l.bias = t[4].cast<at::Tensor>();
@@ -95,6 +95,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "int4_gemv by the plain scalar kernels (csrc/reference.cpp), for the tests", py::arg("x"), py::arg("packed"), py::arg("scale"),
       py::arg("zero"), py::arg("group_size"), py::arg("int8_activations") = false, py::arg("bias") = py::none());
   m.def(
+      "dense_gemv_many",
+      [](const at::Tensor& x, const std::vector<at::Tensor>& weights, const std::vector<OptionalTensor>& biases) {
+        return gencli::dense_gemv_many(x, weights, biases);
+      },
+      "[x @ W_i.T (+ bias_i)] for dense weights W_i (N_i, K) all float32 or all bfloat16 (fp32 products of their values)",
+      py::arg("x"), py::arg("weights"), py::arg("biases"));
+  m.def(
+      "dense_gemv",
+      [](const at::Tensor& x, const at::Tensor& w, const OptionalTensor& bias) { return gencli::dense_gemv_many(x, {w}, {bias})[0]; },
+      "x (..., K) f32 @ W.T (+ bias), W (N, K) float32 or bfloat16 (fp32 products of its values)", py::arg("x"), py::arg("weight"),
+      py::arg("bias") = py::none());
+  m.def(
+      "dense_gemv_reference",
+      [](const at::Tensor& x, const at::Tensor& w, const OptionalTensor& bias) { return gencli::dense_gemv_many(x, {w}, {bias}, true)[0]; },
+      "dense_gemv by the plain scalar kernels (csrc/reference.cpp), for the tests", py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
+  m.def(
       "quantize_activations", [](const at::Tensor& x) { return gencli::quantize_activations(x); },
       "x (M, K) f32 -> (codes int8 (M, K), scales f32 (M, K/32)): the int8 activations the integer kernels use", py::arg("x"));
 
@@ -103,10 +119,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("key_mask") = py::none());
 
   py::class_<gencli::DecoderStack>(m, "DecoderStack",
-                                   "Pre-norm decoder layers with quantized projections, one decoding step in one call (csrc/decoder_step.cpp)")
+                                   "Pre-norm decoder layers with quantized or dense projections, one decoding step in one call (csrc/decoder_step.cpp)")
       .def(py::init<int64_t, int64_t, int64_t, int64_t, const std::string&, bool>(), py::arg("hidden"), py::arg("heads"), py::arg("kv_heads"),
            py::arg("head_dim"), py::arg("activation"), py::arg("rotary"))
-      .def("add_layer", &add_layer, "linear: (codes, scale, zero or None, group size, bias or None); norm: (weight, bias or None, eps, rms)",
+      .def("add_layer", &add_layer, "linear: (codes, scale, zero or None, group size, bias or None), dense: (weight, None, None, -1, bias or None); norm: (weight, bias or None, eps, rms)",
            py::arg("norm1"), py::arg("attn_in"), py::arg("o_proj"), py::arg("norm2"), py::arg("mlp_in"), py::arg("mlp_out"), py::arg("attn_scale"))
       .def("step", &gencli::DecoderStack::step, py::arg("x"), py::arg("keys"), py::arg("values"), py::arg("length"), py::arg("key_mask") = py::none(),
            py::arg("cos") = py::none(), py::arg("sin") = py::none(), py::arg("int8_activations") = true)

@@ -1,11 +1,12 @@
 // One decoding step of a stack of pre-norm decoder layers (GPT-2, Llama, Mistral, Qwen2) with
-// weight-only quantized projections, in one native call a token.
+// weight-only quantized projections (int8, int4) or dense ones (fp32, or bf16 values multiplied in fp32),
+// in one native call a token.
 //
 // Decoding one token through a GPT-2-sized model from Python costs ~20 tensor operations a layer
 // besides the products: norms, views, rotary, the cache write, residual adds, the activation, each a
 // few microseconds of dispatch, and each running on caches the weight streams have just evicted. Here
-// a layer is: norm (LayerNorm or RMSNorm) -> the q/k/v products (one fused weight or three, int8 or
-// int4, quantized_products) -> rotary (half-split, per-row tables) -> keys/values written into the
+// a layer is: norm (LayerNorm or RMSNorm) -> the q/k/v products (one fused weight or three, int8,
+// int4, bf16 or fp32: quantized_products) -> rotary (half-split, per-row tables) -> keys/values written into the
 // cache -> attention of the new position over the cache (attend_one_query) -> output product ->
 // residual -> norm -> MLP (act(fc) or act(gate) * up) -> down product -> residual, with scratch
 // buffers reused from step to step. The products and the attention spread over torch's threads as
@@ -259,7 +260,12 @@ NormSpec DecoderStack::norm(const NormSpec& spec) {
 }
 
 QuantWeight DecoderStack::linear(const LinearSpec& spec) {
-  const bool int4 = spec.codes.scalar_type() == at::kByte;
+  const auto type = spec.codes.scalar_type();
+  if (type == at::kFloat || type == at::kBFloat16) {  // a dense weight, read in place
+    keep_.push_back(spec.codes);
+    return dense_weight(spec.codes, spec.bias, keep_);
+  }
+  const bool int4 = type == at::kByte;
   TORCH_CHECK(!int4 || spec.zero.defined(), "decoder_step: int4 codes need zero points");
   keep_.push_back(spec.codes);
   return quant_weight(int4, spec.codes, spec.scale, spec.zero, spec.group_size, spec.bias, keep_);

@@ -8,17 +8,25 @@
 
 namespace gencli {
 
-// A weight-only quantized linear layer as the kernels read it (gencli.backend.quantize's layout):
+// A linear layer's weight as the kernels read it: weight-only quantized (gencli.backend.quantize's
+// layout) or dense (gencli.backend.streamed_linear's), always (N, K) rows:
 //   int8: w = q * scale[n]                       codes int8 (N, K), scale bf16 (N,)
 //   int4: w = (q - 8) * scale[n, g] + zero[n, g] codes packed two per byte (N, K/2), the even column in
 //         the low nibble; scale/zero bf16 (N, K/G)
+//   f32:  w as stored                            codes float32 (N, K), no scale
+//   bf16: w as stored                            codes bf16 (N, K), no scale (fp32 products of its values)
+enum class WeightKind { int8, int4, f32, bf16 };
+
 struct QuantWeight {
-  bool int4 = false;
+  WeightKind kind = WeightKind::int8;
   const void* codes = nullptr;
-  const uint16_t* scale = nullptr;
-  const uint16_t* zero = nullptr;  // int4 only
+  const uint16_t* scale = nullptr;  // int8 and int4 only
+  const uint16_t* zero = nullptr;   // int4 only
   const float* bias = nullptr;     // (N,) or none
   int64_t N = 0, K = 0, G = -1;
+
+  bool int4() const { return kind == WeightKind::int4; }
+  bool dense() const { return kind == WeightKind::f32 || kind == WeightKind::bf16; }
 };
 
 constexpr int64_t kActBlock = 32;  // int8 activations: columns per scale (llama.cpp's Q8_0 block)
@@ -31,7 +39,8 @@ inline float bf16_to_float(uint16_t v) {
 }
 
 // Whether the products of x with weights like w run on int8 activations when they are asked for: K a
-// multiple of kActBlock (int8 codes), groups of 32 to 256 columns (int4); else on fp32 activations.
+// multiple of kActBlock (int8 codes), groups of 32 to 256 columns (int4); else (dense weights always)
+// on fp32 activations.
 bool int8_activations_apply(const QuantWeight& w, bool asked);
 
 // outs[i] (M, ws[i].N) = x (M, K) @ W_i^T (+ bias_i), for weights sharing x: with int8_activations x is

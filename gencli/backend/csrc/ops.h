@@ -20,6 +20,15 @@ using OptionalTensor = c10::optional<at::Tensor>;
 QuantWeight quant_weight(bool int4, const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& zero, int64_t G,
                          const at::Tensor& bias, std::vector<at::Tensor>& keep);
 
+// A dense weight (float32 or bfloat16 values (N, K), contiguous, referenced in place) and its bias (or
+// undefined, converted to fp32 into keep where it is not).
+QuantWeight dense_weight(const at::Tensor& values, const at::Tensor& bias, std::vector<at::Tensor>& keep);
+
+// x (..., K) float32, any layout, times each dense weight (all float32 or all bfloat16): the list of
+// (..., N_i) results, fp32 products of the weights' values; reference: the plain kernels of reference.cpp.
+std::vector<at::Tensor> dense_gemv_many(const at::Tensor& x, const std::vector<at::Tensor>& weights, const std::vector<OptionalTensor>& biases,
+                                        bool reference = false);
+
 // x (..., K) float32, any layout, times each weight: the list of (..., N_i) results. int8 activations where
 // asked and the shape allows (int8_activations_apply), else fp32; reference: the plain kernels of
 // reference.cpp instead of the vector ones.
@@ -49,8 +58,8 @@ enum class Activation { gelu_tanh, silu, relu };
 at::Tensor activation(const std::string& name, const at::Tensor& x, const OptionalTensor& up);
 
 // A layer's parts as the decoder step takes them: a norm (LayerNorm, or RMSNorm where rms; bias
-// undefined where none) and a quantized linear layer (int8 or packed int4 codes; zero undefined for int8,
-// bias undefined where none).
+// undefined where none) and a linear layer: quantized (int8 or packed int4 codes; zero undefined for int8,
+// bias undefined where none) or dense (float32 or bfloat16 values (N, K) as codes, scale undefined).
 struct NormSpec {
   at::Tensor weight, bias;
   float eps = 1e-5f;
@@ -62,7 +71,7 @@ struct LinearSpec {
   at::Tensor bias;
 };
 
-// Pre-norm decoder layers (GPT-2, Llama, Mistral, Qwen2) with quantized projections: one decoding step of
+// Pre-norm decoder layers (GPT-2, Llama, Mistral, Qwen2) with quantized or dense projections: one decoding step of
 // all of them in one call. The layers' tensors are referenced, not copied (except scales and biases in
 // another dtype).
 class DecoderStack {

@@ -1,4 +1,4 @@
-// Plain scalar versions of the quantized products (kernels.h): one output at a time, on one thread,
+// Plain scalar versions of the quantized and dense products (kernels.h): one output at a time, on one thread,
 // written to be read rather than to be fast; the tests compare the vector kernels (quant_gemv.cpp) with
 // them. Sums of fp32 terms are taken in double and rounded once at the end; the int8-activation products
 // sum each block of 32 columns in int32, exactly, as the integer kernels do, before scaling it.
@@ -21,7 +21,7 @@ int int4_code(const QuantWeight& w, int64_t n, int64_t k) {
 
 // The scale of row n (int8) or of the group of column k in row n (int4), and the int4 zero point
 double scale_at(const QuantWeight& w, int64_t n, int64_t k) {
-  return w.int4 ? bf16_to_float(w.scale[n * (w.K / w.G) + k / w.G]) : bf16_to_float(w.scale[n]);
+  return w.int4() ? bf16_to_float(w.scale[n * (w.K / w.G) + k / w.G]) : bf16_to_float(w.scale[n]);
 }
 
 double zero_at(const QuantWeight& w, int64_t n, int64_t k) { return bf16_to_float(w.zero[n * (w.K / w.G) + k / w.G]); }
@@ -31,6 +31,17 @@ float int8_f32(const float* x, const QuantWeight& w, int64_t n) {
   double sum = 0.0;
   for (int64_t k = 0; k < w.K; ++k) sum += int8_code(w, n, k) * static_cast<double>(x[k]);
   return static_cast<float>(sum * scale_at(w, n, 0));
+}
+
+// dense weights (fp32, or bf16 values), fp32 activations: sum_k w[n, k] x[k]
+float dense_f32(const float* x, const QuantWeight& w, int64_t n) {
+  double sum = 0.0;
+  for (int64_t k = 0; k < w.K; ++k) {
+    const double weight = w.kind == WeightKind::f32 ? static_cast<const float*>(w.codes)[n * w.K + k]
+                                                    : bf16_to_float(static_cast<const uint16_t*>(w.codes)[n * w.K + k]);
+    sum += weight * x[k];
+  }
+  return static_cast<float>(sum);
 }
 
 // int4 weights, fp32 activations: sum_k ((q[n, k] - 8) * scale[n, g] + zero[n, g]) x[k], g the group of k
@@ -93,7 +104,9 @@ void quantized_products_reference(const float* x, int64_t M, int64_t K, const Qu
       const float* xsm = q8 ? xs.data() + m * (K / kActBlock) : nullptr;
       for (int64_t n = 0; n < w.N; ++n) {
         float out;
-        if (w.int4)
+        if (w.dense())
+          out = dense_f32(xm, w, n);
+        else if (w.int4())
           out = q8 ? int4_q8(xm, xqm, xsm, w, n) : int4_f32(xm, w, n);
         else
           out = q8 ? int8_q8(xqm, xsm, w, n) : int8_f32(xm, w, n);

@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from gencli.backend.packed_linear import PackedLinear
+from gencli.backend.streamed_linear import StreamedLinear
 from gencli.backend.random import make_generator
 from gencli.backend.screened_argmax import ScreenedArgmax
 from gencli.errors import UserError
@@ -40,7 +41,8 @@ def screen_for(tm: TextModel, params: SamplingParams, steps: int) -> Optional[Sc
     oneDNN's int8 (VNNI) or native bf16 kernels and the generation is long enough to repay building
     it (or it is built already); else None."""
     head = tm.model.lm_head
-    packed = isinstance(head, PackedLinear)
+    # a packed or streamed bf16 head is screened as its fp32 image
+    packed = isinstance(head, PackedLinear) or (isinstance(head, StreamedLinear) and head.weight.dtype == torch.bfloat16)
     if not packed and not head.weight.is_floating_point():  # a quantized head: already a fraction of the fp32 read
         return None
     if not params.greedy or params.repetition_penalty != 1.0 or getattr(head, "bias", None) is not None:

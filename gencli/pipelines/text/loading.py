@@ -12,6 +12,7 @@ import torch
 from gencli.backend.device import DTYPE_NAMES, Placement, choose_placement
 from gencli.backend.packed_linear import stream_bf16_weights
 from gencli.backend.screened_argmax import ScreenedArgmax
+from gencli.backend.streamed_linear import StreamedLinear, stream_linears, streaming_available
 from gencli.errors import UserError
 from gencli.models.causal_lm import CausalLM
 from gencli.pipelines.text.quantization import describe_quantization, quantization_of
@@ -102,13 +103,15 @@ def load_text_model(
     tokenizer = load_tokenizer(folder)  # before the weights: a missing tokenizer fails fast
     n_params = src.num_parameters()
     placement = choose_placement(device, dtype, "decoder", threads, n_params=n_params)
+    streamed = _streamed_dtype(spec, placement, n_params, bf16_file=dtype == "auto" and not src.is_pickle and _narrow_source_dtype(src, torch.float32) == torch.bfloat16)
     reader = open_reader(src, allow_pickle=allow_pickle)
     try:
         # batch-1 decoding streams every weight from memory once per token: on a CPU in fp32 the
         # products run faster over column-major weights once the model is too big for the caches
         # (measured: +9% per product at 500 MB, -10% tokens/s for the 36 MB default model). Only
         # weights converted on loading (bf16/fp16 files) change layout; fp32 files stay zero-copy.
-        fast_layout = spec is None and placement.device.type == "cpu" and placement.dtype == torch.float32 and (n_params or 0) * 4 >= COLUMN_MAJOR_MIN_BYTES
+        # (Where gencli's kernels stream the weights instead, they read rows: no column-major.)
+        fast_layout = streamed is None and spec is None and placement.device.type == "cpu" and placement.dtype == torch.float32 and (n_params or 0) * 4 >= COLUMN_MAJOR_MIN_BYTES
         if stored:  # the quantized layers are built empty and filled from the checkpoint
             model = build_on_meta(lambda: model_class(cfg))
             quantize_linears(model, spec)
@@ -126,6 +129,8 @@ def load_text_model(
             if spec is not None and not src.is_pickle:
                 narrow = _narrow_source_dtype(src, placement.dtype)
                 load_dtype = narrow or placement.dtype
+            if streamed == torch.bfloat16:  # a bf16 file as it is (no fp32 copy), else fp32 (the linears rounded once); the rest fp32 after
+                load_dtype = torch.bfloat16 if not src.is_pickle and _narrow_source_dtype(src, torch.float32) == torch.bfloat16 else torch.float32
             model = build_on_meta(lambda: model_class(cfg))
             replace = {}
             if spec is not None:  # each linear layer quantized as soon as it is read (see load_state)
@@ -147,7 +152,10 @@ def load_text_model(
                     _convert_unquantized(model, placement.dtype)
     finally:
         reader.close()
-    if spec is None and placement.device.type == "cpu" and placement.dtype == torch.bfloat16:
+    if streamed is not None:
+        stream_linears(model, streamed)
+        _convert_unquantized(model, torch.float32)  # embeddings, norms: fp32 activations all along
+    elif spec is None and placement.device.type == "cpu" and placement.dtype == torch.bfloat16:
         stream_bf16_weights(model)
     gen_cfg = read_json(folder / "generation_config.json")
     eos = _ids(gen_cfg.get("eos_token_id")) or _ids(src.config.get("eos_token_id"))
@@ -173,8 +181,27 @@ def _narrow_source_dtype(src: Any, dtype: torch.dtype) -> Optional[torch.dtype]:
     return found if found.itemsize < dtype.itemsize else None
 
 
+def _streamed_dtype(spec: Any, placement: Placement, n_params: Optional[int], *, bf16_file: bool = False) -> Optional[torch.dtype]:
+    """The dtype the linear weights of an unquantized CPU model are held in for gencli's decoding
+    kernels (:mod:`gencli.backend.streamed_linear`), or None where the model runs as torch runs it.
+
+    bf16: with ``--dtype bfloat16``, and with ``--dtype auto`` when the checkpoint's weights are bf16
+    (``bf16_file``: the values are the file's either way, fp32 would only widen them; half the bytes
+    a token reads); the activations, the KV cache and the sums stay fp32. fp32 (``auto`` on an fp32
+    or fp16 checkpoint, or ``--dtype float32``): models of ``COLUMN_MAJOR_MIN_BYTES`` or more (where the
+    weights no longer sit in the caches and the fused step's gain is worth the kernels' one-time
+    build); a smaller fp32 model decodes through torch. None where the kernels cannot be built."""
+    if spec is not None or placement.device.type != "cpu" or placement.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    dtype = torch.bfloat16 if bf16_file else placement.dtype
+    if dtype == torch.float32 and (n_params or 0) * 4 < COLUMN_MAJOR_MIN_BYTES:
+        return None
+    return dtype if streaming_available() else None
+
+
 def _convert_unquantized(model: torch.nn.Module, dtype: torch.dtype) -> None:
-    """Floating-point parameters to ``dtype``, except the quantized layers' scales and zero points."""
+    """Floating-point parameters to ``dtype``, except the quantized layers' scales and zero points
+    (the streamed layers' weights are buffers: they keep their dtype)."""
     from gencli.backend.quantize import QuantizedLinear
 
     for module in model.modules():
@@ -188,5 +215,7 @@ def describe(tm: TextModel) -> str:
     dtype = DTYPE_NAMES.get(tm.placement.dtype, tm.placement.dtype)
     if tm.quantization is not None:
         dtype = f"{dtype} with {describe_quantization(tm.quantization)} linear weights"
+    elif isinstance(tm.model.lm_head, StreamedLinear) and tm.model.lm_head.weight.dtype == torch.bfloat16:
+        dtype = "bfloat16 linear weights, float32 activations"
     threads = f" ({tm.placement.threads} thread(s))" if tm.placement.device.type == "cpu" and tm.placement.threads else ""
     return f"{tm.architecture} from '{tm.path}', {dtype} on {tm.placement.device}{threads}, context {tm.context_length} tokens"

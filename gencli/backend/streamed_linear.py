@@ -1,0 +1,108 @@
+"""Linear layers held for CPU decoding: dense row-major weights in float32 or bfloat16, multiplied in fp32.
+
+Decoding one token multiplies every weight of a model by one activation row (a few with beams or
+batches): its time is the time it takes to read the weights. :class:`StreamedLinear` holds a layer's
+weight as ``(out, in)`` rows, contiguous, in float32 or in bfloat16 (half the bytes to read), and
+multiplies a few rows by gencli's kernels (``csrc/quant_gemv.cpp``: the bf16 values widened to fp32
+in registers, FMA into fp32 sums), so with bf16 weights only the weights are rounded: activations,
+accumulation, norms, attention and the KV cache stay fp32 (llama.cpp's BF16 rounds the activations to
+bf16 as well). From ``DENSE_MAX_ROWS`` rows on (a prompt's prefill) the product is torch's, over the
+weight widened to fp32 for the call. The fused decoding step (:mod:`gencli.backend.decoder_step`)
+reads the same tensors in place.
+
+:func:`stream_linears` swaps them into a model from outside it, as
+:func:`gencli.backend.quantize.quantize_linears` does with quantized layers: GPT-2's ``Conv1D``
+(stored ``(in, out)``) gets a row-major copy, an fp32 ``nn.Linear`` is referenced as it is (no copy),
+a tied LM head in bf16 gets its own copy and the embedding keeps its weight.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gencli.backend.device import release_free_memory
+from gencli.backend.layers import dense_of, get_activation
+from gencli.backend.quant_kernels import cpu_kernels
+
+DTYPES = (torch.float32, torch.bfloat16)
+# up to this many rows gencli's kernel (each weight row read once per 4 rows); from there on torch's
+# GEMM, over the weight widened to fp32 when it is bf16 (a copy of the weight per call: worth it only
+# for a prompt's many rows)
+DENSE_MAX_ROWS = {torch.float32: 8, torch.bfloat16: 32}
+
+
+class StreamedLinear(nn.Module):
+    """A linear layer (``forward(x, activation=None)`` as :class:`gencli.backend.layers.Linear`'s)
+    whose ``weight`` is a contiguous ``(out, in)`` float32 or bfloat16 buffer; the bias, when there is
+    one, is fp32. Outputs are fp32 for fp32 inputs whatever the weight's dtype."""
+
+    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor]):
+        super().__init__()
+        if weight.dim() != 2 or weight.dtype not in DTYPES:
+            raise ValueError(f"StreamedLinear takes a 2-D float32 or bfloat16 weight (got {tuple(weight.shape)} {weight.dtype})")
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("weight", weight.detach().contiguous())
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+
+    def linear_weight(self) -> torch.Tensor:
+        """The ``(out, in)`` weight (what :func:`gencli.backend.layers.dense_of` reads)."""
+        return self.weight
+
+    def forward(self, x: torch.Tensor, activation: Optional[str] = None) -> torch.Tensor:
+        kernels = cpu_kernels() if x.device.type == "cpu" and self.weight.device.type == "cpu" else None
+        rows = x.numel() // max(1, self.in_features)
+        if kernels is not None and x.dtype == torch.float32 and rows < DENSE_MAX_ROWS[self.weight.dtype] and not (torch.is_grad_enabled() and x.requires_grad):
+            out = kernels.dense_gemv(x, self.weight, self.bias)
+        else:
+            out = F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+        return out if activation is None else get_activation(activation)(out)
+
+    def extra_repr(self) -> str:
+        dtype = str(self.weight.dtype).removeprefix("torch.")
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, {dtype} weights, fp32 products"
+
+
+def streaming_available() -> bool:
+    """Whether gencli's CPU kernels (the products and the fused step) can be had here."""
+    return cpu_kernels() is not None
+
+
+def stream_linears(model: nn.Module, dtype: torch.dtype, *, include: Optional[Callable[[str], bool]] = None) -> int:
+    """Replace every linear layer of a CPU ``model`` whose name ``include`` accepts (``nn.Linear`` and
+    modules offering ``linear_weight()``, as :func:`~gencli.backend.layers.dense_of` finds them) by a
+    :class:`StreamedLinear` of ``dtype`` weights, in place; returns how many (0 where gencli's kernels
+    cannot be built). Each replaced weight no other module holds is released as soon as its copy exists
+    (the peak is one layer over the model)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"stream_linears: float32 or bfloat16 (got {dtype})")
+    if not streaming_available():
+        return 0
+    targets = []
+    for name, module in model.named_modules():
+        dense = dense_of(module) if name and not isinstance(module, StreamedLinear) else None
+        if dense is None or (include is not None and not include(name)):
+            continue
+        if dense[0].is_floating_point() and dense[0].device.type == "cpu" and dense[0].dim() == 2:
+            targets.append((name, dense))
+    module = dense = None  # the loop's last references
+    count = len(targets)
+    targets.reverse()
+    while targets:
+        name, (weight, bias) = targets.pop()
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, attr, StreamedLinear(weight.detach().to(dtype), bias))
+        del weight, bias
+    forget = getattr(model, "forget_fused_decoder", None)
+    if forget is not None:
+        forget()
+    if count:
+        release_free_memory()
+    return count
+
+
+__all__ = ["DENSE_MAX_ROWS", "DTYPES", "StreamedLinear", "stream_linears", "streaming_available"]
