@@ -229,11 +229,11 @@ def test_bad_quantization_input_is_one_line_and_exit_2(models, tmp_path):
 def test_the_allocator_is_trimmed_every_64_mb_of_dense_weights_quantized(monkeypatch):
     """glibc's free memory is handed back as the dense weights go (else the peak is fp32's), but not
     after every small layer: each trim costs milliseconds."""
-    from gencli.backend import quantize as quant
+    from gencli.backend import device as devmod
 
     trims = []
-    monkeypatch.setattr(quant, "release_free_memory", lambda: trims.append(1))
-    trim = quant._Trimmer()
+    monkeypatch.setattr(devmod, "release_free_memory", lambda: trims.append(1))
+    trim = devmod.MemoryTrimmer()
     for _ in range(15):
         trim.freed(5 << 20)  # 75 MB in layers of 5 MB: one trim, after the 13th
     assert len(trims) == 1

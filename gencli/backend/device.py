@@ -223,6 +223,23 @@ def release_free_memory() -> None:
         trim(0)
 
 
+class MemoryTrimmer:
+    """Gives the C allocator's free memory back to the system (:func:`release_free_memory`) each time
+    another ``every`` bytes of weights have been converted (quantized, transposed) and dropped. glibc keeps freed blocks
+    of up to 32 MB in its heap, and the new tensors allocated between them pin the heap: without this the
+    peak of converting a model layer by layer is near that of its old weights. Not after every layer: each trim
+    costs milliseconds, and the pages it returns are faulted in again by the next layer."""
+
+    def __init__(self, every: int = 64 << 20):
+        self.every, self.pending = every, 0
+
+    def freed(self, nbytes: int) -> None:
+        self.pending += nbytes
+        if self.pending >= self.every:
+            release_free_memory()
+            self.pending = 0
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

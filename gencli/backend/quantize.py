@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 import torch.nn as nn
 
-from gencli.backend.device import release_free_memory
+from gencli.backend.device import MemoryTrimmer, release_free_memory
 from gencli.backend.layers import dense_of as _dense_of
 from gencli.backend.layers import get_activation, linear
 from gencli.backend.quant_kernels import cpu_kernels, int8_activations
@@ -331,28 +331,11 @@ def quantization_targets(
     return names, QuantizationSpec(spec.mode, spec.group_size, tuple(skipped))
 
 
-class _Trimmer:
-    """Gives the C allocator's free memory back to the system (:func:`release_free_memory`) each time
-    another ``every`` bytes of dense weights have been quantized and dropped. glibc keeps freed blocks
-    of up to 32 MB in its heap, and the codes allocated between them pin the heap: without this the
-    peak of quantizing a model is near that of its dense weights. Not after every layer: each trim
-    costs milliseconds, and the pages it returns are faulted in again by the next layer."""
-
-    def __init__(self, every: int = 64 << 20):
-        self.every, self.pending = every, 0
-
-    def freed(self, nbytes: int) -> None:
-        self.pending += nbytes
-        if self.pending >= self.every:
-            release_free_memory()
-            self.pending = 0
-
-
 def quantizing_loader(spec: QuantizationSpec) -> Callable[[nn.Module, dict[str, torch.Tensor]], QuantizedLinear]:
     """A builder for :func:`gencli.checkpoints.loader.load_state`'s ``replace``: the linear layer
     ``module`` (on meta) given its loaded ``tensors`` becomes a :class:`QuantizedLinear`, so that a
     model is quantized one layer at a time while it loads."""
-    trim = _Trimmer()
+    trim = MemoryTrimmer()
 
     def build(module: nn.Module, tensors: dict[str, torch.Tensor]) -> QuantizedLinear:
         for attr, tensor in tensors.items():
@@ -386,7 +369,7 @@ def quantize_linears(
     Returns the spec with the layers that could not be quantized added to ``modules_to_not_convert``.
     """
     names, spec = quantization_targets(model, spec, include=include)
-    trim = _Trimmer()
+    trim = MemoryTrimmer()
     if names:
         release_free_memory()  # what loading left free (see quantizing_loader), before a large head
     for name in names:

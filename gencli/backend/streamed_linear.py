@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gencli.backend.device import release_free_memory
+from gencli.backend.device import MemoryTrimmer, release_free_memory
 from gencli.backend.layers import dense_of, get_activation
 from gencli.backend.quant_kernels import cpu_kernels
 
@@ -71,6 +71,30 @@ def streaming_available() -> bool:
     return cpu_kernels() is not None
 
 
+def streaming_loader(dtype: torch.dtype) -> Callable[[nn.Module, dict[str, torch.Tensor]], StreamedLinear]:
+    """A builder for :func:`gencli.checkpoints.loader.load_state`'s ``replace``: the linear layer
+    ``module`` (on meta) given its loaded ``tensors`` becomes a :class:`StreamedLinear` of ``dtype``
+    weights, so that a model's layers are made row-major (GPT-2's Conv1D) or narrowed while it loads,
+    one layer at a time, from plain file reads: neither the file's pages nor a second copy of the model
+    are held."""
+    trim = MemoryTrimmer()
+
+    def build(module: nn.Module, tensors: dict[str, torch.Tensor]) -> StreamedLinear:
+        for attr, tensor in tensors.items():
+            setattr(module, attr, nn.Parameter(tensor, requires_grad=False))
+        weight, bias = dense_of(module)  # type: ignore[misc]
+        layer = StreamedLinear(weight.detach().to(dtype), bias)
+        weight_bytes = weight.numel() * weight.element_size()
+        del weight, bias
+        for attr, tensor in tensors.items():  # the read tensors go now, not when the caller lets go
+            setattr(module, attr, nn.Parameter(tensor.to("meta"), requires_grad=False))
+        tensors.clear()
+        trim.freed(weight_bytes)
+        return layer
+
+    return build
+
+
 def stream_linears(model: nn.Module, dtype: torch.dtype, *, include: Optional[Callable[[str], bool]] = None) -> int:
     """Replace every linear layer of a CPU ``model`` whose name ``include`` accepts (``nn.Linear`` and
     modules offering ``linear_weight()``, as :func:`~gencli.backend.layers.dense_of` finds them) by a
@@ -105,4 +129,4 @@ def stream_linears(model: nn.Module, dtype: torch.dtype, *, include: Optional[Ca
     return count
 
 
-__all__ = ["DENSE_MAX_ROWS", "DTYPES", "StreamedLinear", "stream_linears", "streaming_available"]
+__all__ = ["DENSE_MAX_ROWS", "DTYPES", "StreamedLinear", "stream_linears", "streaming_available", "streaming_loader"]

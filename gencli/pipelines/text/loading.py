@@ -12,7 +12,8 @@ import torch
 from gencli.backend.device import DTYPE_NAMES, Placement, choose_placement
 from gencli.backend.packed_linear import stream_bf16_weights
 from gencli.backend.screened_argmax import ScreenedArgmax
-from gencli.backend.streamed_linear import StreamedLinear, stream_linears, streaming_available
+from gencli.backend.layers import dense_of
+from gencli.backend.streamed_linear import StreamedLinear, stream_linears, streaming_available, streaming_loader
 from gencli.errors import UserError
 from gencli.models.causal_lm import CausalLM
 from gencli.pipelines.text.quantization import describe_quantization, quantization_of
@@ -136,6 +137,8 @@ def load_text_model(
             if spec is not None:  # each linear layer quantized as soon as it is read (see load_state)
                 names, spec = quantization_targets(model, spec)
                 replace = dict.fromkeys(names, quantizing_loader(spec))
+            elif streamed is not None:  # each linear layer made a streamed one as soon as it is read
+                replace = dict.fromkeys((n for n, m in model.named_modules() if n and dense_of(m) is not None), streaming_loader(streamed))
             model = load_state(
                 model,
                 reader,
@@ -153,7 +156,7 @@ def load_text_model(
     finally:
         reader.close()
     if streamed is not None:
-        stream_linears(model, streamed)
+        stream_linears(model, streamed)  # the rest: a head tied to the embedding
         _convert_unquantized(model, torch.float32)  # embeddings, norms: fp32 activations all along
     elif spec is None and placement.device.type == "cpu" and placement.dtype == torch.bfloat16:
         stream_bf16_weights(model)
