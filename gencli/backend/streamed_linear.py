@@ -3,7 +3,7 @@
 Decoding one token multiplies every weight of a model by one activation row (a few with beams or
 batches): its time is the time it takes to read the weights. :class:`StreamedLinear` holds a layer's
 weight as ``(out, in)`` rows, contiguous, in float32 or in bfloat16 (half the bytes to read), and
-multiplies a few rows by gencli's kernels (``csrc/quant_gemv.cpp``: the bf16 values widened to fp32
+multiplies up to a few dozen rows by gencli's kernels (``csrc/quant_gemv.cpp``: the bf16 values widened to fp32
 in registers, FMA into fp32 sums), so with bf16 weights only the weights are rounded: activations,
 accumulation, norms, attention and the KV cache stay fp32 (llama.cpp's BF16 rounds the activations to
 bf16 as well). From ``DENSE_MAX_ROWS`` rows on (a prompt's prefill) the product is torch's, over the
@@ -29,10 +29,13 @@ from gencli.backend.layers import dense_of, get_activation
 from gencli.backend.quant_kernels import cpu_kernels
 
 DTYPES = (torch.float32, torch.bfloat16)
-# up to this many rows gencli's kernel (each weight row read once per 4 rows); from there on torch's
-# GEMM, over the weight widened to fp32 when it is bf16 (a copy of the weight per call: worth it only
-# for a prompt's many rows)
-DENSE_MAX_ROWS = {torch.float32: 8, torch.bfloat16: 32}
+# below this many rows gencli's kernel (the weight read from memory once, each chunk of it multiplied by
+# 4 rows at a time from the cache); from there on torch's GEMM, over the weight widened to fp32 when it
+# is bf16 (a copy of the weight per call). Measured on the 2-core AMX CPU, 2 threads, layers of
+# 2816x1024, 1024x2816 and 3072x768 (ms, kernel / torch): bf16 at 32 rows 0.73-0.87 / 1.23-1.43, at 64
+# 1.44-1.76 / 1.83-1.96, at 128 2.84-3.58 / 2.31-3.88; fp32 at 16 rows 0.40-0.48 / 0.46-0.70, at 32
+# 0.73-0.87 / 0.68-0.95
+DENSE_MAX_ROWS = {torch.float32: 32, torch.bfloat16: 96}
 
 
 class StreamedLinear(nn.Module):
