@@ -107,7 +107,8 @@ class Judge:
         from scripts.eval_generative import GeometricJudge
 
         self.n, self.steps = n, steps
-        self.clf = ImageClassifier.load(resolve_model(None, "vit-shapes"), device="cpu", dtype="float32")
+        # (the training's threads: left to itself, loading picks one thread for this small model, for the whole process)
+        self.clf = ImageClassifier.load(resolve_model(None, "vit-shapes"), device="cpu", dtype="float32", threads=torch.get_num_threads())
         self.geometric = GeometricJudge()
         real, _ = shapes.render_batch(shapes.split_seeds("validation", n), size)
         self.reference = judge_images(self.clf, real)

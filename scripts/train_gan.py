@@ -94,7 +94,8 @@ class Judge:
         from gencli.pipelines.vision.classify import ImageClassifier
         from gencli.weights import resolve_model
 
-        self.clf = ImageClassifier.load(resolve_model(None, "vit-shapes"), device=device, dtype="float32")
+        # (the training's threads: left to itself, loading picks one thread for this small model, for the whole process)
+        self.clf = ImageClassifier.load(resolve_model(None, "vit-shapes"), device=device, dtype="float32", threads=torch.get_num_threads())
         self.classes = [self.clf.labels[i] for i in sorted(self.clf.labels)]
         real, _ = shapes.render_batch(shapes.split_seeds("validation", n), SIZE)
         self.reference = judge_images(self.clf, real)
