@@ -221,7 +221,7 @@ def test_first_build_is_announced_once_on_stderr(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(ext, "_get_build_directory", lambda name, verbose=False: str(tmp_path))
     quant_kernels._announce_first_build("gencli_quant_gemv_x")
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "compiling the quantized CPU kernels" in err and str(tmp_path) in err
+    assert err.count("\n") == 1 and "compiling the CPU decoding kernels" in err and str(tmp_path) in err
     (tmp_path / "gencli_quant_gemv_x.so").write_bytes(b"")  # cached: nothing to say
     quant_kernels._announce_first_build("gencli_quant_gemv_x")
     assert capsys.readouterr().err == ""

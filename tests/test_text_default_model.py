@@ -44,10 +44,22 @@ def tm():
         torch.set_num_threads(threads)
 
 
-def test_auto_dtype_decodes_in_fp32_on_cpu(tm):
-    """--dtype auto picks fp32 for a decoder on a CPU (bf16 matrix-vector products are slower there)."""
+def test_auto_dtype_decodes_the_bf16_default_with_bf16_weights_and_fp32_activations_on_cpu(tm):
+    """The default is stored in bf16: --dtype auto on a CPU streams its linear weights as stored (the
+    values fp32 would widen) on gencli's kernels; embeddings, norms, activations and the KV cache are
+    fp32. Without the kernels it decodes in fp32 through torch."""
+    from gencli.backend.layers import dense_of
+    from gencli.backend.quant_kernels import cpu_kernels
+    from gencli.backend.streamed_linear import StreamedLinear
+
     assert tm.placement.dtype == torch.float32
     assert all(p.dtype == torch.float32 for p in tm.model.parameters())
+    assert tm.model.new_cache(1, 4).keys.dtype == torch.float32
+    linears = [m for n, m in tm.model.named_modules() if n and dense_of(m) is not None]
+    if cpu_kernels() is None:
+        assert not any(isinstance(m, StreamedLinear) for m in linears)
+    else:
+        assert linears and all(isinstance(m, StreamedLinear) and m.weight.dtype == torch.bfloat16 for m in linears)
 
 
 @pytest.mark.slow

@@ -30,6 +30,7 @@ from gencli.backend.attention import KVCache
 from gencli.backend.layers import LayerNorm, RMSNorm
 from gencli.backend.quant_kernels import cpu_kernels, int8_activations
 from gencli.backend.quantize import QuantizedLinear
+from gencli.backend.streamed_linear import DTYPES as DENSE_DTYPES
 from gencli.backend.streamed_linear import StreamedLinear
 
 ENV_SWITCH = "GENCLI_FUSED_DECODE"
@@ -87,7 +88,7 @@ def _kind(m: nn.Module) -> Optional[tuple[Any, ...]]:
         return None
     if isinstance(m, QuantizedLinear):
         return ("quantized", m.mode, m.group_size)
-    if isinstance(m, StreamedLinear):
+    if isinstance(m, StreamedLinear) and m.weight.dtype in DENSE_DTYPES:
         return ("dense", m.weight.dtype)
     return None
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gencli.backend.device import release_free_memory
+from gencli.backend.device import MemoryTrimmer, release_free_memory
 
 
 class RMSNorm(nn.Module):
@@ -274,6 +274,68 @@ def dense_of(module: nn.Module) -> Optional[tuple[torch.Tensor, Optional[torch.T
     if callable(as_linear):
         return as_linear(), getattr(module, "bias", None)
     return None
+
+
+# A replacement linear layer built from a dense ``(out, in)`` weight and its bias (or None).
+MakeLayer = Callable[[torch.Tensor, Optional[torch.Tensor]], nn.Module]
+
+
+def swap_linears(
+    model: nn.Module,
+    make: MakeLayer,
+    *,
+    accept: Callable[[torch.Tensor], bool] = lambda weight: True,
+    include: Optional[Callable[[str], bool]] = None,
+    keep: tuple[type, ...] = (),
+) -> int:
+    """Replace every linear layer of ``model`` (what :func:`dense_of` finds, except modules of the
+    ``keep`` types) whose name ``include`` and whose weight ``accept`` accept by ``make(weight, bias)``,
+    in place, one layer at a time: each dense weight no other module holds (a tied embedding does) is
+    released as soon as its replacement exists, so the peak is one layer over the model. The model's
+    fused decoding step, which points at the old layers, is forgotten. Returns how many."""
+    targets = []
+    for name, module in model.named_modules():
+        dense = dense_of(module) if name and not isinstance(module, keep) else None
+        if dense is not None and (include is None or include(name)) and accept(dense[0]):
+            targets.append((name, dense))
+    module = dense = None  # the loop's last references
+    count = len(targets)
+    targets.reverse()
+    while targets:
+        name, (weight, bias) = targets.pop()
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, attr, make(weight, bias))
+        del weight, bias
+    forget = getattr(model, "forget_fused_decoder", None)
+    if callable(forget):
+        forget()
+    if count:
+        release_free_memory()
+    return count
+
+
+def loading_builder(make: MakeLayer) -> Callable[[nn.Module, dict[str, torch.Tensor]], nn.Module]:
+    """A builder for :func:`gencli.checkpoints.loader.load_state`'s ``replace``: the linear layer
+    ``module`` (on meta) given its loaded ``tensors`` becomes ``make(weight, bias)``, so that a model's
+    layers are converted (quantized, narrowed, made row-major) while it loads, one at a time from plain
+    file reads, and the read tensors are dropped at once (the allocator trimmed every 64 MB of them)."""
+    trim = MemoryTrimmer()
+
+    def build(module: nn.Module, tensors: dict[str, torch.Tensor]) -> nn.Module:
+        for attr, tensor in tensors.items():
+            setattr(module, attr, nn.Parameter(tensor, requires_grad=False))
+        weight, bias = dense_of(module)  # type: ignore[misc]
+        layer = make(weight, bias)
+        weight_bytes = weight.numel() * weight.element_size()
+        del weight, bias
+        for attr, tensor in tensors.items():  # the read tensors go now, not when the caller lets go
+            setattr(module, attr, nn.Parameter(tensor.to("meta"), requires_grad=False))
+        tensors.clear()
+        trim.freed(weight_bytes)
+        return layer
+
+    return build
 
 
 class Linear(nn.Linear):

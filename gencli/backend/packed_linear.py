@@ -24,8 +24,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gencli.backend.device import cpu_has_native_bf16, release_free_memory
-from gencli.backend.layers import _ONEDNN_POST_OPS, _onednn_ops_available, dense_of, get_activation
+from gencli.backend.device import cpu_has_native_bf16
+from gencli.backend.layers import _ONEDNN_POST_OPS, _onednn_ops_available, get_activation, swap_linears
 from gencli.errors import Notice
 
 _OPS = ("_reorder_linear_weight", "_linear_pointwise")
@@ -77,25 +77,13 @@ def pack_linears(model: nn.Module, *, include: Optional[Callable[[str], bool]] =
     embedding does) is released."""
     if not packing_available():
         return 0
-    targets = []
-    for name, module in model.named_modules():
-        dense = dense_of(module) if name and not isinstance(module, PackedLinear) else None
-        if dense is None or (include is not None and not include(name)):
-            continue
-        if dense[0].dtype == torch.bfloat16 and dense[0].device.type == "cpu":
-            targets.append((name, dense))
-    module = dense = None  # the loop's last references
-    count = len(targets)
-    targets.reverse()
-    while targets:  # each dense weight goes as soon as its packed copy exists: the peak is one layer over the model
-        name, (weight, bias) = targets.pop()
-        parent_name, _, attr = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, PackedLinear(weight, bias, rows_hint))
-        del weight, bias
-    if count:
-        release_free_memory()
-    return count
+    return swap_linears(
+        model,
+        lambda weight, bias: PackedLinear(weight, bias, rows_hint),
+        accept=lambda weight: weight.dtype == torch.bfloat16 and weight.device.type == "cpu",
+        include=include,
+        keep=(PackedLinear,),
+    )
 
 
 def stream_bf16_weights(model: torch.nn.Module) -> bool:

@@ -1,4 +1,5 @@
-"""gencli's own CPU kernels for weight-only quantized layers at a few activation rows (decoding).
+"""gencli's own CPU kernels for decoding (a few activation rows): weight-only quantized layers, and the
+dense fp32 / bf16 layers of :mod:`gencli.backend.streamed_linear`.
 
 torch's ``_weight_int8pack_mm`` / ``_weight_int4pack_mm_for_cpu`` take bf16 activations and, at one
 row, stay well below the memory bandwidth a matrix-vector product is bound by (torchao's CPU
@@ -13,12 +14,16 @@ ways:
   points are applied to the exact fp32 group sums of the activations;
 - fp32 activations (``GENCLI_QUANT_ACTIVATIONS=fp32``): the codes are converted to fp32 in registers
   and multiplied with FMAs (AVX-512 or AVX2), exact to fp32 rounding; slower for int4, whose decoding
-  is then bound by the conversions rather than by memory.
+  is then bound by the conversions rather than by memory. Dense bf16 and fp32 weights always run this
+  way (bf16 values widened to fp32 in registers).
+
+The same extension holds the decode attention and the fused decoding step (``csrc/decoder_step.cpp``).
 
 The extension is compiled the first time it is asked for (``torch.utils.cpp_extension.load``: about
 a minute, cached in torch's extensions folder for the next runs). Without a compiler, on another
 architecture, or when the build fails, :func:`cpu_kernels` returns None (one debug line;
-:func:`unavailable_reason` says why) and the quantized layers keep torch's kernels.
+:func:`unavailable_reason` says why) and the quantized layers keep torch's kernels, the unquantized
+ones torch's layers.
 ``GENCLI_QUANT_KERNELS=0`` turns the extension off.
 """
 
@@ -103,7 +108,7 @@ def _announce_first_build(name: str) -> None:
             return
     except Exception:  # the build folder is torch's business: without it, just say nothing
         return
-    sys.stderr.write(f"gencli: compiling the quantized CPU kernels (once, about a minute; cached in {folder})\n")
+    sys.stderr.write(f"gencli: compiling the CPU decoding kernels (once, about a minute; cached in {folder})\n")
     sys.stderr.flush()
 
 
@@ -121,8 +126,10 @@ def cpu_kernels() -> Optional[Any]:
     ``int4_gemv(x, packed, scale, zero, group_size, int8_activations=False, bias=None)`` with ``x``
     float32 ``(..., K)``, their plain scalar references ``int8_gemv_reference`` / ``int4_gemv_reference``
     (``csrc/reference.cpp``), ``quantize_activations(x)``, ``decode_attention(q, k, v, scale, key_mask=None)``
-    (``csrc/decode_attention.cpp``), ``isa()`` and ``int_isa()``), or None where it cannot be had:
-    built once per process."""
+    (``csrc/decode_attention.cpp``), the dense products ``dense_gemv(x, weight, bias=None)`` /
+    ``dense_gemv_many`` / ``dense_gemv_reference`` (fp32 or bf16 weights), the fused step's
+    ``DecoderStack``, ``isa()`` and ``int_isa()``), or None where it cannot be had: built once per
+    process."""
     return _build() if enabled() else None
 
 
@@ -134,10 +141,10 @@ def unavailable_reason() -> Optional[str]:
 
 
 def loaded_kernels() -> Optional[Any]:
-    """The extension if this process has built or loaded it already (a quantized layer asked for it),
-    else None: never a build. The decode attention (:func:`gencli.backend.attention.scaled_dot_product_attention`)
-    uses it then; unquantized decoding, where attention is a small part of a token's time, does not
-    pay for a compilation."""
+    """The extension if this process has built or loaded it already (a quantized or streamed layer asked
+    for it), else None: never a build. The decode attention (:func:`gencli.backend.attention.scaled_dot_product_attention`)
+    uses it then; a model that decodes through torch's layers (a small fp32 one), where attention is a
+    small part of a token's time, does not pay for a compilation."""
     if not enabled() or _build.cache_info().currsize == 0:
         return None
     return _build()

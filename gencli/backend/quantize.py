@@ -31,7 +31,7 @@ import torch.nn as nn
 
 from gencli.backend.device import MemoryTrimmer, release_free_memory
 from gencli.backend.layers import dense_of as _dense_of
-from gencli.backend.layers import get_activation, linear
+from gencli.backend.layers import get_activation, linear, loading_builder
 from gencli.backend.quant_kernels import cpu_kernels, int8_activations
 
 MODES = ("int8", "int4")
@@ -331,26 +331,11 @@ def quantization_targets(
     return names, QuantizationSpec(spec.mode, spec.group_size, tuple(skipped))
 
 
-def quantizing_loader(spec: QuantizationSpec) -> Callable[[nn.Module, dict[str, torch.Tensor]], QuantizedLinear]:
+def quantizing_loader(spec: QuantizationSpec) -> Callable[[nn.Module, dict[str, torch.Tensor]], nn.Module]:
     """A builder for :func:`gencli.checkpoints.loader.load_state`'s ``replace``: the linear layer
     ``module`` (on meta) given its loaded ``tensors`` becomes a :class:`QuantizedLinear`, so that a
-    model is quantized one layer at a time while it loads."""
-    trim = MemoryTrimmer()
-
-    def build(module: nn.Module, tensors: dict[str, torch.Tensor]) -> QuantizedLinear:
-        for attr, tensor in tensors.items():
-            setattr(module, attr, nn.Parameter(tensor, requires_grad=False))
-        weight, bias = _dense_of(module)  # type: ignore[misc]
-        layer = QuantizedLinear.from_weight(weight, bias, spec)
-        weight_bytes = weight.numel() * weight.element_size()
-        del weight, bias
-        for attr, tensor in tensors.items():  # the dense tensors go now, not when the caller lets go
-            setattr(module, attr, nn.Parameter(tensor.to("meta"), requires_grad=False))
-        tensors.clear()
-        trim.freed(weight_bytes)
-        return layer
-
-    return build
+    model is quantized one layer at a time while it loads (:func:`gencli.backend.layers.loading_builder`)."""
+    return loading_builder(lambda weight, bias: QuantizedLinear.from_weight(weight, bias, spec))
 
 
 def quantize_linears(

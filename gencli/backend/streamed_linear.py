@@ -24,8 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gencli.backend.device import MemoryTrimmer, release_free_memory
-from gencli.backend.layers import dense_of, get_activation
+from gencli.backend.layers import get_activation, loading_builder, swap_linears
 from gencli.backend.quant_kernels import cpu_kernels
 
 DTYPES = (torch.float32, torch.bfloat16)
@@ -58,7 +57,8 @@ class StreamedLinear(nn.Module):
     def forward(self, x: torch.Tensor, activation: Optional[str] = None) -> torch.Tensor:
         kernels = cpu_kernels() if x.device.type == "cpu" and self.weight.device.type == "cpu" else None
         rows = x.numel() // max(1, self.in_features)
-        if kernels is not None and x.dtype == torch.float32 and rows < DENSE_MAX_ROWS[self.weight.dtype] and not (torch.is_grad_enabled() and x.requires_grad):
+        few = rows < DENSE_MAX_ROWS.get(self.weight.dtype, 0)  # (a weight converted to another dtype since: torch's product)
+        if kernels is not None and x.dtype == torch.float32 and few and not (torch.is_grad_enabled() and x.requires_grad):
             out = kernels.dense_gemv(x, self.weight, self.bias)
         else:
             out = F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
@@ -74,62 +74,31 @@ def streaming_available() -> bool:
     return cpu_kernels() is not None
 
 
-def streaming_loader(dtype: torch.dtype) -> Callable[[nn.Module, dict[str, torch.Tensor]], StreamedLinear]:
+def streaming_loader(dtype: torch.dtype) -> Callable[[nn.Module, dict[str, torch.Tensor]], nn.Module]:
     """A builder for :func:`gencli.checkpoints.loader.load_state`'s ``replace``: the linear layer
     ``module`` (on meta) given its loaded ``tensors`` becomes a :class:`StreamedLinear` of ``dtype``
-    weights, so that a model's layers are made row-major (GPT-2's Conv1D) or narrowed while it loads,
-    one layer at a time, from plain file reads: neither the file's pages nor a second copy of the model
-    are held."""
-    trim = MemoryTrimmer()
-
-    def build(module: nn.Module, tensors: dict[str, torch.Tensor]) -> StreamedLinear:
-        for attr, tensor in tensors.items():
-            setattr(module, attr, nn.Parameter(tensor, requires_grad=False))
-        weight, bias = dense_of(module)  # type: ignore[misc]
-        layer = StreamedLinear(weight.detach().to(dtype), bias)
-        weight_bytes = weight.numel() * weight.element_size()
-        del weight, bias
-        for attr, tensor in tensors.items():  # the read tensors go now, not when the caller lets go
-            setattr(module, attr, nn.Parameter(tensor.to("meta"), requires_grad=False))
-        tensors.clear()
-        trim.freed(weight_bytes)
-        return layer
-
-    return build
+    weights while the model loads, one layer at a time from plain file reads
+    (:func:`gencli.backend.layers.loading_builder`): neither the file's pages nor a second copy of the
+    model are held."""
+    return loading_builder(lambda weight, bias: StreamedLinear(weight.detach().to(dtype), bias))
 
 
 def stream_linears(model: nn.Module, dtype: torch.dtype, *, include: Optional[Callable[[str], bool]] = None) -> int:
     """Replace every linear layer of a CPU ``model`` whose name ``include`` accepts (``nn.Linear`` and
     modules offering ``linear_weight()``, as :func:`~gencli.backend.layers.dense_of` finds them) by a
-    :class:`StreamedLinear` of ``dtype`` weights, in place; returns how many (0 where gencli's kernels
-    cannot be built). Each replaced weight no other module holds is released as soon as its copy exists
-    (the peak is one layer over the model)."""
+    :class:`StreamedLinear` of ``dtype`` weights, in place (:func:`gencli.backend.layers.swap_linears`:
+    one layer at a time); returns how many (0 where gencli's kernels cannot be built)."""
     if dtype not in DTYPES:
         raise ValueError(f"stream_linears: float32 or bfloat16 (got {dtype})")
     if not streaming_available():
         return 0
-    targets = []
-    for name, module in model.named_modules():
-        dense = dense_of(module) if name and not isinstance(module, StreamedLinear) else None
-        if dense is None or (include is not None and not include(name)):
-            continue
-        if dense[0].is_floating_point() and dense[0].device.type == "cpu" and dense[0].dim() == 2:
-            targets.append((name, dense))
-    module = dense = None  # the loop's last references
-    count = len(targets)
-    targets.reverse()
-    while targets:
-        name, (weight, bias) = targets.pop()
-        parent_name, _, attr = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, StreamedLinear(weight.detach().to(dtype), bias))
-        del weight, bias
-    forget = getattr(model, "forget_fused_decoder", None)
-    if forget is not None:
-        forget()
-    if count:
-        release_free_memory()
-    return count
+    return swap_linears(
+        model,
+        lambda weight, bias: StreamedLinear(weight.detach().to(dtype), bias),
+        accept=lambda weight: weight.is_floating_point() and weight.device.type == "cpu" and weight.dim() == 2,
+        include=include,
+        keep=(StreamedLinear,),
+    )
 
 
 __all__ = ["DENSE_MAX_ROWS", "DTYPES", "StreamedLinear", "stream_linears", "streaming_available", "streaming_loader"]

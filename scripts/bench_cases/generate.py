@@ -70,7 +70,9 @@ def add_arguments(p):
     p.add_argument("--intermediate", type=int, default=None, help="llama: MLP width (default 2.75 x hidden)")
     p.add_argument("--kv-heads", type=int, default=None, help="llama: key/value heads (default: all)")
     p.add_argument("--vocab", type=int, default=32000, help="llama: vocabulary size")
-    p.add_argument("--quantize", type=_modes, default=None, help="gencli: int8, int4, bf16 (--dtype bfloat16), or a list such as none,bf16,int8,int4 (a side each)")
+    p.add_argument(
+        "--quantize", type=_modes, default=None, help="gencli: int8, int4, bf16 (--dtype bfloat16), or a list such as none,bf16,int8,int4 (a side each)"
+    )
     p.add_argument("--group-size", type=int, default=None, help="int4 group size (default 32)")
     p.add_argument("--saved", action="store_true", help="gencli's quantized sides load folders 'gencli quantize' wrote (default: quantize on loading)")
     p.add_argument("--llama-cpp", action="store_true", help="add llama.cpp sides (llama-cpp-python) for the same modes: F32, Q8_0, Q4_0")

@@ -262,9 +262,12 @@ NormSpec DecoderStack::norm(const NormSpec& spec) {
 QuantWeight DecoderStack::linear(const LinearSpec& spec) {
   const auto type = spec.codes.scalar_type();
   if (type == at::kFloat || type == at::kBFloat16) {  // a dense weight, read in place
+    TORCH_CHECK(!spec.scale.defined() && !spec.zero.defined() && spec.group_size == -1,
+                "decoder_step: a dense (float32 / bfloat16) weight takes no scale, zero point or group size");
     keep_.push_back(spec.codes);
     return dense_weight(spec.codes, spec.bias, keep_);
   }
+  TORCH_CHECK(spec.scale.defined(), "decoder_step: quantized codes need their scales");
   const bool int4 = type == at::kByte;
   TORCH_CHECK(!int4 || spec.zero.defined(), "decoder_step: int4 codes need zero points");
   keep_.push_back(spec.codes);

@@ -44,7 +44,7 @@ constexpr int64_t kPrefetchBytes = 4096;
 // dense (fp32, bf16) weights: further ahead, into L2 (one thread streaming 60 layers of 3072x768 from
 // memory, GB/s for fp32 / bf16: 4096 bytes into L1 12.1 / 10.8, 16384 into L2 13.6 / 12.5, no software
 // prefetch 11.9 / 9.0; 1, 2 or 8 rows at once instead of 4 within 0.5 GB/s)
-constexpr int64_t kDensePrefetchBytes = 16384;
+constexpr int64_t kDenseAhead = 16384;
 
 inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
 inline void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }

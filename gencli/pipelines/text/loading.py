@@ -10,9 +10,9 @@ from typing import Any, Optional
 import torch
 
 from gencli.backend.device import DTYPE_NAMES, Placement, choose_placement
+from gencli.backend.layers import dense_of
 from gencli.backend.packed_linear import stream_bf16_weights
 from gencli.backend.screened_argmax import ScreenedArgmax
-from gencli.backend.layers import dense_of
 from gencli.backend.streamed_linear import StreamedLinear, stream_linears, streaming_available, streaming_loader
 from gencli.errors import UserError
 from gencli.models.causal_lm import CausalLM
@@ -104,7 +104,8 @@ def load_text_model(
     tokenizer = load_tokenizer(folder)  # before the weights: a missing tokenizer fails fast
     n_params = src.num_parameters()
     placement = choose_placement(device, dtype, "decoder", threads, n_params=n_params)
-    streamed = _streamed_dtype(spec, placement, n_params, bf16_file=dtype == "auto" and not src.is_pickle and _narrow_source_dtype(src, torch.float32) == torch.bfloat16)
+    bf16_file = not src.is_pickle and _narrow_source_dtype(src, torch.float32) == torch.bfloat16
+    streamed = _streamed_dtype(spec, placement, n_params, bf16_file=dtype == "auto" and bf16_file)
     reader = open_reader(src, allow_pickle=allow_pickle)
     try:
         # batch-1 decoding streams every weight from memory once per token: on a CPU in fp32 the
@@ -112,7 +113,8 @@ def load_text_model(
         # (measured: +9% per product at 500 MB, -10% tokens/s for the 36 MB default model). Only
         # weights converted on loading (bf16/fp16 files) change layout; fp32 files stay zero-copy.
         # (Where gencli's kernels stream the weights instead, they read rows: no column-major.)
-        fast_layout = streamed is None and spec is None and placement.device.type == "cpu" and placement.dtype == torch.float32 and (n_params or 0) * 4 >= COLUMN_MAJOR_MIN_BYTES
+        big = (n_params or 0) * 4 >= COLUMN_MAJOR_MIN_BYTES
+        fast_layout = streamed is None and spec is None and placement.device.type == "cpu" and placement.dtype == torch.float32 and big
         if stored:  # the quantized layers are built empty and filled from the checkpoint
             model = build_on_meta(lambda: model_class(cfg))
             quantize_linears(model, spec)
@@ -131,7 +133,7 @@ def load_text_model(
                 narrow = _narrow_source_dtype(src, placement.dtype)
                 load_dtype = narrow or placement.dtype
             if streamed == torch.bfloat16:  # a bf16 file as it is (no fp32 copy), else fp32 (the linears rounded once); the rest fp32 after
-                load_dtype = torch.bfloat16 if not src.is_pickle and _narrow_source_dtype(src, torch.float32) == torch.bfloat16 else torch.float32
+                load_dtype = torch.bfloat16 if bf16_file else torch.float32
             model = build_on_meta(lambda: model_class(cfg))
             replace = {}
             if spec is not None:  # each linear layer quantized as soon as it is read (see load_state)
