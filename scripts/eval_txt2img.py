@@ -8,18 +8,19 @@ prompt in every named attribute and per attribute, the same for the colour+shape
 training, the judges' own accuracy on the true scenes passed through the autoencoder, the diversity of
 16 seeds of one prompt (mean pairwise pixel distance) and seconds per image.
 
-``--lora FILE:WEIGHT`` merges a LoRA first (as ``gencli txt2img --lora``). ``--shape hexagon`` asks
-for a shape of ``shapes.EXTRA_SHAPES`` instead (the same test seeds, captions and named attributes,
-each scene's object drawn as that shape): the classifier knows only the eight shapes, so the shape is
-judged by fitting the shape templates of all nine (``eval_generative.GeometricJudge``) to the main
-object, and the report adds what the images were drawn as (the templates' verdicts).
+``--lora FILE:WEIGHT`` merges a LoRA first (as ``gencli txt2img --lora``). ``--shape arrow`` (or
+``hexagon``) asks for a shape of ``shapes.EXTRA_SHAPES`` instead (the same test seeds, captions and
+named attributes, each scene's object drawn as that shape): the classifier knows only the eight shapes,
+so the shape is judged by fitting the shape templates of all of ``shapes.ALL_SHAPES``
+(``eval_generative.GeometricJudge``) to the main object, and the report adds what the images were
+drawn as (the templates' verdicts).
 
     python scripts/eval_txt2img.py                      # 400 + 120 held-out-pair prompts
     python scripts/eval_txt2img.py --n 100 --held-out 40 --json
     python scripts/eval_txt2img.py --engine diffusers   # the same folder through diffusers
     python scripts/eval_txt2img.py --grid docs/txt2img-shapes-grid.png   # only the README's grid
-    python scripts/eval_txt2img.py --shape hexagon --n 200 --lora runs/lora-hexagon/lora-hexagon.safetensors:0.5
-    python scripts/eval_txt2img.py --lora-grid docs/txt2img-lora-hexagon-grid.png --lora runs/lora-hexagon/lora-hexagon.safetensors
+    python scripts/eval_txt2img.py --shape arrow --n 200 --lora weights/lora-arrow/lora-arrow.safetensors:0.5
+    python scripts/eval_txt2img.py --shape arrow --lora-grid docs/txt2img-lora-arrow-grid.png --lora weights/lora-arrow/lora-arrow.safetensors
 """
 
 from __future__ import annotations
@@ -50,11 +51,11 @@ GRID_PROMPTS = (
     "an orange diamond in the center on a gray background",
 )
 
-LORA_GRID_PROMPTS = (
-    "a red hexagon on a white background",
-    "a large yellow hexagon on a blue background",
-    "a small green hexagon at the top left on a black background",
-    "a picture of a purple hexagon on the right, on a gray background",
+LORA_GRID_PROMPTS = (  # {shape}: the new shape the LoRA teaches
+    "a red {shape} on a white background",
+    "a large yellow {shape} on a blue background",
+    "a small green {shape} at the top left on a black background",
+    "a picture of a purple {shape} on the right, on a gray background",
 )
 LORA_GRID_WEIGHTS = (0.0, 0.5, 1.0)
 
@@ -96,7 +97,7 @@ def write_grid(generate: Generate, path: Path, seeds: int = 4, scale: int = 2) -
 
 
 def write_lora_grid(model: Path, args, path: Path, seeds: int = 2, scale: int = 2) -> None:
-    """A LoRA's grid: one row per prompt of LORA_GRID_PROMPTS; per weight of LORA_GRID_WEIGHTS (0:
+    """A LoRA's grid: one row per prompt of LORA_GRID_PROMPTS (for ``args.shape``); per weight of LORA_GRID_WEIGHTS (0:
     without it) the images of seeds 0..seeds-1; nearest-neighbour upscaled, 2-pixel white gutters
     (6 between the weights)."""
     from PIL import Image
@@ -111,7 +112,8 @@ def write_lora_grid(model: Path, args, path: Path, seeds: int = 2, scale: int = 
     for weight in LORA_GRID_WEIGHTS:
         args_w = argparse.Namespace(**{**vars(args), "lora": [f"{file}:{weight}"] if weight else []})
         generate = gencli_generator(model, args_w)
-        columns.append(np.stack([generate([prompt] * seeds, list(range(seeds))) for prompt in LORA_GRID_PROMPTS]))
+        prompts = [p.format(shape=args.shape or "arrow") for p in LORA_GRID_PROMPTS]
+        columns.append(np.stack([generate([prompt] * seeds, list(range(seeds))) for prompt in prompts]))
     h, w = columns[0].shape[2:4]
     gap, group_gap = 2, 6
     cell_w, cell_h = w * scale, h * scale
@@ -300,7 +302,7 @@ def main() -> None:
         truth = np.stack([shapes.render_scene(it.scene, 64) for it in seen])
         report["judges_on_true_scenes_through_vae"] = judge(seen, reconstruct(vae, truth)[0], args)
     if args.judges and args.shape:
-        # how often the templates call one of the eight known shapes a hexagon (true scenes, same path)
+        # how often the templates call one of the eight known shapes the new one (true scenes, same path)
         known = eval_items(min(args.n, 200))
         truth = np.stack([shapes.render_scene(it.scene, 64) for it in known])
         verdicts = geometric_shapes(reconstruct(vae, truth)[0])

@@ -1,7 +1,7 @@
 """Train a LoRA that teaches the embedded text-to-image default (``weights/txt2img-shapes``) a shape
-it has never seen: the hexagon (``gencli.data.shapes.EXTRA_SHAPES``), and write it as a kohya /
-A1111 LoRA file that ``gencli txt2img --lora FILE:WEIGHT`` (and diffusers' ``load_lora_weights``)
-reads.
+it has never seen (``--shape``: one of ``gencli.data.shapes.EXTRA_SHAPES``, the hexagon or the
+arrow), and write it as a kohya / A1111 LoRA file that ``gencli txt2img --lora FILE:WEIGHT`` (and
+diffusers' ``load_lora_weights``) reads.
 
 The recipe:
 
@@ -10,8 +10,8 @@ The recipe:
   update ``W + (alpha / rank) * up @ down`` (``down`` Kaiming-uniform, ``up`` zero at the start, so
   training starts from the base model exactly), added by a forward hook: the UNet's own modules and
   state-dict keys stay as they are;
-- data: ``--hexagons`` rendered hexagon scenes of the train seed split (eight dozen: three in four
-  single, the rest with a second object of the eight known shapes beside the hexagon; every colour,
+- data: ``--examples`` rendered scenes of the new shape from the train seed split (eight dozen: three
+  in four single, the rest with a second object of the eight known shapes beside it; every colour,
   size, position and background the world draws) and a regularisation set of ``--regular`` ordinary
   scenes of the base model's own training distribution, which make up ``--regular-share`` of every
   batch so that the update leaves the eight known shapes alone; all of them encoded once into a
@@ -27,16 +27,16 @@ The recipe:
   over the 4x4 pixels of a latent pixel), the weights of a sample normalised to mean 1: what tells a
   hexagon from a circle is a few pixels of its outline, which the plain loss, spread over the whole
   background, hardly sees (kohya's scripts call this a masked loss);
-- every ``--eval-every`` steps the loss at fixed timesteps and noise on hexagon scenes of the
+- every ``--eval-every`` steps the loss at fixed timesteps and noise on new-shape scenes of the
   validation split and on ordinary validation scenes (how much it learnt, how much it disturbs);
 - checkpoints every ``--ckpt-every`` steps into ``OUT/ckpt.pt`` (atomic); the same command resumes;
   ``--time-budget SECONDS`` re-plans the step count from the measured speed so the decay ends in time.
 
-    python scripts/train_lora.py --out runs/lora-hexagon --threads 1 --time-budget 2100
-    python scripts/train_lora.py --out runs/lora-hexagon --export runs/lora-hexagon/lora-hexagon.safetensors
+    python scripts/train_lora.py --shape arrow --out runs/lora-arrow --threads 1 --time-budget 2100
+    python scripts/train_lora.py --out runs/lora-arrow --export weights/lora-arrow/lora-arrow.safetensors
 
 The export is kohya's layout (``lora_unet_<module path with underscores>.lora_down.weight`` /
-``.lora_up.weight`` / ``.alpha``) in fp16. ``scripts/eval_txt2img.py --lora FILE:W --shape hexagon``
+``.lora_up.weight`` / ``.alpha``) in fp16. ``scripts/eval_txt2img.py --lora FILE:W --shape arrow``
 measures it.
 """
 
@@ -69,7 +69,7 @@ from gencli.weights import weights_dir  # noqa: E402
 from scripts.train_txt2img import CaptionCache, min_snr_weights  # noqa: E402
 
 TARGETS = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0")
-HEXAGON_SEEDS = 900_000_000  # offset into the train split of the hexagon scenes (far from every other use)
+CONCEPT_SEEDS = 900_000_000  # offset into the train split of the new shape's scenes (far from every other use)
 REGULAR_SEEDS_NOTE = "the first scenes of gencli.data.shapes_txt2img.training_scenes (the base model's own)"
 
 
@@ -112,14 +112,14 @@ def kohya_state(adapters: nn.ModuleDict) -> dict[str, torch.Tensor]:
     return out
 
 
-def hexagon_scenes(n: int, offset: int = HEXAGON_SEEDS, split: str = "train") -> list[shapes.Scene]:
-    """``n`` scenes whose main object is a hexagon: three in four alone, the others beside a second
-    object of the eight known shapes."""
+def concept_scenes(n: int, shape: str = "hexagon", offset: int = CONCEPT_SEEDS, split: str = "train") -> list[shapes.Scene]:
+    """``n`` scenes whose main object is ``shape`` (one of the EXTRA_SHAPES): three in four alone, the
+    others beside a second object of the eight known shapes."""
     scenes = []
     for seed in shapes.split_seeds(split, n, offset=offset):
         rng = np.random.default_rng(np.random.SeedSequence([seed, 0x4E7A]))
         single = rng.random() < SINGLE_OBJECT_SHARE
-        scenes.append(shapes.make_scene(seed, n_objects=1 if single else 2, shape="hexagon"))
+        scenes.append(shapes.make_scene(seed, n_objects=1 if single else 2, shape=shape))
     return scenes
 
 
@@ -172,7 +172,7 @@ def export(state: dict, path: Path) -> None:
         "ss_base_model": "txt2img-shapes",
         "ss_training_steps": str(state["step"]),
         "ss_output_name": path.stem,
-        "gencli_trigger_word": "hexagon",
+        "gencli_trigger_word": state.get("shape", "hexagon"),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path, force=True) as tmp:
@@ -190,11 +190,12 @@ def load_unet(base: Path) -> UNet2DConditionModel:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=Path("runs/lora-hexagon"))
+    p.add_argument("--out", type=Path, default=Path("runs/lora-arrow"))
+    p.add_argument("--shape", choices=shapes.EXTRA_SHAPES, default="arrow", help="the new shape the LoRA teaches")
     p.add_argument("--base", type=Path, default=weights_dir() / "txt2img-shapes", help="the diffusers pipeline folder the LoRA is for")
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--alpha", type=float, default=None, help="default: the rank (scale 1)")
-    p.add_argument("--hexagons", type=int, default=96, help="rendered hexagon scenes to learn from")
+    p.add_argument("--examples", "--hexagons", type=int, default=96, help="rendered scenes of the new shape to learn from")
     p.add_argument("--regular", type=int, default=2048, help="ordinary scenes of the base model's training (regularisation)")
     p.add_argument("--regular-share", type=float, default=0.5, help="share of every batch from the regularisation scenes")
     p.add_argument("--steps", type=int, default=1500)
@@ -222,29 +223,30 @@ def main() -> None:
         return
     if state is not None:  # a resumed run keeps the shape of the run it resumes
         args.rank, args.alpha, args.base = state["rank"], state["alpha"], Path(state["base"])
+        args.shape = state.get("shape", "hexagon")
     alpha = float(args.alpha if args.alpha is not None else args.rank)
 
     placement = Placement(torch.device("cpu"), torch.float32)
     encoder = load_prompt_encoder(args.base, placement)
     captions = CaptionCache(encoder)
     scheduler = get_scheduler("ddpm", json.loads((args.base / "scheduler" / "scheduler_config.json").read_text()))
-    hexagons, regular = hexagon_scenes(args.hexagons), training_scenes(args.regular)
-    val_hex = hexagon_scenes(64, offset=0, split="validation")
+    examples, regular = concept_scenes(args.examples, args.shape), training_scenes(args.regular)
+    val_new = concept_scenes(64, args.shape, offset=0, split="validation")
     val_regular = [shapes.make_scene(s, n_objects=1) for s in shapes.split_seeds("validation", 64, offset=10_000)]
     cache = args.out / "latents.pt"
-    key = [len(hexagons), len(regular), len(val_hex), len(val_regular), str(args.base)]
+    key = [args.shape, len(examples), len(regular), len(val_new), len(val_regular), str(args.base)]
     cached = torch.load(cache, weights_only=True) if cache.exists() else None
     if cached is None or cached["key"] != key:
         vae = load_autoencoder(args.base / "vae", placement).model
         t0 = time.time()
-        sets = {"hex": hexagons, "regular": regular, "val_hex": val_hex, "val_regular": val_regular}
+        sets = {"new": examples, "regular": regular, "val_new": val_new, "val_regular": val_regular}
         cached = {"key": key, **{name: encode_scenes(vae, s) for name, s in sets.items()}}
         with atomic_path(cache, force=True) as tmp:
             torch.save(cached, tmp)
         print(f"encoded {sum(len(v) for v in cached.values() if isinstance(v, torch.Tensor))} scenes ({time.time() - t0:.0f}s)", flush=True)
         del vae
 
-    weights = {"hex": object_weights(hexagons, args.object_weight), "regular": object_weights(regular, args.object_weight)}
+    weights = {"new": object_weights(examples, args.object_weight), "regular": object_weights(regular, args.object_weight)}
     unet = load_unet(args.base)
     torch.manual_seed(args.seed)
     adapters = attach_lora(unet, args.rank, alpha)
@@ -260,11 +262,11 @@ def main() -> None:
     command = command_history(state.get("command") if state else None, step)
     n_lora = sum(t.numel() for t in params)
     print(f"LoRA rank {args.rank} alpha {alpha:g} on {len(adapters)} layers: {n_lora} parameters; ", end="")
-    print(f"{len(hexagons)} hexagon + {len(regular)} regular scenes; {vars(args)}", flush=True)
+    print(f"{len(examples)} {args.shape} + {len(regular)} regular scenes; {vars(args)}", flush=True)
 
     def evaluate() -> dict:
         rec = {"step": step}
-        for name, lat, sc in (("val_hexagon", cached["val_hex"], val_hex), ("val_regular", cached["val_regular"], val_regular)):
+        for name, lat, sc in ((f"val_{args.shape}", cached["val_new"], val_new), ("val_regular", cached["val_regular"], val_regular)):
             rec[name] = round(fixed_loss(unet, captions, scheduler, lat, sc, gamma=args.min_snr), 5)
         return rec
 
@@ -282,11 +284,11 @@ def main() -> None:
         if planned is not None:
             args.steps = planned
             print(f"{budget.seconds_per_step:.2f} s/step: the run ends at step {args.steps}", flush=True)
-        hi = rng.integers(0, len(hexagons), args.batch - n_regular)
+        hi = rng.integers(0, len(examples), args.batch - n_regular)
         ri = rng.integers(0, len(regular), n_regular)
-        x0 = torch.cat([cached["hex"][torch.from_numpy(hi)], cached["regular"][torch.from_numpy(ri)]]).float()
-        pixel_weight = torch.cat([weights["hex"][torch.from_numpy(hi)], weights["regular"][torch.from_numpy(ri)]])
-        ctx = captions([train_caption(hexagons[i], rng) for i in hi] + [train_caption(regular[i], rng) for i in ri])
+        x0 = torch.cat([cached["new"][torch.from_numpy(hi)], cached["regular"][torch.from_numpy(ri)]]).float()
+        pixel_weight = torch.cat([weights["new"][torch.from_numpy(hi)], weights["regular"][torch.from_numpy(ri)]])
+        ctx = captions([train_caption(examples[i], rng) for i in hi] + [train_caption(regular[i], rng) for i in ri])
         noise = torch.randn(x0.shape, generator=gen)
         t = torch.randint(0, 1000, (args.batch,), generator=gen)
         lr = warmup_cosine_lr(step, args.steps, args.lr, warmup=args.warmup, floor=0.1)
@@ -320,13 +322,14 @@ def main() -> None:
                     "rank": args.rank,
                     "alpha": alpha,
                     "base": str(args.base),
+                    "shape": args.shape,
                     "args": {k: str(v) for k, v in vars(args).items()},
                 },
             )
         if args.stop_after is not None and step >= args.stop_after:
             print(f"stopped at step {step} (resume with the same command)")
             return
-    print(f"done; export with --export runs/lora-hexagon/lora-hexagon.safetensors (regular scenes: {REGULAR_SEEDS_NOTE})")
+    print(f"done; export with --export {args.out}/lora-{args.shape}.safetensors (regular scenes: {REGULAR_SEEDS_NOTE})")
 
 
 if __name__ == "__main__":

@@ -7,11 +7,13 @@ Auto rules (what is fastest without measurable quality loss):
 - CPU: bfloat16 for transformer/UNet families when the CPU multiplies bf16 natively (AMX or
   AVX512-BF16 on x86, the BF16 extension on Arm); float32 otherwise. fp16 is never chosen on CPU:
   without native fp16 matmul it is slower than fp32.
-- Autoregressive decoders (``"decoder"``: text generation) on CPU: float32. Decoding one token at a
-  time is a chain of matrix-vector products, and the CPU's bf16 matrix units do not speed those up
-  (measured here: the embedded llama-pystdlib decodes 129 tokens/s in fp32 vs 96 in bf16, a
-  GPT-2-124M shape 9.7 vs 8.1). bf16 (where native) only when fp32 weights would take more than half
-  of the machine's memory. On CUDA/MPS decoders follow the transformer rule.
+- Autoregressive decoders (``"decoder"``: text generation) on CPU: the placement is float32 (fp32
+  activations). Decoding one token at a time is a chain of matrix-vector products bound by the bytes
+  of weights it reads, which the CPU's bf16 matrix units do not speed up; the text loader then keeps a
+  bf16 checkpoint's linear weights in bf16 for gencli's kernels
+  (:mod:`gencli.pipelines.text.loading`). bfloat16 when fp32 weights would take more than half of the
+  machine's memory (on any CPU: gencli's kernels multiply bf16 weights without native bf16, and
+  torch does so correctly, if slowly). On CUDA/MPS decoders follow the transformer rule.
 - MPS: float16 for transformer families, float32 otherwise.
 
 Threads (CPU), unless ``--threads``/``$GENCLI_THREADS`` says otherwise, and never more than the usable
@@ -125,8 +127,8 @@ def resolve_dtype(spec: str, device: torch.device, family_kind: FamilyKind = "tr
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     if device.type == "mps":
         return torch.float16
-    if family_kind == "decoder" and (n_params is None or 4 * n_params <= _physical_memory_bytes() // 2):
-        return torch.float32
+    if family_kind == "decoder":
+        return torch.float32 if n_params is None or 4 * n_params <= _physical_memory_bytes() // 2 else torch.bfloat16
     return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
 
 

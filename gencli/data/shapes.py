@@ -46,8 +46,8 @@ WORLD_VERSION = 1  # bump when the scene distribution changes (recorded in the w
 SHAPES: tuple[str, ...] = ("circle", "square", "triangle", "star", "heart", "cross", "diamond", "crescent")
 # shapes drawn only where a scene asks for them by name (``make_scene(seed, shape="hexagon")``), never
 # by a random draw: every scene, split and dataset of SHAPES stays as it was, so the defaults trained
-# on them know nothing of these (the example LoRA teaches txt2img-shapes the hexagon)
-EXTRA_SHAPES: tuple[str, ...] = ("hexagon",)
+# on them know nothing of these (the example LoRAs teach txt2img-shapes one of them)
+EXTRA_SHAPES: tuple[str, ...] = ("hexagon", "arrow")
 ALL_SHAPES: tuple[str, ...] = SHAPES + EXTRA_SHAPES
 
 COLOURS: dict[str, tuple[int, int, int]] = {
@@ -456,6 +456,12 @@ def _cross(arm: float = 0.36) -> np.ndarray:
     return np.array([[-a, b], [a, b], [a, a], [b, a], [b, -a], [a, -a], [a, -b], [-a, -b], [-a, -a], [-b, -a], [-b, a], [-a, a]])
 
 
+def _arrow(shaft: float = 0.32, head: float = 0.85, neck: float = 0.0) -> np.ndarray:
+    """An arrow pointing right: a shaft of half-height ``shaft`` from the left edge to ``neck``, a head
+    from there to the right edge, ``head`` high on each side at its base."""
+    return np.array([[-1.0, -shaft], [neck, -shaft], [neck, -head], [1.0, 0.0], [neck, head], [neck, shaft], [-1.0, shaft]])
+
+
 def _triangle() -> np.ndarray:
     pts = _regular(3)
     pts[:, 1] -= (pts[:, 1].max() + pts[:, 1].min()) / 2  # centre the bounding box, not the centroid
@@ -470,6 +476,7 @@ _POLYGONS: dict[str, np.ndarray] = {
     "cross": _cross(),
     "diamond": np.array([[0.0, 1.0], [0.78, 0.0], [0.0, -1.0], [-0.78, 0.0]]),
     "hexagon": _regular(6),  # a regular hexagon, a corner at the top
+    "arrow": _arrow(),  # pointing right (the scenes turn objects by a few degrees only)
 }
 # the largest distance from the centre each shape reaches, in radii (for the no-overlap rule)
 _EXTENT: dict[str, float] = {s: max(1.0, float(np.hypot(*_POLYGONS[s].T).max())) if s in _POLYGONS else 1.0 for s in ALL_SHAPES}

@@ -2,7 +2,8 @@
 
 Where they come from: ``--lora FILE[:WEIGHT]`` (repeatable, weight 1.0 by default) and A1111's prompt
 syntax ``<lora:NAME>`` / ``<lora:NAME:WEIGHT>``, NAME resolved against ``--lora-dir`` (a file
-``NAME.safetensors`` anywhere below it). The tags are removed from the prompt before it is encoded
+``NAME.safetensors`` anywhere below it); an embedded LoRA (``weights/lora-arrow``) by its name in
+either, the tag without ``--lora-dir``. The tags are removed from the prompt before it is encoded
 (:func:`strip_lora_tags`), as A1111 does; the prompt recorded in the PNG keeps them.
 
 Formats, told apart by the key names:
@@ -92,18 +93,32 @@ def _parse_weight(text: str, where: str) -> float:
     return weight
 
 
+def embedded_lora(name: str) -> Optional[Path]:
+    """The LoRA file of an embedded default named ``name`` (``weights/NAME/NAME.safetensors``, such
+    as ``lora-arrow``), or None."""
+    from gencli.weights import weights_dir
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        return None
+    path = weights_dir() / name / f"{name}.safetensors"
+    return path if path.is_file() else None
+
+
 def parse_lora_option(text: str) -> LoraSpec:
-    """``FILE`` or ``FILE:WEIGHT`` (``--lora``). A path that exists as given is taken whole (a colon
-    in a file name); otherwise the part after the last colon is the weight."""
+    """``FILE`` or ``FILE:WEIGHT`` (``--lora``), FILE a path or the name of an embedded LoRA
+    (:func:`embedded_lora`). A path that exists as given is taken whole (a colon in a file name);
+    otherwise the part after the last colon is the weight."""
     path = Path(text).expanduser()
     weight = 1.0
     if not path.exists() and ":" in text:
         head, tail = text.rsplit(":", 1)
-        if head and Path(head).expanduser().exists():
+        if head and (Path(head).expanduser().exists() or embedded_lora(head)):
             path, weight = Path(head).expanduser(), _parse_weight(tail, f"--lora {text!r}")
         elif head and not re.fullmatch(r"[A-Za-z]", head):  # a bare Windows drive letter is no weight
             _parse_weight(tail, f"--lora {text!r}")
             path = Path(head).expanduser()
+    if not path.exists():
+        path = embedded_lora(str(path)) or path
     if not path.exists():
         raise UserError(f"--lora '{path}' does not exist")
     if path.is_dir():
@@ -117,8 +132,12 @@ def strip_lora_tags(prompt: str) -> str:
 
 
 def find_lora(name: str, lora_dir: Optional[Path], *, allow_pickle: bool = False) -> Path:
-    """``NAME`` of a ``<lora:NAME>`` tag (or a ``Lora hashes`` entry) as a file under ``lora_dir``."""
+    """``NAME`` of a ``<lora:NAME>`` tag (or a ``Lora hashes`` entry) as a file under ``lora_dir``;
+    without ``lora_dir``, an embedded LoRA of that name (:func:`embedded_lora`)."""
     if lora_dir is None:
+        embedded = embedded_lora(name)
+        if embedded is not None:
+            return embedded
         raise UserError(f"the prompt names <lora:{name}>: say where LoRA files are with --lora-dir")
     if not lora_dir.is_dir():
         raise UserError(f"--lora-dir '{lora_dir}' is not a folder")
