@@ -200,7 +200,8 @@ def replay_loras(
 ) -> list[LoraSpec]:
     """The LoRAs an image's parameters name, found again: those of ``Lora weights`` (given by
     ``--lora`` when it was made) and the prompts' ``<lora:...>`` tags, each looked up by name among the
-    files ``given`` (``--lora``, their weights ignored), then in ``lora_dir``."""
+    files ``given`` (``--lora``, their weights ignored), then in ``lora_dir`` (without it: the embedded
+    LoRAs)."""
     directory = _directory(lora_dir)
     files = [parse_lora_option(text).path for text in given]
     recorded = parse_lora_hashes(extra.get("Lora hashes", ""))
@@ -210,6 +211,9 @@ def replay_loras(
             if LoraSpec(f).name == name:
                 return f
         if directory is None:
+            embedded = embedded_lora(name)
+            if embedded is not None:
+                return embedded
             raise UserError(f"the image was made with the LoRA '{name}': give its file with --lora, or the folder holding it with --lora-dir")
         return find_lora(name, directory, allow_pickle=allow_pickle)
 
