@@ -327,7 +327,8 @@ def loading_builder(make: MakeLayer) -> Callable[[nn.Module, dict[str, torch.Ten
             setattr(module, attr, nn.Parameter(tensor, requires_grad=False))
         weight, bias = dense_of(module)  # type: ignore[misc]
         layer = make(weight, bias)
-        weight_bytes = weight.numel() * weight.element_size()
+        kept = any(t.data_ptr() == weight.data_ptr() for t in layer.state_dict().values())  # (an fp32 weight taken as it is)
+        weight_bytes = 0 if kept else weight.numel() * weight.element_size()
         del weight, bias
         for attr, tensor in tensors.items():  # the read tensors go now, not when the caller lets go
             setattr(module, attr, nn.Parameter(tensor.to("meta"), requires_grad=False))
