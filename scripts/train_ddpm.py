@@ -8,7 +8,13 @@
 Recipe (Ho et al. 2020, algorithm 1): a fresh batch of train-split scenes every step (one or two
 objects, ``--size`` pixels, in [-1, 1]); a timestep t uniform over the ``--timesteps`` training
 steps, x_t = sqrt(abar_t) x_0 + sqrt(1 - abar_t) eps (the schedule of ``--beta-schedule``), and the
-mean squared error between eps and the UNet's prediction of it. AdamW with a linear warmup and a
+mean squared error between the UNet's prediction and its target: by default the velocity
+v = sqrt(abar_t) eps - sqrt(1 - abar_t) x_0 on the schedule rescaled to zero terminal SNR (Lin et al.
+2023, as ``scripts/train_txt2img.py`` does), sampled with "trailing" timesteps. A plain coloured
+background is most of every scene, and with the usual schedule (``--prediction-type epsilon
+--no-zero-snr``, Ho et al.'s) the model reads the background's colour off the signal the last
+timestep leaves, which pure noise at sampling time does not have: a run of 3,000 steps that way drew
+every background mid-gray. AdamW with a linear warmup and a
 cosine decay, gradient clipping at 1, bf16 autocast, and an exponential moving average of the
 weights (``--ema``): the averaged model is what gets judged and exported, as DDPM practice does.
 
@@ -70,12 +76,14 @@ def unet_config(size: int, widths: tuple[int, ...], layers: int, attention_from:
     )  # fmt: skip
 
 
-def scheduler_config(timesteps: int, beta_schedule: str) -> dict:
-    """A diffusers ``DDPMScheduler`` config (epsilon prediction, fixed_small variance, clipped x0)."""
+def scheduler_config(timesteps: int, beta_schedule: str, prediction_type: str = "v_prediction", zero_snr: bool = True) -> dict:
+    """A diffusers ``DDPMScheduler`` config (fixed_small variance, clipped x0; zero terminal SNR with
+    "trailing" timesteps, or Ho et al.'s "leading" ones)."""
     return {
         "_class_name": "DDPMScheduler", "_diffusers_version": DIFFUSERS_VERSION, "num_train_timesteps": timesteps, "beta_start": 0.0001,
         "beta_end": 0.02, "beta_schedule": beta_schedule, "trained_betas": None, "variance_type": "fixed_small", "clip_sample": True,
-        "clip_sample_range": 1.0, "prediction_type": "epsilon", "thresholding": False, "timestep_spacing": "leading", "steps_offset": 0,
+        "clip_sample_range": 1.0, "prediction_type": prediction_type, "thresholding": False,
+        "timestep_spacing": "trailing" if zero_snr else "leading", "steps_offset": 0, "rescale_betas_zero_snr": zero_snr,
     }  # fmt: skip
 
 
@@ -156,6 +164,8 @@ def main() -> None:
     p.add_argument("--groups", type=int, default=32, help="GroupNorm groups")
     p.add_argument("--timesteps", type=int, default=1000)
     p.add_argument("--beta-schedule", default="linear", choices=("linear", "scaled_linear", "squaredcos_cap_v2"))
+    p.add_argument("--prediction-type", default="v_prediction", choices=("v_prediction", "epsilon"), help="what the UNet predicts")
+    p.add_argument("--no-zero-snr", dest="zero_snr", action="store_false", help="keep the schedule's non-zero terminal SNR (Ho et al.)")
     p.add_argument("--warmup", type=int, default=500)
     p.add_argument("--ema", type=float, default=0.999)
     p.add_argument("--eval-every", type=int, default=2000, help="judge the averaged model every N steps and keep the best (0: off)")
@@ -165,7 +175,9 @@ def main() -> None:
     args = parse_training_args(p)
     widths = tuple(int(w) for w in args.widths.split(","))
     config = unet_config(args.size, widths, args.layers, args.attention_from, args.head_dim, args.groups)
-    sched = scheduler_config(args.timesteps, args.beta_schedule)
+    if args.zero_snr and args.prediction_type == "epsilon":
+        raise SystemExit("--prediction-type epsilon cannot be learnt at zero terminal SNR (x_T is the noise itself): add --no-zero-snr")
+    sched = scheduler_config(args.timesteps, args.beta_schedule, args.prediction_type, args.zero_snr)
     device = torch.device(args.device)
     model = UNet2DModel(config).to(device).train()
     ema = copy.deepcopy(model).requires_grad_(False)
@@ -195,7 +207,8 @@ def main() -> None:
         xt = a.sqrt() * x0 + (1 - a).sqrt() * eps
         with torch.autocast(device.type, dtype=torch.bfloat16):
             pred = model(xt, t)
-        loss = F.mse_loss(pred.float(), eps)
+        target = eps if args.prediction_type == "epsilon" else a.sqrt() * eps - (1 - a).sqrt() * x0
+        loss = F.mse_loss(pred.float(), target)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -53,6 +53,16 @@ def test_a_run_resumes_and_exports_a_pipeline_folder(train_ddpm, monkeypatch, tm
     with torch.no_grad():
         assert (pipe.unet(x, 7).sample - ours(x, 7)).abs().max() < 1e-4
     assert pipe.scheduler.config.num_train_timesteps == 50
+    # v-prediction on the schedule rescaled to zero terminal SNR, "trailing" timesteps: as diffusers reads it
+    assert pipe.scheduler.config.prediction_type == "v_prediction" and pipe.scheduler.config.rescale_betas_zero_snr
+    assert pipe.scheduler.config.timestep_spacing == "trailing" and float(pipe.scheduler.alphas_cumprod[-1]) < 1e-6
     _run(train_ddpm, monkeypatch, "--out", out, "--steps", "5", *TINY, "--export", tmp_path / "half", "--fp16")
     weights = "unet/diffusion_pytorch_model.safetensors"
     assert (tmp_path / "half" / weights).stat().st_size < (folder / weights).stat().st_size
+
+
+def test_epsilon_prediction_at_zero_terminal_snr_is_refused(train_ddpm, monkeypatch, tmp_path):
+    with pytest.raises(SystemExit, match="--no-zero-snr"):
+        _run(train_ddpm, monkeypatch, "--out", tmp_path / "r", "--steps", "1", *TINY, "--prediction-type", "epsilon")
+    _run(train_ddpm, monkeypatch, "--out", tmp_path / "r", "--steps", "1", *TINY, "--prediction-type", "epsilon", "--no-zero-snr")
+    assert torch.load(tmp_path / "r" / "ckpt.pt", weights_only=True)["step"] == 1
