@@ -5,7 +5,6 @@ model never saw (it draws circles for it), in kohya's format; found by its name 
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 
 from gencli.weights import weights_dir
