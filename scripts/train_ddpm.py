@@ -15,7 +15,7 @@ background is most of every scene, and with the usual schedule (``--prediction-t
 --no-zero-snr``, Ho et al.'s) the model reads the background's colour off the signal the last
 timestep leaves, which pure noise at sampling time does not have: a run of 3,000 steps that way drew
 every background mid-gray. AdamW with a linear warmup and a
-cosine decay, gradient clipping at 1, bf16 autocast, and an exponential moving average of the
+cosine decay, gradient clipping at 1, bf16 autocast on channels-last feature maps, and an exponential moving average of the
 weights (``--ema``): the averaged model is what gets judged and exported, as DDPM practice does.
 
 64x64 by default: the size of the GAN and VAE defaults (the classifier's figures compare like with
@@ -179,7 +179,8 @@ def main() -> None:
         raise SystemExit("--prediction-type epsilon cannot be learnt at zero terminal SNR (x_T is the noise itself): add --no-zero-snr")
     sched = scheduler_config(args.timesteps, args.beta_schedule, args.prediction_type, args.zero_snr)
     device = torch.device(args.device)
-    model = UNet2DModel(config).to(device).train()
+    # channels-last feature maps: oneDNN's convolutions and their gradients run ~20% faster on a CPU (bf16 autocast)
+    model = UNet2DModel(config).to(device, memory_format=torch.channels_last).train()
     ema = copy.deepcopy(model).requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -200,7 +201,7 @@ def main() -> None:
     while step < args.steps and args.export is None:
         lr = warmup_cosine_lr(step, args.steps, args.lr, warmup=args.warmup, floor=0.05)
         set_lr(opt, lr)
-        x0 = next(data).to(device, non_blocking=True)
+        x0 = next(data).to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)
         t = torch.randint(0, args.timesteps, (x0.shape[0],), generator=gen).to(device)
         eps = torch.randn(x0.shape, generator=gen).to(device)
         a = abar[t].view(-1, 1, 1, 1)

@@ -26,6 +26,12 @@ cores (:func:`gencli.backend.cores.usable_cores`):
   small numeric families (TFT, VAE, GAN) whose size is not told.
 - ``min(usable cores, MAX_DEFAULT_THREADS)`` for larger models, and for transformer/UNet work whose
   size is not told (a diffusion pipeline): big matrix products and convolutions spread over cores.
+
+torch's thread count belongs to the whole process, so the default rule only sets it where nobody
+else has: while it is still torch's own starting count, or the count this rule set for an earlier
+model. A count the application set itself (``torch.set_num_threads``, a training script's
+``--threads``, an earlier explicit ``--threads``) is kept, and a second, smaller model loaded after a
+bigger one (a judge beside a model being trained, a small encoder after a UNet) never lowers it.
 """
 
 from __future__ import annotations
@@ -164,16 +170,30 @@ def default_threads(family_kind: FamilyKind, n_params: Optional[int], cores: int
     return 1 if small else max(1, min(cores, MAX_DEFAULT_THREADS))
 
 
+_TORCH_STARTING_THREADS = torch.get_num_threads()  # torch's own count when gencli was imported
+_rule_threads: Optional[int] = None  # the count the default rule last set (None: it has not, or an explicit count came since)
+
+
 def set_threads(threads: Optional[int], family_kind: FamilyKind = "transformer", n_params: Optional[int] = None) -> int:
     """Set torch's CPU thread count: ``threads`` (``--threads``, else ``$GENCLI_THREADS``) capped at the
     usable cores (with a :class:`~gencli.errors.Notice` when it asked for more), else
-    :func:`default_threads`. Returns the count set."""
+    :func:`default_threads` where the process's count is still torch's own or the rule's (see the
+    module doc). Returns the count the model runs with."""
+    global _rule_threads
     cores = usable_cores()
     threads, notice = requested_threads(threads, cores)
     if notice is not None:
         warnings.warn(notice, Notice, stacklevel=2)
-    n = min(int(threads), cores) if threads else default_threads(family_kind, n_params, cores)
-    if torch.get_num_threads() != n:
+    current = torch.get_num_threads()
+    if threads:
+        n, _rule_threads = min(int(threads), cores), None
+    elif current == _rule_threads:
+        n = _rule_threads = max(current, default_threads(family_kind, n_params, cores))  # an earlier model chose more
+    elif current == _TORCH_STARTING_THREADS:
+        n = _rule_threads = default_threads(family_kind, n_params, cores)
+    else:
+        return current  # the application's own count
+    if current != n:
         torch.set_num_threads(n)
     return n
 
