@@ -201,16 +201,27 @@ def test_without_the_kernels_the_layer_falls_back_to_torch(monkeypatch):
     assert (out - ref).abs().max() <= 0.02 * ref.abs().max()  # bf16 activations in torch's kernel
 
 
-def test_a_failed_build_is_a_quiet_fallback(monkeypatch, caplog):
+def test_a_failed_build_is_a_quiet_fallback_remembered_by_the_next_processes(tmp_path, monkeypatch, caplog):
     import torch.utils.cpp_extension as cpp_extension
 
-    def no_compiler(*args, **kwargs):
-        raise RuntimeError("Error building extension: c++: not found")
+    calls = []
 
-    monkeypatch.setattr(cpp_extension, "load", no_compiler)
+    def failing_build(*args, **kwargs):
+        calls.append(kwargs["name"])
+        raise RuntimeError("Error building extension: undefined reference to `omp_get_num_threads'")
+
+    monkeypatch.setattr(cpp_extension, "load", failing_build)
+    monkeypatch.setattr(cpp_extension, "_get_build_directory", lambda name, verbose=False: str(tmp_path))
+    monkeypatch.setattr(quant_kernels, "_why_not", None)
     with caplog.at_level("DEBUG", logger=quant_kernels.__name__):
         assert quant_kernels._build.__wrapped__() is None
-    assert [r.levelname for r in caplog.records] == ["DEBUG"] and "c++: not found" in caplog.records[0].getMessage()
+    assert [r.levelname for r in caplog.records] == ["DEBUG"] and "undefined reference" in caplog.records[0].getMessage()
+    (note,) = tmp_path.glob("build-failed-*.txt")
+    assert "undefined reference" in note.read_text()
+    assert quant_kernels._build.__wrapped__() is None and len(calls) == 1  # the next process does not build again
+    assert "undefined reference" in quant_kernels._why_not and str(note) in quant_kernels._why_not
+    note.unlink()  # deleting the note tries again
+    assert quant_kernels._build.__wrapped__() is None and len(calls) == 2
 
 
 def test_first_build_is_announced_once_on_stderr(tmp_path, monkeypatch, capsys):

@@ -23,12 +23,15 @@ The extension is compiled the first time it is asked for (``torch.utils.cpp_exte
 a minute, cached in torch's extensions folder for the next runs). Without a compiler, on another
 architecture, or when the build fails, :func:`cpu_kernels` returns None (one debug line;
 :func:`unavailable_reason` says why) and the quantized layers keep torch's kernels, the unquantized
-ones torch's layers.
+ones torch's layers. A failed build leaves a note in the build folder (``build-failed-*.txt``, one per
+compiler) so that the next processes do not spend another minute failing the same way; a new source,
+a new compiler, or deleting the note tries again.
 ``GENCLI_QUANT_KERNELS=0`` turns the extension off.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
@@ -84,16 +87,46 @@ def _build() -> Optional[Any]:
         # the name carries the source's hash: an edited source is a new extension, never a stale one
         digest = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCES + HEADERS) + _BUILD_FLAGS_TAG).hexdigest()[:12]
         name = f"gencli_quant_gemv_{digest}"
+        marker = _failure_note(name, compiler)
+        if marker is not None and marker.is_file():
+            _unavailable(f"{marker.read_text(encoding='utf-8', errors='replace').strip()} (an earlier build; delete {marker} to try again)")
+            return None
         _announce_first_build(name)
         # -fopenmp: at::parallel_for is inline OpenMP in the headers; without it the rows run on one
         # thread. The library it links is libgomp.so.1, already loaded by torch: one thread pool.
-        module = load(name=name, sources=[str(f) for f in SOURCES], extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+        try:
+            module = load(name=name, sources=[str(f) for f in SOURCES], extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+        except Exception as exc:
+            if marker is not None:
+                from gencli.io import atomic_write_bytes
+
+                with contextlib.suppress(OSError):
+                    atomic_write_bytes(marker, (_one_line(exc) + "\n").encode(), force=True)
+            raise
         if not module.isa():
             _unavailable("this CPU has neither AVX-512 nor AVX2")
             return None
         return module
     except Exception as exc:  # no Python headers, a failed build: torch's kernels serve
-        _unavailable(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        _unavailable(_one_line(exc))
+        return None
+
+
+def _one_line(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def _failure_note(name: str, compiler: str) -> Optional[Path]:
+    """Where a failed build of ``name`` by ``compiler`` is remembered: in the extension's build folder,
+    named after the compiler's path and modification time (a new compiler tries again); None when
+    torch's build folder cannot be had."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        exe = shutil.which(compiler) or compiler
+        ident = hashlib.sha256(f"{os.path.realpath(exe)}:{os.stat(exe).st_mtime_ns}".encode()).hexdigest()[:8]
+        return Path(_get_build_directory(name, verbose=False)) / f"build-failed-{ident}.txt"
+    except Exception:  # torch's private helper moved, or the folder cannot be made: no memory, only retries
         return None
 
 
