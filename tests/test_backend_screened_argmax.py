@@ -88,9 +88,14 @@ def test_falls_back_to_the_fp32_product_when_the_screen_cannot_decide(kind):
 
 
 def test_rejects_what_it_cannot_screen():
+    column_major_bf16 = torch.zeros(4, 4, dtype=torch.bfloat16).t()
     with pytest.raises(ValueError):
-        ScreenedArgmax(torch.zeros(4, 4, dtype=torch.bfloat16))
-    assert not ScreenedArgmax.supported(torch.zeros(4, 4, dtype=torch.bfloat16))
+        ScreenedArgmax(column_major_bf16)
+    assert not ScreenedArgmax.supported(column_major_bf16)
+    assert not ScreenedArgmax.supported(torch.zeros(4, 4, dtype=torch.float16))
+    assert not ScreenedArgmax.supported(torch.zeros(4, 4, dtype=torch.bfloat16), kind="bf16")  # its bf16 copy would be itself
+    with pytest.raises(ValueError, match="no bf16 screen"):
+        ScreenedArgmax(torch.zeros(4, 4, dtype=torch.bfloat16), kind="bf16")
     with pytest.raises(ValueError, match="unknown screen"):
         ScreenedArgmax(torch.zeros(4, 4), kind="fp8")
     assert not ScreenedArgmax.supported(torch.zeros(4, 4), kind="fp8")
@@ -164,3 +169,36 @@ def test_int8_screen_resolves_the_hidden_state_to_about_16_bits():
     exact = h.double() @ w.double().t()
     # the product of the two rows is that of the 16-bit hidden state with the int8 rows
     assert ((exact - approx.double()).abs().amax(-1) < 0.05 * exact.abs().amax(-1)).all()
+
+
+needs_int8 = pytest.mark.skipif(not ScreenedArgmax.supported(torch.zeros(2, 2), "int8"), reason="no exact int8 kernel (oneDNN) on this CPU")
+
+
+@needs_int8
+def test_a_bf16_head_is_screened_by_its_int8_copy_and_gives_the_argmax_of_its_fp32_products():
+    """The bf16 head gencli's kernels decode with: the answer is the argmax of the exact (fp32) products
+    of the hidden state and the bf16 values, near-ties and the fallback included."""
+    w = head(seed=14).bfloat16()
+    assert ScreenedArgmax.supported(w)
+    screen = ScreenedArgmax(w)
+    assert screen.kind == "int8" and screen.weight.dtype == torch.bfloat16  # no fp32 image kept
+    h = torch.randn(400, 96, generator=torch.Generator().manual_seed(15)) * 3
+    ours = torch.cat([screen(h[i : i + 8]) for i in range(0, 400, 8)])
+    assert torch.equal(ours, F.linear(h, w.float()).argmax(-1))
+    assert 0 < screen.last_candidates <= 32  # the screen did the work
+    approx, _, bound = screen.approximate(h[:16])
+    assert ((h[:16].double() @ w.double().t() - approx.double()).abs() <= bound[:, None]).all()
+    # a near-tie far below the int8 copy's resolution: row 11 wins by one bf16 step in one column
+    one = h[0]
+    best = int(F.linear(one, w.float()).argmax())
+    w2 = w.clone()
+    w2[11] = w2[best]
+    col = int(one.abs().argmax())
+    w2[11, col] = torch.nextafter(w2[11, col].float(), torch.tensor(float("inf")) * one[col].sign()).bfloat16()
+    if w2[11, col] == w2[best, col]:  # the fp32 step rounded back: take the next bf16 number instead
+        w2[11, col] = (w2[11, col].float() * (1 + 2.0**-7 * one[col].sign() * w2[11, col].sign())).bfloat16()
+    expected = int(F.linear(one, w2.float()).argmax())
+    assert expected == 11
+    assert int(ScreenedArgmax(w2)(one[None])[0]) == 11
+    tight = ScreenedArgmax(w, max_candidates=0)  # every row over the limit: the chunked fp32 product decides
+    assert torch.equal(tight(h[:5]), F.linear(h[:5], w.float()).argmax(-1))

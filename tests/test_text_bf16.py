@@ -3,7 +3,7 @@
 Where gencli's kernels build, the linear layers and the LM head hold bf16 weights multiplied in fp32
 (gencli.backend.streamed_linear; activations, norms, the KV cache fp32) and give the tokens of the
 fp32 model whose linear weights are rounded to bf16; the decoding steps run fused; greedy steps may
-screen the bf16 head exactly. Without the kernels, with native bf16, the whole model is bf16 with the
+screen the bf16 head exactly (by its int8 copy). Without the kernels, with native bf16, the whole model is bf16 with the
 linear layers packed for oneDNN (gencli.backend.packed_linear), giving the tokens of the unpacked bf16
 model; without either it runs unpacked, correct, after one notice."""
 
@@ -113,26 +113,32 @@ def test_bf16_decoding_streams_bf16_weights_in_fp32_products(models, name, nativ
 
 
 @pytest.mark.usefixtures("quant_kernels_built")
-def test_a_streamed_bf16_head_is_not_screened(models, monkeypatch):
-    """Its rows read half the bytes of fp32 already; a screen would keep their fp32 image besides (the
-    head's size again twice). An fp32 streamed head is screened in place, as torch's is."""
-    from gencli.pipelines.text import generate as g
-
-    monkeypatch.setattr(g, "SCREEN_MIN_HEAD_BYTES", 0)
-    monkeypatch.setattr(g, "SCREEN_MIN_STEPS", 1)
-    tm, _ = _load(models / "gpt2")
-    _tokens(tm)
-    assert tm.screen is None and not tm.screen_failed
+def test_a_streamed_bf16_head_is_screened_by_its_int8_copy_with_the_same_tokens(models, monkeypatch):
+    """Greedy steps read an int8 copy of the bf16 head (a quarter of fp32's bytes, half of bf16's) and
+    recompute the candidates from the bf16 rows themselves: no fp32 image is held, and the tokens are
+    those of the unscreened bf16 head. An fp32 streamed head is screened in place, as torch's is."""
     from gencli.backend.screened_argmax import ScreenedArgmax
+    from gencli.pipelines.text import generate as g
     from gencli.pipelines.text import loading
 
+    tm, _ = _load(models / "gpt2")
+    want = _tokens(tm)
+    assert tm.screen is None  # a tiny head and a short run: not screened by default
+    monkeypatch.setattr(g, "SCREEN_MIN_HEAD_BYTES", 0)
+    monkeypatch.setattr(g, "SCREEN_MIN_STEPS", 1)
+    head = tm.model.lm_head
+    assert isinstance(head, StreamedLinear) and head.weight.dtype == torch.bfloat16
+    if not ScreenedArgmax.supported(head.weight):
+        pytest.skip("no exact int8 screen (oneDNN, VNNI) on this CPU")
+    assert _tokens(tm) == want
+    assert isinstance(tm.screen, ScreenedArgmax) and tm.screen.kind == "int8"
+    assert tm.screen.weight.data_ptr() == head.weight.data_ptr()  # the head's own bf16 rows
     monkeypatch.setattr(loading, "COLUMN_MAJOR_MIN_BYTES", 0)
     fp32, _ = _load(models / "gpt2", dtype="float32")
     assert isinstance(fp32.model.lm_head, StreamedLinear)
-    if ScreenedArgmax.supported(fp32.model.lm_head.weight):
-        want = _tokens(_load(models / "gpt2", dtype="float32")[0])
-        assert _tokens(fp32) == want
-        assert isinstance(fp32.screen, ScreenedArgmax) and fp32.screen.weight.data_ptr() == fp32.model.lm_head.weight.data_ptr()
+    want = _tokens(_load(models / "gpt2", dtype="float32")[0])
+    assert _tokens(fp32) == want
+    assert isinstance(fp32.screen, ScreenedArgmax) and fp32.screen.weight.data_ptr() == fp32.model.lm_head.weight.data_ptr()
 
 
 @needs_packing

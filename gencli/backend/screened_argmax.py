@@ -1,4 +1,4 @@
-"""Exact greedy token choice over a large fp32 LM head, reading a low-precision copy of the head.
+"""Exact greedy token choice over a large fp32 or bf16 LM head, reading a low-precision copy of the head.
 
 Greedy decoding needs only ``argmax_v (h . w_v)`` over the vocabulary, not the logits themselves.
 At batch 1 on a CPU the LM head is a matrix-vector product that streams the whole ``(V, D)``
@@ -27,6 +27,10 @@ The bound. With ``dx = h - x~`` (known exactly), ``dw_v = w_v - w~_v`` and ``R =
 - **bf16** (:class:`Bf16Screen`, oneDNN's bf16 kernel, CPUs with native bf16): bf16 rounding moves
   each weight by at most 2^-8 of itself, so ``Q = 2^-8 R`` plus the fp32 accumulation of D products
   (``D 2^-23 (1 + 2^-8) R``); the output is rounded to bf16 (``2^-8 / (1 - 2^-8) max|y~|``).
+
+A bf16 head (the bf16 weights gencli's kernels decode with) is screened by its int8 copy alone (a bf16
+copy would be the head itself): its rows are exact in fp32, so the bound is the int8 one, and the
+candidates are recomputed from the bf16 rows widened to fp32 (the products the bf16 head computes).
 
 With real logits a handful of candidates remain. Where none or more than ``max_candidates`` would
 (a coarse screen, outputs that overflow, near-ties everywhere) the next copy tries, then the full
@@ -122,7 +126,7 @@ class Int8Screen:
         q = 0.0
         work = torch.empty((min(vocab, _CHUNK_ROWS), dim))  # reused: fresh large buffers cost page faults
         for start in range(0, vocab, _CHUNK_ROWS):
-            w = weight[start : start + _CHUNK_ROWS]
+            w = weight[start : start + _CHUNK_ROWS].float()  # (a bf16 head's rows: exact in fp32)
             rows = work[: len(w)]
             scale = torch.maximum(w.amax(dim=1), w.amin(dim=1).neg_()).div_(127).clamp_(min=2.0**-100)
             self.scales[start : start + len(w)] = scale
@@ -186,8 +190,27 @@ class Int8Screen:
 _SCREENS = {"int8": Int8Screen, "bf16": Bf16Screen}
 
 
+def _row_norms(weight: torch.Tensor) -> torch.Tensor:
+    """fp32 norms of the rows of ``weight`` (fp32: any layout; bf16: row-major, a chunk at a time)."""
+    if weight.dtype != torch.float32:
+        return torch.cat([torch.linalg.vector_norm(weight[s : s + _CHUNK_ROWS].float(), dim=1) for s in range(0, weight.shape[0], _CHUNK_ROWS)])
+    if weight.stride(0) == 1:  # a column-major head: its row norms, read in memory order
+        return torch.linalg.vector_norm(weight.t(), dim=0)
+    return torch.linalg.vector_norm(weight, dim=1)
+
+
+def _kinds_for(weight: torch.Tensor) -> list[str]:
+    """The copies that can screen ``weight``: both for fp32, the int8 one for bf16 (its bf16 copy is itself)."""
+    return list(_SCREENS) if weight.dtype == torch.float32 else ["int8"]
+
+
+def _screenable(weight: torch.Tensor) -> bool:
+    return weight.dim() == 2 and weight.device.type == "cpu" and (weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and weight.is_contiguous()))
+
+
 class ScreenedArgmax:
-    """``argmax(h @ weight.T, -1)`` for fp32 ``h (B, D)`` and an fp32 head ``weight (V, D)``.
+    """``argmax(h @ weight.T, -1)`` for fp32 ``h (B, D)`` and an fp32 or row-major bf16 head ``weight (V, D)``
+    (the argmax of the fp32 products of ``h`` and the bf16 values).
 
     ``kind`` picks the copy: "int8", "bf16", or None for a cascade of the copies this CPU runs
     exactly, cheapest first. A row the int8 screen cannot decide (too many candidates: a huge
@@ -198,23 +221,20 @@ class ScreenedArgmax:
     DEMOTE_AFTER = 16  # calls before the leading copy can be dropped for failing on most of them
 
     def __init__(self, weight: torch.Tensor, *, max_candidates: int = 1024, kind: Optional[str] = None):
-        if weight.dim() != 2 or weight.dtype != torch.float32 or weight.device.type != "cpu":
-            raise ValueError("ScreenedArgmax needs a 2-D fp32 weight on the CPU")
+        if not _screenable(weight):
+            raise ValueError("ScreenedArgmax needs a 2-D fp32 (or row-major bf16) weight on the CPU")
         if kind is not None and kind not in _SCREENS:
             raise ValueError(f"unknown screen {kind!r}; expected one of {', '.join(_SCREENS)}")
         self.weight = weight.detach()
         self.max_candidates = max_candidates
         dim = weight.shape[1]
-        if self.weight.stride(0) == 1:  # a column-major head: its row norms, read in memory order
-            row_norms = torch.linalg.vector_norm(self.weight.t(), dim=0)
-        else:
-            row_norms = torch.linalg.vector_norm(self.weight, dim=1)
+        row_norms = _row_norms(self.weight)
         # fp32 norms of D terms are within (D + 1) 2^-24 relative and the bound takes a few more
         # fp32 operations: a D 2^-20 margin covers both
         self.margin = 1.0 + max(dim, 64) * 2.0**-20
         self.r = float(row_norms.max()) * self.margin
         # the cascade: the copies this CPU has kernels for, cheapest first; built when first needed
-        self._kinds = [k for k in ([kind] if kind is not None else list(_SCREENS)) if _SCREENS[k].available()]
+        self._kinds = [k for k in ([kind] if kind is not None else list(_SCREENS)) if k in _kinds_for(weight) and _SCREENS[k].available()]
         self._built: dict[str, object] = {}
         while self._kinds and self._build(self._kinds[0]) is None:
             self._kinds.pop(0)
@@ -244,11 +264,11 @@ class ScreenedArgmax:
     @staticmethod
     def supported(weight: torch.Tensor, kind: Optional[str] = None) -> bool:
         """Whether a screen can run here: an fp32 head on a CPU with oneDNN's int8 (VNNI) or native
-        bf16 kernels (``kind`` asks for one of them)."""
-        if weight.dim() != 2 or weight.dtype != torch.float32 or weight.device.type != "cpu":
+        bf16 kernels, a bf16 one with the int8 kernel (``kind`` asks for one of them)."""
+        if not _screenable(weight):
             return False
         kinds = [kind] if kind is not None else list(_SCREENS)
-        return any(k in _SCREENS and _SCREENS[k].available() for k in kinds)
+        return any(k in _kinds_for(weight) and _SCREENS[k].available() for k in kinds)
 
     def approximate(self, hidden: torch.Tensor, screen=None) -> Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """The screened logits ``y~ (B, V)`` (fp32) of ``screen`` (the leading copy by default), their
@@ -282,7 +302,7 @@ class ScreenedArgmax:
             if not 0 < len(ids) <= self.max_candidates:
                 decided.append(None)
                 continue
-            decided.append(ids[torch.mv(self.weight.index_select(0, ids), h).argmax()])
+            decided.append(ids[torch.mv(self.weight.index_select(0, ids).float(), h).argmax()])
         return decided
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -307,8 +327,14 @@ class ScreenedArgmax:
             if not todo:
                 break
         for row in todo:
-            out[row] = F.linear(hidden[row], self.weight).argmax()
+            out[row] = self._logits(hidden[row]).argmax()
         return torch.stack(out)
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The full fp32 logits of one hidden state (a bf16 head widened a chunk of rows at a time)."""
+        if self.weight.dtype == torch.float32:
+            return F.linear(h, self.weight)
+        return torch.cat([F.linear(h, self.weight[s : s + _CHUNK_ROWS].float()) for s in range(0, self.weight.shape[0], _CHUNK_ROWS)])
 
     def _count(self, missed: bool) -> None:
         """Drop the leading copy when it fails on most calls and a next one can take over."""

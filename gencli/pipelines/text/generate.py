@@ -17,7 +17,6 @@ import torch
 from gencli.backend.packed_linear import PackedLinear
 from gencli.backend.random import make_generator
 from gencli.backend.screened_argmax import ScreenedArgmax
-from gencli.backend.streamed_linear import StreamedLinear
 from gencli.errors import UserError
 from gencli.pipelines.text.decode_step import compiled, decode_step, static_capacity, wants_static
 from gencli.pipelines.text.loading import TextModel
@@ -37,15 +36,14 @@ SCREEN_KIND: Optional[str] = None  # the head copy the screen reads: "int8", "bf
 
 def screen_for(tm: TextModel, params: SamplingParams, steps: int) -> Optional[ScreenedArgmax]:
     """The exact screened argmax of the LM head (:mod:`gencli.backend.screened_argmax`), when the
-    tokens are plain greedy choices from a large fp32 head, or a packed bf16 one, on a CPU with
+    tokens are plain greedy choices from a large fp32 head, a streamed bf16 one (screened by its int8
+    copy, against its own rows), or a packed bf16 one, on a CPU with
     oneDNN's int8 (VNNI) or native bf16 kernels and the generation is long enough to repay building
     it (or it is built already); else None."""
     head = tm.model.lm_head
     packed = isinstance(head, PackedLinear)
     if not packed and not head.weight.is_floating_point():  # a quantized head: already a fraction of the fp32 read
         return None
-    if isinstance(head, StreamedLinear) and head.weight.dtype != torch.float32:
-        return None  # bf16 rows read half the bytes already; a screen would hold their fp32 image besides
     if not params.greedy or params.repetition_penalty != 1.0 or getattr(head, "bias", None) is not None:
         return None
     if tm.screen is None and not tm.screen_failed:
