@@ -198,7 +198,7 @@ def test_threads_respected():
 def test_default_threads_fit_the_work_and_never_exceed_the_usable_cores(monkeypatch):
     monkeypatch.setattr(devmod, "usable_cores", lambda: 4)
     monkeypatch.setattr(devmod, "_TORCH_STARTING_THREADS", 2)  # each case starts from torch's own count
-    monkeypatch.setattr(devmod, "_rule_threads", None)
+    monkeypatch.setattr(devmod, "_last_set", None)
     before = torch.get_num_threads()
     try:
         for kind, n_params, expected in [
@@ -225,7 +225,7 @@ def test_the_default_rule_leaves_the_applications_threads_and_a_bigger_models_al
     must not drop everything to one thread."""
     monkeypatch.setattr(devmod, "usable_cores", lambda: 4)
     monkeypatch.setattr(devmod, "_TORCH_STARTING_THREADS", 4)
-    monkeypatch.setattr(devmod, "_rule_threads", None)
+    monkeypatch.setattr(devmod, "_last_set", None)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(4)
@@ -238,9 +238,11 @@ def test_the_default_rule_leaves_the_applications_threads_and_a_bigger_models_al
         assert torch.get_num_threads() == 3
         assert devmod.choose_placement("cpu", "float32", threads=1).threads == 1  # an explicit count always applies
         assert devmod.choose_placement("cpu", "float32", "transformer", None, n_params=300_000_000).threads == 1  # and is kept
-        torch.set_num_threads(4)  # back at torch's own count: the rule applies again
-        assert devmod.choose_placement("cpu", "float32", "decoder", None, n_params=9_000_000).threads == 1
-        assert torch.get_num_threads() == 1
+        assert devmod.choose_placement("cpu", "float32", threads=4).threads == 4  # even where it equals torch's starting count
+        assert devmod.choose_placement("cpu", "float32", "decoder", None, n_params=9_000_000).threads == 4
+        torch.set_num_threads(2)  # the application again
+        assert devmod.choose_placement("cpu", "float32", "transformer", None, n_params=300_000_000).threads == 2
+        assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
 

@@ -175,30 +175,59 @@ needs_int8 = pytest.mark.skipif(not ScreenedArgmax.supported(torch.zeros(2, 2), 
 
 
 @needs_int8
-def test_a_bf16_head_is_screened_by_its_int8_copy_and_gives_the_argmax_of_its_fp32_products():
+def test_a_bf16_head_is_screened_by_its_int8_copy_and_gives_the_argmax_of_its_fp32_products(monkeypatch):
     """The bf16 head gencli's kernels decode with: the answer is the argmax of the exact (fp32) products
     of the hidden state and the bf16 values, near-ties and the fallback included."""
+    from gencli.backend import screened_argmax
+
+    monkeypatch.setattr(screened_argmax, "_CHUNK_ROWS", 512)  # the head is read in several chunks
     w = head(seed=14).bfloat16()
     assert ScreenedArgmax.supported(w)
     screen = ScreenedArgmax(w)
     assert screen.kind == "int8" and screen.weight.dtype == torch.bfloat16  # no fp32 image kept
+    torch.testing.assert_close(screen.r / screen.margin, float(torch.linalg.vector_norm(w.float(), dim=1).max()))
     h = torch.randn(400, 96, generator=torch.Generator().manual_seed(15)) * 3
     ours = torch.cat([screen(h[i : i + 8]) for i in range(0, 400, 8)])
     assert torch.equal(ours, F.linear(h, w.float()).argmax(-1))
     assert 0 < screen.last_candidates <= 32  # the screen did the work
     approx, _, bound = screen.approximate(h[:16])
     assert ((h[:16].double() @ w.double().t() - approx.double()).abs() <= bound[:, None]).all()
-    # a near-tie far below the int8 copy's resolution: row 11 wins by one bf16 step in one column
+    # a near-tie: the row after the best one wins by about one bf16
+    # step in one column (a tie would go to the lower id, the old best)
     one = h[0]
     best = int(F.linear(one, w.float()).argmax())
+    assert best + 1 < w.shape[0]
     w2 = w.clone()
-    w2[11] = w2[best]
+    w2[best + 1] = w2[best]
     col = int(one.abs().argmax())
-    w2[11, col] = torch.nextafter(w2[11, col].float(), torch.tensor(float("inf")) * one[col].sign()).bfloat16()
-    if w2[11, col] == w2[best, col]:  # the fp32 step rounded back: take the next bf16 number instead
-        w2[11, col] = (w2[11, col].float() * (1 + 2.0**-7 * one[col].sign() * w2[11, col].sign())).bfloat16()
-    expected = int(F.linear(one, w2.float()).argmax())
-    assert expected == 11
-    assert int(ScreenedArgmax(w2)(one[None])[0]) == 11
+    up = w2[best, col].float() * (1 + 2.0**-7 * float(one[col].sign() * w2[best, col].sign()))
+    w2[best + 1, col] = up.bfloat16()
+    assert w2[best + 1, col] != w2[best, col]
+    assert int(F.linear(one, w2.float()).argmax()) == best + 1
+    assert int(ScreenedArgmax(w2)(one[None])[0]) == best + 1
     tight = ScreenedArgmax(w, max_candidates=0)  # every row over the limit: the chunked fp32 product decides
     assert torch.equal(tight(h[:5]), F.linear(h[:5], w.float()).argmax(-1))
+
+
+@needs_int8
+def test_rows_no_copy_decides_go_to_the_heads_own_product_and_a_failing_last_copy_stops_screening():
+    w = head(seed=16).bfloat16()
+    calls = []
+
+    def product(x):
+        calls.append(x.shape[0])
+        return F.linear(x, w.float())
+
+    h = torch.randn(1, 96, generator=torch.Generator().manual_seed(17))
+    screen = ScreenedArgmax(w, max_candidates=0, product=product)
+    for _ in range(ScreenedArgmax.DEMOTE_AFTER):
+        assert not screen.gave_up
+        assert torch.equal(screen(h), F.linear(h, w.float()).argmax(-1))
+    assert screen.gave_up and len(calls) == ScreenedArgmax.DEMOTE_AFTER  # the int8 copy missed every time: no more screening
+    approximate = screen.approximate
+    screen.approximate = lambda *a, **k: pytest.fail("screened after giving up")
+    assert torch.equal(screen(h), F.linear(h, w.float()).argmax(-1)) and len(calls) == ScreenedArgmax.DEMOTE_AFTER + 1
+    screen.approximate = approximate
+    decided = ScreenedArgmax(w, product=product)
+    decided(h)
+    assert len(calls) == ScreenedArgmax.DEMOTE_AFTER + 1 and not decided.gave_up  # decided by the copy: no full product

@@ -202,26 +202,51 @@ def test_without_the_kernels_the_layer_falls_back_to_torch(monkeypatch):
 
 
 def test_a_failed_build_is_a_quiet_fallback_remembered_by_the_next_processes(tmp_path, monkeypatch, caplog):
+    import os
+    import subprocess
+    import time
+
     import torch.utils.cpp_extension as cpp_extension
 
-    calls = []
+    from gencli.errors import Notice
+
+    calls, errors = [], []
 
     def failing_build(*args, **kwargs):
         calls.append(kwargs["name"])
-        raise RuntimeError("Error building extension: undefined reference to `omp_get_num_threads'")
+        code, output = errors[0]
+        try:
+            raise subprocess.CalledProcessError(code, ["ninja"], output)
+        except subprocess.CalledProcessError as e:
+            raise RuntimeError(f"Error building extension '{kwargs['name']}': {output}") from e
 
     monkeypatch.setattr(cpp_extension, "load", failing_build)
     monkeypatch.setattr(cpp_extension, "_get_build_directory", lambda name, verbose=False: str(tmp_path))
     monkeypatch.setattr(quant_kernels, "_why_not", None)
+    # cut short (the compiler killed for memory, a signal): no note, the next process tries again
+    for cut in [(1, "c++: fatal error: Killed signal terminated program cc1plus"), (-9, "")]:
+        errors[:] = [cut]
+        assert quant_kernels._build.__wrapped__() is None
+    assert not list(tmp_path.glob("build-failed-*.txt")) and len(calls) == 2
+    # the compiler's verdict on the sources is remembered
+    errors[:] = [(1, "quant_gemv.cpp:12: error: 'foo' was not declared in this scope")]
     with caplog.at_level("DEBUG", logger=quant_kernels.__name__):
         assert quant_kernels._build.__wrapped__() is None
-    assert [r.levelname for r in caplog.records] == ["DEBUG"] and "undefined reference" in caplog.records[0].getMessage()
+    assert [r.levelname for r in caplog.records] == ["DEBUG"] and "not declared" in caplog.records[0].getMessage()
     (note,) = tmp_path.glob("build-failed-*.txt")
-    assert "undefined reference" in note.read_text()
-    assert quant_kernels._build.__wrapped__() is None and len(calls) == 1  # the next process does not build again
-    assert "undefined reference" in quant_kernels._why_not and str(note) in quant_kernels._why_not
+    assert "not declared" in note.read_text() and len(calls) == 3
+    with pytest.warns(Notice, match="failed to build earlier .*not declared.*torch's slower products"):
+        assert quant_kernels._build.__wrapped__() is None
+    assert len(calls) == 3  # the next process does not build again, and says why
+    assert "not declared" in quant_kernels._why_not and str(note) in quant_kernels._why_not
+    day_ago = time.time() - quant_kernels.FAILURE_NOTE_SECONDS - 60
+    os.utime(note, (day_ago, day_ago))  # a day later: it tries again
+    assert quant_kernels._build.__wrapped__() is None and len(calls) == 4
     note.unlink()  # deleting the note tries again
-    assert quant_kernels._build.__wrapped__() is None and len(calls) == 2
+    assert quant_kernels._build.__wrapped__() is None and len(calls) == 5
+    # a built extension is loaded whatever a note says (built with another compiler, say)
+    (tmp_path / f"{calls[-1]}.so").write_bytes(b"")
+    assert quant_kernels._build.__wrapped__() is None and len(calls) == 6
 
 
 def test_first_build_is_announced_once_on_stderr(tmp_path, monkeypatch, capsys):

@@ -131,7 +131,9 @@ def test_a_streamed_bf16_head_is_screened_by_its_int8_copy_with_the_same_tokens(
     if not ScreenedArgmax.supported(head.weight):
         pytest.skip("no exact int8 screen (oneDNN, VNNI) on this CPU")
     assert _tokens(tm) == want
-    assert isinstance(tm.screen, ScreenedArgmax) and tm.screen.kind == "int8"
+    if tm.screen_failed:
+        pytest.skip("oneDNN's int8 product failed its exactness check on this CPU")
+    assert isinstance(tm.screen, ScreenedArgmax) and tm.screen.kind == "int8" and tm.screen.product is head
     assert tm.screen.weight.data_ptr() == head.weight.data_ptr()  # the head's own bf16 rows
     monkeypatch.setattr(loading, "COLUMN_MAJOR_MIN_BYTES", 0)
     fp32, _ = _load(models / "gpt2", dtype="float32")

@@ -171,28 +171,32 @@ def default_threads(family_kind: FamilyKind, n_params: Optional[int], cores: int
 
 
 _TORCH_STARTING_THREADS = torch.get_num_threads()  # torch's own count when gencli was imported
-_rule_threads: Optional[int] = None  # the count the default rule last set (None: it has not, or an explicit count came since)
+_last_set: Optional[tuple[str, int]] = None  # ("explicit" | "rule", count): what this function last set
 
 
 def set_threads(threads: Optional[int], family_kind: FamilyKind = "transformer", n_params: Optional[int] = None) -> int:
     """Set torch's CPU thread count: ``threads`` (``--threads``, else ``$GENCLI_THREADS``) capped at the
     usable cores (with a :class:`~gencli.errors.Notice` when it asked for more), else
     :func:`default_threads` where the process's count is still torch's own or the rule's (see the
-    module doc). Returns the count the model runs with."""
-    global _rule_threads
+    module doc; an application count equal to torch's starting one cannot be told from it). Returns
+    the count the model runs with."""
+    global _last_set
     cores = usable_cores()
     threads, notice = requested_threads(threads, cores)
     if notice is not None:
         warnings.warn(notice, Notice, stacklevel=2)
     current = torch.get_num_threads()
     if threads:
-        n, _rule_threads = min(int(threads), cores), None
-    elif current == _rule_threads:
-        n = _rule_threads = max(current, default_threads(family_kind, n_params, cores))  # an earlier model chose more
+        n, who = min(int(threads), cores), "explicit"
+    elif _last_set is not None and current == _last_set[1]:
+        if _last_set[0] == "explicit":
+            return current  # an earlier explicit count is still in force
+        n, who = max(current, default_threads(family_kind, n_params, cores)), "rule"  # an earlier model chose more
     elif current == _TORCH_STARTING_THREADS:
-        n = _rule_threads = default_threads(family_kind, n_params, cores)
+        n, who = default_threads(family_kind, n_params, cores), "rule"
     else:
         return current  # the application's own count
+    _last_set = (who, n)
     if current != n:
         torch.set_num_threads(n)
     return n

@@ -23,9 +23,11 @@ The extension is compiled the first time it is asked for (``torch.utils.cpp_exte
 a minute, cached in torch's extensions folder for the next runs). Without a compiler, on another
 architecture, or when the build fails, :func:`cpu_kernels` returns None (one debug line;
 :func:`unavailable_reason` says why) and the quantized layers keep torch's kernels, the unquantized
-ones torch's layers. A failed build leaves a note in the build folder (``build-failed-*.txt``, one per
-compiler) so that the next processes do not spend another minute failing the same way; a new source,
-a new compiler, or deleting the note tries again.
+ones torch's layers. A build the compiler rejects leaves a note in the build folder
+(``build-failed-*.txt``) so that the processes of the next day do not each spend another minute
+failing the same way (they say so in one notice); a new source, compiler, torch or Python headers,
+deleting the note, or a day later, tries again. A build cut short (a signal, the compiler killed for
+memory) leaves none.
 ``GENCLI_QUANT_KERNELS=0`` turns the extension off.
 """
 
@@ -39,8 +41,12 @@ import os
 import platform
 import shutil
 import sys
+import time
+import warnings
 from pathlib import Path
 from typing import Any, Optional
+
+from gencli.errors import Notice
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCE = CSRC / "quant_gemv.cpp"
@@ -87,9 +93,16 @@ def _build() -> Optional[Any]:
         # the name carries the source's hash: an edited source is a new extension, never a stale one
         digest = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCES + HEADERS) + _BUILD_FLAGS_TAG).hexdigest()[:12]
         name = f"gencli_quant_gemv_{digest}"
-        marker = _failure_note(name, compiler)
-        if marker is not None and marker.is_file():
-            _unavailable(f"{marker.read_text(encoding='utf-8', errors='replace').strip()} (an earlier build; delete {marker} to try again)")
+        marker = None if _built_already(name) else _failure_note(name, compiler)
+        if marker is not None and _recent(marker):
+            reason = marker.read_text(encoding="utf-8", errors="replace").strip()
+            _unavailable(f"{reason} (an earlier build; delete {marker} to try again)")
+            warnings.warn(
+                f"gencli's CPU decoding kernels failed to build earlier ({reason}): decoding uses torch's slower products "
+                f"for a day, unless {marker} is deleted to try again",
+                Notice,
+                stacklevel=2,
+            )
             return None
         _announce_first_build(name)
         # -fopenmp: at::parallel_for is inline OpenMP in the headers; without it the rows run on one
@@ -98,10 +111,7 @@ def _build() -> Optional[Any]:
             module = load(name=name, sources=[str(f) for f in SOURCES], extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
         except Exception as exc:
             if marker is not None:
-                from gencli.io import atomic_write_bytes
-
-                with contextlib.suppress(OSError):
-                    atomic_write_bytes(marker, (_one_line(exc) + "\n").encode(), force=True)
+                _remember_failure(marker, exc)
             raise
         if not module.isa():
             _unavailable("this CPU has neither AVX-512 nor AVX2")
@@ -116,18 +126,60 @@ def _one_line(exc: Exception) -> str:
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
+FAILURE_NOTE_SECONDS = 24 * 3600  # how long a failed build is believed before the next process tries again
+
+
 def _failure_note(name: str, compiler: str) -> Optional[Path]:
     """Where a failed build of ``name`` by ``compiler`` is remembered: in the extension's build folder,
-    named after the compiler's path and modification time (a new compiler tries again); None when
-    torch's build folder cannot be had."""
+    named after the compiler (its path and modification time), torch's version and Python's include
+    folder (a new compiler, torch or Python headers try again); None when torch's build folder cannot be had."""
     try:
+        import sysconfig
+
+        import torch
         from torch.utils.cpp_extension import _get_build_directory
 
         exe = shutil.which(compiler) or compiler
-        ident = hashlib.sha256(f"{os.path.realpath(exe)}:{os.stat(exe).st_mtime_ns}".encode()).hexdigest()[:8]
-        return Path(_get_build_directory(name, verbose=False)) / f"build-failed-{ident}.txt"
+        headers = sysconfig.get_paths()["include"]
+        ident = f"{os.path.realpath(exe)}:{os.stat(exe).st_mtime_ns}:{torch.__version__}:{headers}:{os.path.isfile(os.path.join(headers, 'Python.h'))}"
+        return Path(_get_build_directory(name, verbose=False)) / f"build-failed-{hashlib.sha256(ident.encode()).hexdigest()[:8]}.txt"
     except Exception:  # torch's private helper moved, or the folder cannot be made: no memory, only retries
         return None
+
+
+def _recent(note: Path) -> bool:
+    try:
+        return time.time() - note.stat().st_mtime < FAILURE_NOTE_SECONDS
+    except OSError:
+        return False
+
+
+def _remember_failure(note: Path, exc: Exception) -> None:
+    """Write ``note`` when ``exc`` is the compiler's verdict on the sources: the build ran and exited
+    with an error. Not for a build cut short (a signal, the compiler killed for memory), a failure to
+    load what another process built, or when a recent note already says why (the first one stays)."""
+    import subprocess
+
+    cause = exc.__cause__
+    text = str(exc)
+    if not isinstance(cause, subprocess.CalledProcessError) or cause.returncode <= 0:
+        return
+    if any(word in text for word in ("Killed", "signal", "No space left", "Interrupt")) or _recent(note):
+        return
+    from gencli.io import atomic_write_bytes
+
+    with contextlib.suppress(OSError):
+        atomic_write_bytes(note, (_one_line(exc) + "\n").encode(), force=True)
+
+
+def _built_already(name: str) -> bool:
+    """Whether torch's build folder holds a built ``name`` (loading it needs no compiler)."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        return any(Path(_get_build_directory(name, verbose=False)).glob(f"{name}*.so"))
+    except Exception:
+        return False
 
 
 def _announce_first_build(name: str) -> None:
@@ -137,9 +189,9 @@ def _announce_first_build(name: str) -> None:
         from torch.utils.cpp_extension import _get_build_directory
 
         folder = Path(_get_build_directory(name, verbose=False))
-        if any(folder.glob(f"{name}*.so")):
-            return
     except Exception:  # the build folder is torch's business: without it, just say nothing
+        return
+    if _built_already(name):
         return
     sys.stderr.write(f"gencli: compiling the CPU decoding kernels (once, about a minute; cached in {folder})\n")
     sys.stderr.flush()

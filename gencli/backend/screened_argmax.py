@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -220,13 +220,16 @@ class ScreenedArgmax:
 
     DEMOTE_AFTER = 16  # calls before the leading copy can be dropped for failing on most of them
 
-    def __init__(self, weight: torch.Tensor, *, max_candidates: int = 1024, kind: Optional[str] = None):
+    def __init__(
+        self, weight: torch.Tensor, *, max_candidates: int = 1024, kind: Optional[str] = None, product: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
+    ):
         if not _screenable(weight):
             raise ValueError("ScreenedArgmax needs a 2-D fp32 (or row-major bf16) weight on the CPU")
         if kind is not None and kind not in _SCREENS:
             raise ValueError(f"unknown screen {kind!r}; expected one of {', '.join(_SCREENS)}")
         self.weight = weight.detach()
         self.max_candidates = max_candidates
+        self.product = product  # the head's own full product (fp32 logits of (B, D) rows), for what no copy decides
         dim = weight.shape[1]
         row_norms = _row_norms(self.weight)
         # fp32 norms of D terms are within (D + 1) 2^-24 relative and the bound takes a few more
@@ -241,6 +244,7 @@ class ScreenedArgmax:
         if not self._kinds:
             raise ValueError(f"no {kind or 'exact low-precision'} screen runs on this CPU")
         self._calls = self._misses = 0  # of the leading copy
+        self.gave_up = False  # the last copy failed on most calls: every row goes to the full product
         self.last_candidates: Optional[int] = None  # the largest candidate count of the last call
 
     def _build(self, kind: str):
@@ -310,7 +314,7 @@ class ScreenedArgmax:
         out: list = [None] * hidden.shape[0]
         todo = list(range(hidden.shape[0]))
         self.last_candidates = None
-        for level, kind in enumerate(list(self._kinds)):
+        for level, kind in enumerate([] if self.gave_up else list(self._kinds)):
             screen = self._build(kind)
             if screen is None:
                 continue
@@ -331,19 +335,25 @@ class ScreenedArgmax:
         return torch.stack(out)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        """The full fp32 logits of one hidden state (a bf16 head widened a chunk of rows at a time)."""
+        """The full fp32 logits of one hidden state: the head's own product where one was given, else
+        fp32 (a bf16 head widened a chunk of rows at a time)."""
+        if self.product is not None:
+            return self.product(h[None]).view(-1)
         if self.weight.dtype == torch.float32:
             return F.linear(h, self.weight)
         return torch.cat([F.linear(h, self.weight[s : s + _CHUNK_ROWS].float()) for s in range(0, self.weight.shape[0], _CHUNK_ROWS)])
 
     def _count(self, missed: bool) -> None:
-        """Drop the leading copy when it fails on most calls and a next one can take over."""
+        """Drop the leading copy when it fails on most calls and a next one can take over; when none
+        can, stop screening (its misses would pay for the copy and the full product both)."""
         self._calls += 1
         self._misses += missed
-        if self._calls >= self.DEMOTE_AFTER and 2 * self._misses > self._calls and len(self._kinds) > 1:
-            if self._build(self._kinds[1]) is not None:
+        if self._calls >= self.DEMOTE_AFTER and 2 * self._misses > self._calls:
+            if len(self._kinds) > 1 and self._build(self._kinds[1]) is not None:
                 self._built.pop(self._kinds.pop(0))
                 self._calls = self._misses = 0
+            elif len(self._kinds) == 1:
+                self.gave_up = True
 
 
 __all__ = ["Bf16Screen", "Int8Screen", "ScreenedArgmax"]

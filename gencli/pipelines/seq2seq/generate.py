@@ -315,6 +315,8 @@ def screen_for(sm: Seq2SeqModel, settings: Seq2SeqSettings):
         return None
     head = sm.model.lm_head
     packed = isinstance(head, PackedLinear)
+    if not packed and head.weight.dtype != torch.float32:
+        return None  # a plain bf16/fp16 head's argmax is of its rounded logits: screening would change the tokens
     if sm.screen is None and not sm.screen_failed:
         # a packed bf16 head is screened as its fp32 image: fp32 weights of its bf16 values
         size = head.in_features * head.out_features * (4 if packed else head.weight.element_size())

@@ -17,6 +17,7 @@ import torch
 from gencli.backend.packed_linear import PackedLinear
 from gencli.backend.random import make_generator
 from gencli.backend.screened_argmax import ScreenedArgmax
+from gencli.backend.streamed_linear import StreamedLinear
 from gencli.errors import UserError
 from gencli.pipelines.text.decode_step import compiled, decode_step, static_capacity, wants_static
 from gencli.pipelines.text.loading import TextModel
@@ -44,6 +45,9 @@ def screen_for(tm: TextModel, params: SamplingParams, steps: int) -> Optional[Sc
     packed = isinstance(head, PackedLinear)
     if not packed and not head.weight.is_floating_point():  # a quantized head: already a fraction of the fp32 read
         return None
+    streamed = isinstance(head, StreamedLinear)
+    if not packed and not streamed and head.weight.dtype != torch.float32:
+        return None  # a plain bf16/fp16 head's argmax is of its rounded logits: screening would change the tokens
     if not params.greedy or params.repetition_penalty != 1.0 or getattr(head, "bias", None) is not None:
         return None
     if tm.screen is None and not tm.screen_failed:
@@ -56,7 +60,8 @@ def screen_for(tm: TextModel, params: SamplingParams, steps: int) -> Optional[Sc
         if not ScreenedArgmax.supported(weight, SCREEN_KIND):
             return None
         try:
-            tm.screen = ScreenedArgmax(weight, kind=SCREEN_KIND)
+            # a streamed head decides what no copy can with its own product: the unscreened tokens
+            tm.screen = ScreenedArgmax(weight, kind=SCREEN_KIND, product=head if streamed else None)
         except ValueError:  # no copy passed its exactness check on this CPU
             tm.screen_failed = True
     return tm.screen
