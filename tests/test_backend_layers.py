@@ -42,6 +42,35 @@ def test_layernorm_and_groupnorm_reduced_precision_uses_fp32_statistics():
     assert LayerNorm(8, bias=False).bias is None
 
 
+@pytest.mark.parametrize("weights", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_bf16_groupnorm_inference_on_large_maps_runs_in_bf16_with_fp32_statistics(weights, channels_last, monkeypatch):
+    """Large bf16 feature maps at inference go through torch's mixed-precision kernel (no fp32 copy of
+    the map): the values of the fp32-statistics path, up to a bf16 step on a rare element (summation order)."""
+    torch.manual_seed(3)
+    gn = GroupNorm(8, 64).to(weights)
+    with torch.no_grad():
+        gn.weight.normal_()
+        gn.bias.normal_()
+    img = (torch.randn(2, 64, 32, 32) * 10 + 50).bfloat16()
+    if channels_last:
+        img = img.contiguous(memory_format=torch.channels_last)
+    want = torch.nn.functional.group_norm(img.float(), 8, gn.weight.float(), gn.bias.float()).bfloat16()
+    seen = []
+    real = torch.nn.functional.group_norm
+    monkeypatch.setattr(torch.nn.functional, "group_norm", lambda x, *a, **k: seen.append(x.dtype) or real(x, *a, **k))
+    with torch.no_grad():
+        got = gn(img, "silu")
+    assert seen == [torch.bfloat16] and got.dtype == torch.bfloat16
+    want = torch.nn.functional.silu(want.float()).bfloat16()
+    close = (got.float() - want.float()).abs() <= 2.0**-7 * want.float().abs().clamp(min=2.0**-100)
+    assert close.all() and (got == want).float().mean() > 0.99
+    seen.clear()
+    gn(img)  # training (a graph to keep): the cast path, whose backward is the faster one
+    gn(img[:, :, :4, :4].contiguous())  # a small map: the cast path is as fast
+    assert seen == [torch.float32, torch.float32]
+
+
 @pytest.mark.parametrize("name", ["gelu", "gelu_new", "gelu_pytorch_tanh", "quick_gelu", "silu", "relu"])
 def test_activations_match_transformers(name):
     from transformers.activations import ACT2FN

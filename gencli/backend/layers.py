@@ -66,6 +66,9 @@ class LayerNorm(nn.LayerNorm):
         return super().forward(x)
 
 
+_MIXED_GROUP_NORM_MIN = 1 << 16  # elements: below this the cast path is as fast (measured, 2-core Xeon)
+
+
 class GroupNorm(nn.GroupNorm):
     """GroupNorm (UNet/VAE families), optionally followed by an activation: ``norm(x, "silu")``.
 
@@ -85,6 +88,11 @@ class GroupNorm(nn.GroupNorm):
     def forward(self, x: torch.Tensor, activation: Optional[str] = None) -> torch.Tensor:
         if self.statistics is not None:
             out = self.statistics.normalize(self, x)
+        elif x.dtype == torch.bfloat16 and x.device.type == "cpu" and x.numel() >= _MIXED_GROUP_NORM_MIN and not torch.is_grad_enabled():
+            # torch's CPU kernel takes bf16 in and out with fp32 statistics and arithmetic: what the cast
+            # below computes (an element in a few thousand may differ by a bf16 step: the statistics'
+            # summation order), 2.5-3.5x faster on a UNet's or VAE's feature maps, without two copies
+            out = F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
         elif x.dtype in (torch.float16, torch.bfloat16):
             w = self.weight.float() if self.weight is not None else None
             b = self.bias.float() if self.bias is not None else None
