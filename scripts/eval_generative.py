@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from gencli.data import shapes  # noqa: E402
 
-DEFAULTS = {"vae": "vae-shapes", "gan": "gan-shapes"}
+DEFAULTS = {"vae": "vae-shapes", "gan": "gan-shapes", "ddpm": "ddpm-shapes"}
 
 
 # -- the geometric judge --------------------------------------------------------------------------------
@@ -169,14 +169,12 @@ class GeometricJudge:
         }
 
 
-def _ddpm_sampler(model: str | None, sampler: str, threads: int | None):
+def _ddpm_sampler(model: str | None, sampler: str, threads: int | None, dtype: str = "float32"):
     """A pipeline folder for :func:`evaluate`: ``(loaded, image size, images(n, steps))`` (seeds 0..n-1)."""
-    from gencli.errors import UserError
     from gencli.pipelines.ddpm import loading, sampling
+    from gencli.weights import resolve_model
 
-    if model is None:
-        raise UserError("ddpm: pass --model FOLDER (there is no embedded DDPM default yet)")
-    loaded = loading.open_ddpm(loading.inspect_pipeline(model), device="auto", dtype="float32", threads=threads)
+    loaded = loading.open_ddpm(loading.inspect_pipeline(resolve_model(model, DEFAULTS["ddpm"])), device="auto", dtype=dtype, threads=threads)
 
     def images(n: int, k: int) -> np.ndarray:
         return sampling.generate(loaded, list(range(n)), sampler=sampler, steps=k, batch_size=64)
@@ -184,14 +182,14 @@ def _ddpm_sampler(model: str | None, sampler: str, threads: int | None):
     return loaded, loaded.checkpoint.unet_config.image_size[0], images
 
 
-def evaluate(family: str, model: str | None, n: int, scales: list[float], threads: int | None = None, sampler: str = "ddpm") -> dict:
+def evaluate(family: str, model: str | None, n: int, scales: list[float], threads: int | None = None, sampler: str = "ddpm", dtype: str = "float32") -> dict:
     from gencli.pipelines.generative.metrics import psnr, ssim
     from gencli.pipelines.generative.quality import class_distribution, frechet_distance, judge_images, sample_report
     from gencli.pipelines.vision.classify import ImageClassifier
     from gencli.weights import resolve_model
 
     if family == "ddpm":
-        loaded, size, ddpm_images = _ddpm_sampler(model, sampler, threads)
+        loaded, size, ddpm_images = _ddpm_sampler(model, sampler, threads, dtype)
     else:
         from gencli.pipelines.generative import loading, sampling
 
@@ -207,6 +205,7 @@ def evaluate(family: str, model: str | None, n: int, scales: list[float], thread
         "model": str(loaded.path),
         "family": family,
         "n": n,
+        **({"sampler": sampler, "dtype": str(loaded.placement.dtype).removeprefix("torch.")} if family == "ddpm" else {}),
         "real": {
             "recognised": round(float((ref.scores > 0.5).mean()), 4),
             "classes": class_distribution([lab for lab, s in zip(ref.labels, ref.scores) if s > 0.5], classes),
@@ -259,12 +258,13 @@ def markdown(r: dict) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("family", choices=("vae", "gan", "ddpm"))
-    p.add_argument("--model", default=None, help="a VAE/GAN folder (default: the embedded vae-shapes / gan-shapes), or a DDPM pipeline folder")
+    p.add_argument("--model", default=None, help="a VAE/GAN/DDPM folder (default: the embedded vae-shapes / gan-shapes / ddpm-shapes)")
     p.add_argument("--n", type=int, default=2000, help="samples, and held-out scenes per real set")
     p.add_argument("--truncation", default="1", help="GAN: comma-separated truncation values to evaluate")
     p.add_argument("--temperature", default="1", help="VAE: comma-separated prior temperatures to evaluate")
     p.add_argument("--steps", default="1000", help="DDPM: comma-separated step counts to evaluate")
     p.add_argument("--sampler", default="ddpm", help="DDPM: the sampler (ddpm, ddim, ...)")
+    p.add_argument("--dtype", default="float32", help="DDPM: the UNet's dtype (float32, or auto: sample ddpm's default, bf16 where the CPU multiplies it)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", action="store_true")
     p.add_argument("--markdown", action="store_true", help="print the README tables")
@@ -273,7 +273,7 @@ def main() -> None:
     spec = {"vae": args.temperature, "gan": args.truncation, "ddpm": args.steps}[args.family]
     scales = [float(v) for v in spec.split(",")]
     start = time.perf_counter()
-    r = evaluate(args.family, args.model, args.n, scales, args.threads, sampler=args.sampler)
+    r = evaluate(args.family, args.model, args.n, scales, args.threads, sampler=args.sampler, dtype=args.dtype)
     r["seconds"] = round(time.perf_counter() - start, 1)
     if args.json:
         print(json.dumps(r))

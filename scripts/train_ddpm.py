@@ -28,9 +28,10 @@ distance against *validation* scenes) score; the checkpoint with the highest sha
 matching a shape (ties: the lower Frechet distance) is kept in ``OUT/best.pt`` and exported. Atomic
 checkpoints in ``OUT/ckpt.pt`` every ``--ckpt-every`` steps that a rerun with the same ``--out`` resumes.
 
-The export is a diffusers ``DDPMPipeline`` folder (``model_index.json``, ``unet/config.json`` +
-``diffusion_pytorch_model.safetensors``, ``scheduler/scheduler_config.json``): ``gencli sample ddpm
---model`` and ``DDPMPipeline.from_pretrained`` both load it.
+The export is a diffusers pipeline folder (``model_index.json``, ``unet/config.json`` +
+``diffusion_pytorch_model.safetensors``, ``scheduler/scheduler_config.json``): a ``DDIMPipeline`` by
+default (``--pipeline ddpm``: a ``DDPMPipeline``); ``gencli sample ddpm --model`` and
+``DDPMPipeline.from_pretrained`` both load it.
 """
 
 from __future__ import annotations
@@ -87,8 +88,12 @@ def scheduler_config(timesteps: int, beta_schedule: str, prediction_type: str = 
     }  # fmt: skip
 
 
-def export_pipeline(model: UNet2DModel, sched: dict, folder: Path, *, dtype: torch.dtype = torch.float32, metadata: dict | None = None) -> None:
-    """Write a diffusers ``DDPMPipeline`` folder for ``model`` and the scheduler config ``sched``."""
+def export_pipeline(model: UNet2DModel, sched: dict, folder: Path, *, dtype: torch.dtype = torch.float32, metadata: dict | None = None,
+                    pipeline: str = "ddpm") -> None:  # fmt: skip
+    """Write a diffusers pipeline folder for ``model`` and the ``DDPMScheduler`` config ``sched``:
+    ``pipeline="ddpm"`` a ``DDPMPipeline`` (ancestral sampling, all the training timesteps by default),
+    ``"ddim"`` a ``DDIMPipeline`` whose ``DDIMScheduler`` has the same noise schedule (50 deterministic
+    steps by default). ``DDPMPipeline.from_pretrained`` and ``gencli sample ddpm`` load either."""
     from gencli.checkpoints.loader import save_model
     from gencli.io import atomic_write_bytes
 
@@ -99,8 +104,12 @@ def export_pipeline(model: UNet2DModel, sched: dict, folder: Path, *, dtype: tor
     cfg = {**model.config.to_dict(), "_diffusers_version": DIFFUSERS_VERSION}
     write_json(folder / "unet" / "config.json", cfg)
     save_model(model, folder / "unet" / "diffusion_pytorch_model.safetensors", dtype=dtype, metadata=metadata)
+    if pipeline == "ddim":  # DDIMScheduler's fields: no variance type; the final step lands on x_0 (alpha_cumprod 1)
+        sched = {k: v for k, v in sched.items() if k != "variance_type"} | {"_class_name": "DDIMScheduler", "set_alpha_to_one": True}
+    elif pipeline != "ddpm":
+        raise ValueError(f"pipeline must be ddpm or ddim, got {pipeline!r}")
     write_json(folder / "scheduler" / "scheduler_config.json", sched)
-    index = {"_class_name": "DDPMPipeline", "_diffusers_version": DIFFUSERS_VERSION, "scheduler": ["diffusers", "DDPMScheduler"],
+    index = {"_class_name": f"{pipeline.upper()}Pipeline", "_diffusers_version": DIFFUSERS_VERSION, "scheduler": ["diffusers", sched["_class_name"]],
              "unet": ["diffusers", "UNet2DModel"]}  # fmt: skip
     write_json(folder / "model_index.json", index)
 
@@ -149,6 +158,29 @@ class Judge:
                 "classes_present": report["classes"]["classes_present"], "min_share": report["classes"]["min_share"]}  # fmt: skip
 
 
+def timestep_sampler(abar: torch.Tensor, mean: float, std: float, uniform_share: float):
+    """Draws training timesteps: a share ``uniform_share`` uniform over the schedule (Ho et al.), the
+    rest at the timestep whose log signal-to-noise ratio log(abar / (1 - abar)) is nearest a draw from
+    N(``mean``, ``std``). Uniform timesteps on a linear schedule rescaled to zero terminal SNR spend
+    ~40% of the batch at log-SNR below -4, where the target is little more than the mean scene; the
+    log-normal share moves them to the noise levels where an object's outline and colour are decided
+    (the emphasis of EDM's log-normal noise levels and SD3's logit-normal timesteps)."""
+    log_snr = torch.log(abar.double().clamp_min(1e-12)) - torch.log1p(-abar.double().clamp(max=1 - 1e-12))
+    ascending = log_snr.flip(0)  # log-SNR falls with t: searched on its reverse
+
+    def draw(n: int, gen: torch.Generator) -> torch.Tensor:
+        t = torch.randint(0, len(abar), (n,), generator=gen)
+        if uniform_share >= 1.0:
+            return t
+        target = mean + std * torch.randn(n, generator=gen, dtype=torch.float64)
+        i = torch.searchsorted(ascending, target).clamp(1, len(abar) - 1)
+        nearer = torch.where((target - ascending[i - 1]).abs() < (ascending[i] - target).abs(), i - 1, i)
+        pick = torch.rand(n, generator=gen) >= uniform_share
+        return torch.where(pick, len(abar) - 1 - nearer, t)
+
+    return draw
+
+
 def better(a: dict, b: dict) -> bool:
     """``a`` beats ``b``: more samples matching a shape, then a lower Frechet distance."""
     return (a["matching"], -a["frechet_distance"]) > (b["matching"], -b["frechet_distance"])
@@ -166,12 +198,16 @@ def main() -> None:
     p.add_argument("--beta-schedule", default="linear", choices=("linear", "scaled_linear", "squaredcos_cap_v2"))
     p.add_argument("--prediction-type", default="v_prediction", choices=("v_prediction", "epsilon"), help="what the UNet predicts")
     p.add_argument("--no-zero-snr", dest="zero_snr", action="store_false", help="keep the schedule's non-zero terminal SNR (Ho et al.)")
+    p.add_argument("--uniform-share", type=float, default=1.0, help="share of each batch's timesteps drawn uniformly; the rest by --log-snr")
+    p.add_argument("--log-snr", default="-1,2.5", help="MEAN,STD of the normal log-SNR the other timesteps are drawn at")
     p.add_argument("--warmup", type=int, default=500)
     p.add_argument("--ema", type=float, default=0.999)
     p.add_argument("--eval-every", type=int, default=2000, help="judge the averaged model every N steps and keep the best (0: off)")
     p.add_argument("--eval-n", type=int, default=300)
     p.add_argument("--eval-steps", type=int, default=50, help="DDIM steps of the judged samples")
     p.add_argument("--fp16", action="store_true", help="export the weights in float16 (half the size)")
+    p.add_argument("--pipeline", default="ddim", choices=("ddim", "ddpm"),
+                   help="the exported folder: a DDIMPipeline (50 DDIM steps by default, as judged) or a DDPMPipeline (1000 ancestral steps)")  # fmt: skip
     args = parse_training_args(p)
     widths = tuple(int(w) for w in args.widths.split(","))
     config = unet_config(args.size, widths, args.layers, args.attention_from, args.head_dim, args.groups)
@@ -193,6 +229,8 @@ def main() -> None:
     noise_schedule = DDPMScheduler(sched)
     abar = noise_schedule.alphas_cumprod.to(device)
     gen = torch.Generator().manual_seed(4321 + step)
+    log_snr_mean, log_snr_std = (float(v) for v in args.log_snr.split(","))
+    draw_timesteps = timestep_sampler(noise_schedule.alphas_cumprod, log_snr_mean, log_snr_std, args.uniform_share)
     judge = Judge(args.eval_n, args.size, args.eval_steps) if args.eval_every and args.export is None else None
     budget = StepBudget(args.time_budget)
     budget.begin(step)
@@ -202,7 +240,7 @@ def main() -> None:
         lr = warmup_cosine_lr(step, args.steps, args.lr, warmup=args.warmup, floor=0.05)
         set_lr(opt, lr)
         x0 = next(data).to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)
-        t = torch.randint(0, args.timesteps, (x0.shape[0],), generator=gen).to(device)
+        t = draw_timesteps(x0.shape[0], gen).to(device)
         eps = torch.randn(x0.shape, generator=gen).to(device)
         a = abar[t].view(-1, 1, 1, 1)
         xt = a.sqrt() * x0 + (1 - a).sqrt() * eps
@@ -244,7 +282,7 @@ def main() -> None:
         print(f"exporting the best checkpoint: step {step}, {chosen['best']}", flush=True)
     folder = args.export or args.out / "pipeline"
     export_pipeline(ema.cpu().float().eval(), sched, folder, dtype=torch.float16 if args.fp16 else torch.float32,
-                    metadata={"steps": str(step), "command": command})  # fmt: skip
+                    metadata={"steps": str(step), "command": command}, pipeline=args.pipeline)  # fmt: skip
     print(f"exported to {folder}", flush=True)
 
 

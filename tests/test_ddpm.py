@@ -230,6 +230,30 @@ def test_a_seed_gives_the_same_bytes_alone_and_among_others(folders, tmp_path):
         assert im.size == (8, 8) and im.mode == "RGB"
 
 
+def test_replay_redraws_a_sample_its_grid_and_its_eta_byte_for_byte(folders, tmp_path):
+    from gencli.cli import app
+
+    def replay(*args):
+        return CliRunner().invoke(app, ["replay", *map(str, args)])
+
+    assert invoke("-m", folders["cifar"], "--seeds", "5", "--steps", "5", "--sampler", "ddim", "--eta", "0.5", "-o", tmp_path / "a.png").exit_code == 0
+    r = replay(tmp_path / "a.png", "-m", folders["cifar"], "-o", tmp_path / "a2.png")
+    assert r.exit_code == 0, r.stderr
+    assert (tmp_path / "a2.png").read_bytes() == (tmp_path / "a.png").read_bytes()
+    # another seed through the PNG's other settings: what sample ddpm draws for it
+    assert replay(tmp_path / "a.png", "-m", folders["cifar"], "--seed", 6, "-o", tmp_path / "b2.png").exit_code == 0
+    assert invoke("-m", folders["cifar"], "--seeds", "6", "--steps", "5", "--sampler", "ddim", "--eta", "0.5", "-o", tmp_path / "b.png").exit_code == 0
+    assert (tmp_path / "b2.png").read_bytes() == (tmp_path / "b.png").read_bytes() != (tmp_path / "a.png").read_bytes()
+    assert invoke("-m", folders["cifar"], "--seeds", "0-2,7", "--steps", "4", "-o", tmp_path / "g.png").exit_code == 0
+    assert replay(tmp_path / "g.png", "-m", folders["cifar"]).exit_code == 0  # default name: g-replay.png
+    assert (tmp_path / "g-replay.png").read_bytes() == (tmp_path / "g.png").read_bytes()
+    r = replay(tmp_path / "g.png", "-m", folders["cifar"], "-o", tmp_path / "g-replay.png")
+    assert r.exit_code == 2 and "--force" in r.stderr  # nothing replaced without --force
+    for flags in (["--lora", "x.safetensors"], ["--init-image", tmp_path / "a.png"]):
+        r = replay(tmp_path / "a.png", "-m", folders["cifar"], *flags, "-o", tmp_path / "c.png")
+        assert r.exit_code == 2 and "DDPM pipeline" in r.stderr and not (tmp_path / "c.png").exists(), r.stderr
+
+
 def test_grid_out_dir_ddim_eta_and_class_labels(folders, tmp_path):
     r = invoke("-m", folders["cifar"], "-n", "3", "--seed", "7", "--steps", "4", "--sampler", "ddim", "--eta", "0.5", "-o", tmp_path / "grid.png", "--json")
     assert r.exit_code == 0, r.stderr

@@ -53,6 +53,10 @@ def test_a_run_resumes_and_exports_a_pipeline_folder(train_ddpm, monkeypatch, tm
     with torch.no_grad():
         assert (pipe.unet(x, 7).sample - ours(x, 7)).abs().max() < 1e-4
     assert pipe.scheduler.config.num_train_timesteps == 50
+    # a DDIMPipeline by default: 50 deterministic steps unless asked, as the training's judge samples
+    assert type(pipe.scheduler).__name__ == "DDIMScheduler" and pipe.scheduler.config.set_alpha_to_one
+    assert inspect_pipeline(folder).default_sampler == "ddim"
+    assert type(diffusers.DiffusionPipeline.from_pretrained(folder)).__name__ == "DDIMPipeline"
     # v-prediction on the schedule rescaled to zero terminal SNR, "trailing" timesteps: as diffusers reads it
     assert pipe.scheduler.config.prediction_type == "v_prediction" and pipe.scheduler.config.rescale_betas_zero_snr
     assert pipe.scheduler.config.timestep_spacing == "trailing" and float(pipe.scheduler.alphas_cumprod[-1]) < 1e-6
@@ -66,3 +70,30 @@ def test_epsilon_prediction_at_zero_terminal_snr_is_refused(train_ddpm, monkeypa
         _run(train_ddpm, monkeypatch, "--out", tmp_path / "r", "--steps", "1", *TINY, "--prediction-type", "epsilon")
     _run(train_ddpm, monkeypatch, "--out", tmp_path / "r", "--steps", "1", *TINY, "--prediction-type", "epsilon", "--no-zero-snr")
     assert torch.load(tmp_path / "r" / "ckpt.pt", weights_only=True)["step"] == 1
+
+
+def test_a_ddpm_pipeline_export(train_ddpm, monkeypatch, tmp_path):
+    _run(train_ddpm, monkeypatch, "--out", tmp_path / "r", "--steps", "1", *TINY, "--export", tmp_path / "p", "--pipeline", "ddpm")
+    from gencli.pipelines.ddpm.loading import inspect_pipeline
+
+    checkpoint = inspect_pipeline(tmp_path / "p")
+    assert checkpoint.default_sampler == "ddpm" and checkpoint.scheduler_class == "DDPMScheduler"
+    diffusers = pytest.importorskip("diffusers")
+    pipe = diffusers.DiffusionPipeline.from_pretrained(tmp_path / "p")
+    assert type(pipe).__name__ == "DDPMPipeline" and pipe.scheduler.config.variance_type == "fixed_small"
+
+
+def test_timesteps_drawn_at_a_normal_log_snr(train_ddpm):
+    from gencli.schedulers.ddpm import DDPMScheduler
+
+    abar = DDPMScheduler(train_ddpm.scheduler_config(1000, "linear")).alphas_cumprod
+    log_snr = torch.log(abar / (1 - abar))
+    gen = torch.Generator().manual_seed(0)
+    uniform = train_ddpm.timestep_sampler(abar, -1.0, 2.5, 1.0)(20000, gen)
+    assert torch.equal(uniform, torch.randint(0, 1000, (20000,), generator=torch.Generator().manual_seed(0)))  # Ho et al.'s draw, unchanged
+    drawn = log_snr[train_ddpm.timestep_sampler(abar, -1.0, 2.5, 0.0)(20000, torch.Generator().manual_seed(1))]
+    assert abs(float(drawn.mean()) + 1.0) < 0.1 and abs(float(drawn.std()) - 2.5) < 0.1
+    uniform_lo = float((log_snr[uniform] < -4).float().mean())
+    assert uniform_lo > 0.35 and float((drawn < -4).float().mean()) < 0.15  # the pure-noise end gets far fewer draws
+    mixed = train_ddpm.timestep_sampler(abar, -1.0, 2.5, 0.3)(20000, torch.Generator().manual_seed(2))
+    assert int(mixed.min()) >= 0 and int(mixed.max()) <= 999 and 0.15 < float((log_snr[mixed] < -4).float().mean()) < 0.25

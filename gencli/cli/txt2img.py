@@ -175,9 +175,14 @@ def replay(
 
     gencli replay star.png -o star-again.png
     """
+    from gencli.pipelines.ddpm.replay import replay_request
     from gencli.pipelines.diffusion.lora import replay_loras
     from gencli.pipelines.diffusion.replay import plan_replay
 
+    ddpm = replay_request(image, model=opts.model, seed=opts.seed, out=out, force=force)
+    if ddpm is not None:  # a gencli sample ddpm PNG: its pipeline draws it again
+        _replay_ddpm(opts, ddpm, {"--init-image": init_image, "--mask": mask, "--vae": vae, "--lora": lora, "--embedding": embedding})
+        return
     plan = plan_replay(image, model=opts.model, seed=opts.seed, init_image=init_image, mask=mask, out=out, force=force, vae=vae)
     opts.model, opts.seed = plan.model, None  # the seed is in the settings' --seeds
     extra = plan.params.extra
@@ -187,6 +192,20 @@ def replay(
     )  # fmt: skip
     loras = replay_loras(extra, [plan.params.prompt, plan.params.negative_prompt], lora or [], lora_dir, allow_pickle=opts.allow_pickle)
     _run(opts, plan.params.prompt, settings, plan.flags, "replay", image=init_image, mask=mask, expect_hash=plan.expect_hash, loras=(loras, extra))
+
+
+def _replay_ddpm(opts: RunOptions, req: Any, sd_only: dict[str, Any]) -> None:
+    from gencli.backend.random import new_seed
+    from gencli.cli.render import check_binary_stdout, report_written
+    from gencli.errors import UserError
+    from gencli.pipelines.ddpm.jobs import run
+
+    given = [flag for flag, value in sd_only.items() if value]
+    if given:
+        raise UserError(f"{given[0]} is for Stable Diffusion PNGs; this one was drawn by a DDPM pipeline (gencli sample ddpm)")
+    check_binary_stdout(opts, req.out)
+    for record in run(req, opts.report, opts.load_options(), new_seed=new_seed):
+        report_written(opts, record)
 
 
 def _run(

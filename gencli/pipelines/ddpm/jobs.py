@@ -24,7 +24,7 @@ from gencli.errors import UserError
 from gencli.io import plan_files
 
 FAMILY = "ddpm"
-NO_DEFAULT = "gencli sample ddpm has no embedded default model yet: pass --model FOLDER (a diffusers DDPMPipeline or DDIMPipeline folder)"
+DEFAULT_MODEL = "ddpm-shapes"  # the embedded default: a DDIMPipeline folder under weights/
 
 
 @dataclass
@@ -91,8 +91,6 @@ def check_request(req: DDPMRequest) -> None:
     given = [flag for flag, on in req.other_flags.items() if on]
     if given:
         raise UserError(f"{given[0]} is for sample vae|gan, not ddpm")
-    if req.model is None:
-        raise UserError(NO_DEFAULT)
     if req.steps is not None and req.steps < 1:
         raise UserError(f"--steps must be at least 1, got {req.steps}")
     if req.eta is not None and not 0.0 <= req.eta <= 1.0:
@@ -113,8 +111,9 @@ def run(req: DDPMRequest, report: Any, load_options: dict[str, Any], *, new_seed
     plan = plan_outputs(req, new_seed)
     from gencli.pipelines.ddpm import loading, outputs, sampling
     from gencli.schedulers import resolve_sampler
+    from gencli.weights import resolve_model
 
-    checkpoint = loading.inspect_pipeline(req.model, allow_pickle=bool(load_options.get("allow_pickle")))
+    checkpoint = loading.inspect_pipeline(resolve_model(req.model, DEFAULT_MODEL), allow_pickle=bool(load_options.get("allow_pickle")))
     sampler = resolve_sampler(req.sampler).name if req.sampler is not None else checkpoint.default_sampler
     if req.eta is not None and resolve_sampler(sampler).class_name != "DDIMScheduler":
         raise UserError(f"--eta is DDIM's: it does nothing with --sampler {sampler} (use --sampler ddim)")
@@ -134,4 +133,4 @@ def run(req: DDPMRequest, report: Any, load_options: dict[str, Any], *, new_seed
                                      force=req.force)  # fmt: skip
 
 
-__all__ = ["DDPMRequest", "SamplePlan", "plan_outputs", "check_request", "run", "NO_DEFAULT"]
+__all__ = ["DDPMRequest", "SamplePlan", "plan_outputs", "check_request", "run", "DEFAULT_MODEL"]
