@@ -290,7 +290,7 @@ def test_bad_input_is_one_line_and_writes_nothing(folders, tmp_path):
         ([*m, "--sampler", "nope"], "unknown sampler"),
         (["-m", sd, "-o", out], "gencli txt2img"),
         (["-m", no_sched, "-o", out], "scheduler"),
-        (["-o", out], "--model"),
+        (["-o", out, "--steps", "1001"], "training timesteps"),  # the embedded default (1,000 timesteps)
         (["-m", folders["new"], "-o", out, "--steps", "2"], "--class-label"),
         ([*m, "--class-label", "1"], "not class-conditional"),
         ([*m, "--interpolate", "3"], "--interpolate"),
