@@ -9,9 +9,10 @@ from typing import Optional
 
 from gencli.backend.seeds import check_seed
 from gencli.errors import UserError
-from gencli.io import input_name, is_stdout
+from gencli.io import input_name
 from gencli.pipelines.ddpm.jobs import DDPMRequest
 from gencli.pipelines.diffusion.png_parameters import read_parameters
+from gencli.pipelines.diffusion.replay import replay_out
 
 PIPELINES = ("DDPMPipeline", "DDIMPipeline")
 
@@ -59,9 +60,8 @@ def replay_request(image: str, *, model: Optional[str], seed: Optional[int], out
         label_value = int(label) if label is not None else None
     except ValueError:
         raise UserError(f"'{name}': its parameters' Eta '{eta}' or Class label '{label}' is not a number") from None
-    stem = "stdin" if is_stdout(image) else Path(image).stem
     return DDPMRequest(
-        model=str(folder), seeds=seeds, out=out or str(Path(image).with_name(stem + "-replay.png")), steps=params.steps or None,
+        model=str(folder), seeds=seeds, out=replay_out(image, out), steps=params.steps or None,
         sampler=params.sampler or None, eta=eta_value, class_label=label_value, force=force,
     )  # fmt: skip
 

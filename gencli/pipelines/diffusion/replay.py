@@ -31,6 +31,12 @@ class Replay:
     expect_hash: str
 
 
+def replay_out(image: str, out: Optional[str]) -> str:
+    """Where a replay of ``image`` is written: ``out``, else ``NAME-replay.png`` beside it (``stdin-replay.png`` for ``-``)."""
+    stem = "stdin" if is_stdout(image) else Path(image).stem
+    return out or str(Path(image).with_name(stem + "-replay.png"))
+
+
 def plan_replay(
     image: str, *, model: Optional[str], seed: Optional[int], init_image: Optional[str], mask: Optional[str], out: Optional[str], force: bool,
     vae: Optional[str],
@@ -63,11 +69,10 @@ def plan_replay(
     if mask is not None and init_image is None:
         raise UserError("--mask needs --init-image (the image the mask applies to)")
     chosen = check_seed(seed) if seed is not None else check_seed(params.seed, f"'{name}': the PNG's Seed")
-    stem = "stdin" if is_stdout(image) else Path(image).stem
     settings = dict(
         negative_prompt=params.negative_prompt or None, steps=params.steps, guidance=params.cfg_scale, guidance_rescale=params.guidance_rescale or None,
         sampler=params.sampler, width=params.width or None, height=params.height or None, seeds=str(chosen), clip_skip=params.clip_skip or None,
-        out=out or str(Path(image).with_name(stem + "-replay.png")), force=force, vae=vae,
+        out=replay_out(image, out), force=force, vae=vae,
     )  # fmt: skip
     flags = {k: settings[k] for k in ("steps", "guidance", "guidance_rescale", "sampler", "width", "height", "clip_skip")}
     flags["strength"] = params.denoising_strength
