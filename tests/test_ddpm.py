@@ -254,6 +254,34 @@ def test_replay_redraws_a_sample_its_grid_and_its_eta_byte_for_byte(folders, tmp
         assert r.exit_code == 2 and "DDPM pipeline" in r.stderr and not (tmp_path / "c.png").exists(), r.stderr
 
 
+def test_replay_keeps_a_grids_row_length_and_warns_of_another_model(folders, tmp_path):
+    from PIL import Image
+
+    from gencli.cli import app
+    from gencli.pipelines.diffusion.png_parameters import read_parameters
+
+    def replay(*args):
+        return CliRunner().invoke(app, ["replay", *map(str, args)])
+
+    assert invoke("-m", folders["cifar"], "--seeds", "0-5", "--nrow", "3", "--steps", "3", "-o", tmp_path / "g.png").exit_code == 0
+    assert read_parameters(tmp_path / "g.png").extra["Grid row"] == "3"
+    with Image.open(tmp_path / "g.png") as im:
+        assert im.size[0] > im.size[1]  # 3 across, 2 down (the default row length would be 2 across)
+    r = replay(tmp_path / "g.png", "-m", folders["cifar"], "-o", tmp_path / "g2.png")
+    assert r.exit_code == 0 and "Model hash" not in r.stderr, r.stderr
+    assert (tmp_path / "g2.png").read_bytes() == (tmp_path / "g.png").read_bytes()
+    assert "Grid row" not in read_parameters(invoke_png(folders, tmp_path / "d.png", "0-3")).extra  # the default: not recorded
+    # the same settings on another checkpoint: drawn, with a warning that names both hashes
+    r = replay(tmp_path / "g.png", "-m", folders["ddim"], "-o", tmp_path / "g3.png")
+    assert r.exit_code == 0 and "Model hash" in r.stderr and "the image will differ" in r.stderr, r.stderr
+    assert (tmp_path / "g3.png").read_bytes() != (tmp_path / "g.png").read_bytes()
+
+
+def invoke_png(folders, path, seeds):
+    assert invoke("-m", folders["cifar"], "--seeds", seeds, "--steps", "2", "-o", path).exit_code == 0
+    return path
+
+
 def test_grid_out_dir_ddim_eta_and_class_labels(folders, tmp_path):
     r = invoke("-m", folders["cifar"], "-n", "3", "--seed", "7", "--steps", "4", "--sampler", "ddim", "--eta", "0.5", "-o", tmp_path / "grid.png", "--json")
     assert r.exit_code == 0, r.stderr

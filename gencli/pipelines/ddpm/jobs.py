@@ -44,6 +44,7 @@ class DDPMRequest:
     batch_size: Optional[int] = None
     class_label: Optional[int] = None
     force: bool = False
+    expect_hash: str = ""  # replay: the Model hash the PNG was made with (a warning when the folder's differs)
     other_flags: dict[str, bool] = field(default_factory=dict)  # flags of the other families: given or not
 
 
@@ -122,6 +123,8 @@ def run(req: DDPMRequest, report: Any, load_options: dict[str, Any], *, new_seed
     sampling.check_settings(checkpoint, sampler, steps, eta, req.class_label)
 
     loaded = loading.open_ddpm(checkpoint, **load_options)
+    if req.expect_hash and req.expect_hash != loaded.model_hash:
+        report.warn(f"the image was made with Model hash {req.expect_hash}, '{loaded.path}' has {loaded.model_hash}: the image will differ")
     report.debug(f"sample ddpm: {loaded.path} on {loaded.placement.describe()}, {sampler}, {steps} steps")
     total = len(plan.seeds) * sampling.model_calls(checkpoint, sampler, steps, eta)  # image-steps: each UNet call advances by its batch
     with report.progress(f"sampling ddpm ({sampler}, {steps} steps)", total=total) as advance:
@@ -130,7 +133,7 @@ def run(req: DDPMRequest, report: Any, load_options: dict[str, Any], *, new_seed
         )  # fmt: skip
     settings = sampling.settings_record(checkpoint, sampler, steps, eta, req.class_label)
     yield from outputs.write_samples(plan, images, loaded, sampler=sampler, steps=steps, eta=eta, class_label=req.class_label, settings=settings,
-                                     force=req.force)  # fmt: skip
+                                     force=req.force, nrow_given=req.nrow is not None)  # fmt: skip
 
 
 __all__ = ["DDPMRequest", "SamplePlan", "plan_outputs", "check_request", "run", "DEFAULT_MODEL"]

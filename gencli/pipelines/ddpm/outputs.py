@@ -26,9 +26,18 @@ def seeds_spec(seeds: Sequence[int]) -> str:
 
 
 def parameters(
-    loaded: LoadedDDPM, *, seed: int, sampler: str, steps: int, eta: float, class_label: Optional[int], seeds: Optional[Sequence[int]] = None
+    loaded: LoadedDDPM,
+    *,
+    seed: int,
+    sampler: str,
+    steps: int,
+    eta: float,
+    class_label: Optional[int],
+    seeds: Optional[Sequence[int]] = None,
+    nrow: Optional[int] = None,
 ) -> ImageParameters:
-    """The ``parameters`` of one image (or of a grid: ``seeds``): no prompt, no guidance (CFG scale 1)."""
+    """The ``parameters`` of one image (or of a grid: ``seeds``, and ``nrow`` when ``--nrow`` set its
+    row length): no prompt, no guidance (CFG scale 1)."""
     from gencli.pipelines.ddpm.sampling import make_scheduler
 
     h, w = loaded.checkpoint.unet_config.image_size
@@ -40,6 +49,8 @@ def parameters(
         extra["Class label"] = str(class_label)
     if seeds is not None and len(seeds) > 1:
         extra["Grid seeds"] = seeds_spec(seeds)
+        if nrow is not None:
+            extra["Grid row"] = str(nrow)
     return ImageParameters(
         prompt="", steps=steps, sampler=scheduler.display_name, cfg_scale=1.0, seed=seed, width=w, height=h, model=loaded.checkpoint.name,
         model_hash=loaded.model_hash, extra=extra,
@@ -62,8 +73,10 @@ def write_samples(
     class_label: Optional[int],
     settings: dict[str, Any],
     force: bool = False,
+    nrow_given: bool = False,
 ) -> Iterator[dict[str, Any]]:
-    """Write the plan's files (atomically) and yield one record per file."""
+    """Write the plan's files (atomically) and yield one record per file (``nrow_given``: the grid's
+    row length was chosen, so its parameters record it for replay)."""
     from gencli.io import atomic_write_bytes
     from gencli.pipelines.diffusion.png_parameters import PARAMETERS_KEY
     from gencli.pipelines.generative.outputs import image_grid
@@ -71,7 +84,8 @@ def write_samples(
 
     common = {"model": str(loaded.path), "model_hash": loaded.model_hash, **settings}
     if plan.grid is not None:
-        params = parameters(loaded, seed=plan.seeds[0], sampler=sampler, steps=steps, eta=eta, class_label=class_label, seeds=plan.seeds)
+        params = parameters(loaded, seed=plan.seeds[0], sampler=sampler, steps=steps, eta=eta, class_label=class_label, seeds=plan.seeds,
+                            nrow=plan.nrow if nrow_given else None)  # fmt: skip
         grid = image_grid(np.stack([_rgb(im) for im in images]), plan.nrow)
         plan.grid.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(plan.grid, image_bytes(grid, str(plan.grid), {PARAMETERS_KEY: params.to_text()}), force=force)

@@ -55,14 +55,19 @@ def replay_request(image: str, *, model: Optional[str], seed: Optional[int], out
         seeds = str(check_seed(params.seed, f"'{name}': the PNG's Seed"))
     eta = params.extra.get("Eta")
     label = params.extra.get("Class label")
+    row = params.extra.get("Grid row") if grid and seed is None else None
     try:
         eta_value = float(eta) if eta is not None else None
         label_value = int(label) if label is not None else None
+        nrow = int(row) if row is not None else None
     except ValueError:
-        raise UserError(f"'{name}': its parameters' Eta '{eta}' or Class label '{label}' is not a number") from None
+        raise UserError(f"'{name}': its parameters' Eta '{eta}', Class label '{label}' or Grid row '{row}' is not a number") from None
+    if nrow is not None and nrow < 1:
+        raise UserError(f"'{name}': its parameters' Grid row '{row}' is not a positive number")
     return DDPMRequest(
         model=str(folder), seeds=seeds, out=replay_out(image, out), steps=params.steps or None,
         sampler=params.sampler or None, eta=eta_value, class_label=label_value, force=force,
+        nrow=nrow, expect_hash=params.model_hash,
     )  # fmt: skip
 
 
