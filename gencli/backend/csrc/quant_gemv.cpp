@@ -149,11 +149,41 @@ void int8_product_f32(const float* xp, int64_t M, int64_t K, const QuantWeight& 
   });
 }
 
+// Scratch memory of the calling thread, reused from call to call (decoding makes dozens of these calls
+// a token: no allocation each time). The kernels only read it, within the call that filled it.
+template <typename T>
+T* scratch(std::vector<T>& buffer, int64_t n, bool zeroed) {
+  if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(n);
+  if (zeroed) std::fill(buffer.begin(), buffer.begin() + n, T{});
+  return buffer.data();
+}
+
+// x (M, K) de-interleaved per block of 2W columns (the block's even columns, then its odd ones; the
+// columns past the last whole block as they are), in the calling thread's scratch: what the int4 and
+// the bf16 kernels multiply a column pair at a time with
+const float* deinterleaved(const float* xp, int64_t M, int64_t K) {
+  const int64_t W = vector_lanes(), KB = K - K % (2 * W);
+  thread_local std::vector<float> xd_buf;
+  float* xdp = scratch(xd_buf, M * K, false);
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = xp + m * K;
+    float* dr = xdp + m * K;
+    for (int64_t c = 0; c < KB; c += 2 * W)
+      for (int64_t j = 0; j < W; ++j) {
+        dr[c + j] = xr[c + 2 * j];
+        dr[c + W + j] = xr[c + 2 * j + 1];
+      }
+    std::copy(xr + KB, xr + K, dr + KB);
+  }
+  return xdp;
+}
+
 // Dense weights (fp32, or bf16 values widened to fp32 in registers) times fp32 x, exact to fp32 rounding:
 // every weight's rows in one parallel pass (a layer's q/k/v or gate/up projections share x), each row
 // read once per tile of activation rows. The weights of one call are all f32 or all bf16.
 void dense_products(const float* xp, int64_t M, int64_t K, const QuantWeight* ws, int64_t count, float* const* outs) {
   const bool wide = active_isa() == Isa::avx512, f32 = ws[0].kind == WeightKind::f32;
+  const float* xdp = f32 ? nullptr : deinterleaved(xp, M, K);  // bf16: read a column pair at a time
   std::vector<int64_t> Ns;
   for (int64_t i = 0; i < count; ++i) Ns.push_back(ws[i].N);
   for_tiles(M, Ns, K * (f32 ? 4 : 2), [&](int64_t i, auto mt, int64_t m0, int64_t n0, int64_t n1) {
@@ -169,34 +199,18 @@ void dense_products(const float* xp, int64_t M, int64_t K, const QuantWeight* ws
     } else {
       const uint16_t* wp = static_cast<const uint16_t*>(ws[i].codes);
       if (wide)
-        avx512::weight_tile<MT>(x, K, wp, nullptr, op, Ns[i], n0, n1);
+        avx512::bf16_pair_tile<MT>(xdp + m0 * K, x, K, wp, op, Ns[i], n0, n1);
       else
-        avx2::weight_tile<MT>(x, K, wp, nullptr, op, Ns[i], n0, n1);
+        avx2::bf16_pair_tile<MT>(xdp + m0 * K, x, K, wp, op, Ns[i], n0, n1);
     }
   });
 }
 
-// Scratch memory of the calling thread, reused from call to call (decoding makes dozens of these calls
-// a token: no allocation each time). The kernels only read it, within the call that filled it.
-template <typename T>
-T* scratch(std::vector<T>& buffer, int64_t n, bool zeroed) {
-  if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(n);
-  if (zeroed) std::fill(buffer.begin(), buffer.begin() + n, T{});
-  return buffer.data();
-}
 
 // w = (q - 8) * scale + zero with q packed (N, K/2), groups of G; xsp the group sums of x (M, gs)
 void int4_product_f32(const float* xp, int64_t M, int64_t K, const QuantWeight& w, const float* xsp, int64_t gs, float* op) {
-  const int64_t N = w.N, G = w.G, W = vector_lanes();
-  // x de-interleaved per block of 2W columns (the even columns, then the odd ones)
-  thread_local std::vector<float> xd_buf;
-  float* xdp = scratch(xd_buf, M * K, false);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t c = 0; c < K; c += 2 * W)
-      for (int64_t j = 0; j < W; ++j) {
-        xdp[m * K + c + j] = xp[m * K + c + 2 * j];
-        xdp[m * K + c + W + j] = xp[m * K + c + 2 * j + 1];
-      }
+  const int64_t N = w.N, G = w.G;
+  const float* xdp = deinterleaved(xp, M, K);  // the nibbles' order: each block's even columns, then its odd ones
   const uint8_t* wp = static_cast<const uint8_t*>(w.codes);
   const uint16_t* sp = w.scale;
   const uint16_t* zp = w.zero;
