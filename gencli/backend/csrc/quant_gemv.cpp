@@ -206,7 +206,6 @@ void dense_products(const float* xp, int64_t M, int64_t K, const QuantWeight* ws
   });
 }
 
-
 // w = (q - 8) * scale + zero with q packed (N, K/2), groups of G; xsp the group sums of x (M, gs)
 void int4_product_f32(const float* xp, int64_t M, int64_t K, const QuantWeight& w, const float* xsp, int64_t gs, float* op) {
   const int64_t N = w.N, G = w.G;
