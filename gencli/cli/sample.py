@@ -65,7 +65,10 @@ def sample(
         from gencli.pipelines.ddpm.jobs import DDPMRequest, run
 
         other = {"--interpolate": interpolate is not None, "--gif": gif, "--truncation": truncation != 1.0, "--temperature": temperature != 1.0}
-        req = DDPMRequest(opts.model, n, seeds, opts.seed, out, out_dir, nrow, steps, sampler, eta, batch_size, class_label, force, other)
+        req = DDPMRequest(
+            model=opts.model, n=n, seeds=seeds, seed=opts.seed, out=out, out_dir=out_dir, nrow=nrow, steps=steps, sampler=sampler, eta=eta,
+            batch_size=batch_size, class_label=class_label, force=force, other_flags=other,
+        )  # fmt: skip
         for record in run(req, opts.report, opts.load_options(), new_seed=new_seed):
             report_written(opts, record)
         return

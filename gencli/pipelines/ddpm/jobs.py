@@ -44,8 +44,8 @@ class DDPMRequest:
     batch_size: Optional[int] = None
     class_label: Optional[int] = None
     force: bool = False
-    expect_hash: str = ""  # replay: the Model hash the PNG was made with (a warning when the folder's differs)
     other_flags: dict[str, bool] = field(default_factory=dict)  # flags of the other families: given or not
+    expect_hash: str = ""  # replay: the Model hash the PNG was made with (a warning when the folder's differs)
 
 
 @dataclass
