@@ -265,8 +265,11 @@ def _run(
     for line in lora_hash_warnings(loras[1].get("Lora hashes", ""), pipe.loras) if loras is not None else []:
         report.warn(line)
     report.debug(f"loaded in {pipe.load_seconds:.2f}s")
-    if expect_hash and expect_hash != pipe.model_hash:
-        report.warn(f"the image was made with Model hash {expect_hash}, '{path}' has {pipe.model_hash}: the image will differ")
+    from gencli.pipelines.diffusion.replay import model_hash_warning
+
+    warning = model_hash_warning(expect_hash, path, pipe.model_hash)
+    if warning:
+        report.warn(warning)
     _generate(opts, pipe, jobs, batch_size, plan.init, plan.mask, force)
 
 

@@ -123,8 +123,11 @@ def run(req: DDPMRequest, report: Any, load_options: dict[str, Any], *, new_seed
     sampling.check_settings(checkpoint, sampler, steps, eta, req.class_label)
 
     loaded = loading.open_ddpm(checkpoint, **load_options)
-    if req.expect_hash and req.expect_hash != loaded.model_hash:
-        report.warn(f"the image was made with Model hash {req.expect_hash}, '{loaded.path}' has {loaded.model_hash}: the image will differ")
+    from gencli.pipelines.diffusion.replay import model_hash_warning
+
+    warning = model_hash_warning(req.expect_hash, loaded.path, loaded.model_hash)
+    if warning:
+        report.warn(warning)
     report.debug(f"sample ddpm: {loaded.path} on {loaded.placement.describe()}, {sampler}, {steps} steps")
     total = len(plan.seeds) * sampling.model_calls(checkpoint, sampler, steps, eta)  # image-steps: each UNet call advances by its batch
     with report.progress(f"sampling ddpm ({sampler}, {steps} steps)", total=total) as advance:

@@ -37,6 +37,14 @@ def replay_out(image: str, out: Optional[str]) -> str:
     return out or str(Path(image).with_name(stem + "-replay.png"))
 
 
+def model_hash_warning(expected: str, path: Any, actual: str) -> Optional[str]:
+    """The warning a replay gives when the folder's Model hash is not the one the PNG records (None
+    when they agree or the PNG records none)."""
+    if not expected or expected == actual:
+        return None
+    return f"the image was made with Model hash {expected}, '{path}' has {actual}: the image will differ"
+
+
 def plan_replay(
     image: str, *, model: Optional[str], seed: Optional[int], init_image: Optional[str], mask: Optional[str], out: Optional[str], force: bool,
     vae: Optional[str],
@@ -92,4 +100,4 @@ def from_the_png(name: str, exc: UserError) -> UserError:
     return UserError(f"'{name}': {message} (the value comes from the image's parameters, not from a flag)")
 
 
-__all__ = ["Replay", "plan_replay", "from_the_png", "PNG_KEYS"]
+__all__ = ["model_hash_warning", "Replay", "plan_replay", "from_the_png", "PNG_KEYS"]
