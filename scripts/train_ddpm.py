@@ -22,6 +22,13 @@ weights (``--ema``): the averaged model is what gets judged and exported, as DDP
 like), and the size at which the geometric judge of ``scripts/eval_generative.py`` scores real scenes
 100% (at 32x32 the small crescents and stars are five pixels wide and even real scenes match 92%).
 
+On a GPU (``--device cuda --data-workers 8``): an H100 ran a step of the 9.3 M-parameter UNet
+(``--widths 64,128,128,128 --layers 2 --attention-from 2``, bf16 autocast) in 91 ms at batch 64 and
+93 ms at batch 128 alike (fused AdamW, 2026-11): the host's kernel launches bound the step, not the
+GPU, so give a GPU run a large ``--batch`` (512 or more, with a higher ``--lr``) and ``--compile
+reduce-overhead``; 3,000 steps at batch 128 (384,000 scenes, 400 s) matched 4% of the judged samples,
+no better than the CPU default's run.
+
 Model selection: every ``--eval-every`` steps the averaged model draws ``--eval-n`` samples with DDIM
 (``--eval-steps``, seeds 0..n-1) that the geometric judge and the default classifier (Frechet
 distance against *validation* scenes) score; the checkpoint with the highest share of samples
@@ -206,6 +213,9 @@ def main() -> None:
     p.add_argument("--eval-n", type=int, default=300)
     p.add_argument("--eval-steps", type=int, default=50, help="DDIM steps of the judged samples")
     p.add_argument("--fp16", action="store_true", help="export the weights in float16 (half the size)")
+    p.add_argument("--compile", default="off", choices=("off", "default", "reduce-overhead"),
+                   help="torch.compile the training forward (the same steps, fused: ~17%% faster on a 2-core CPU; "
+                        "reduce-overhead adds CUDA graphs)")  # fmt: skip
     p.add_argument("--pipeline", default="ddim", choices=("ddim", "ddpm"),
                    help="the exported folder: a DDIMPipeline (50 DDIM steps by default, as judged) or a DDPMPipeline (1000 ancestral steps)")  # fmt: skip
     args = parse_training_args(p)
@@ -215,10 +225,15 @@ def main() -> None:
         raise SystemExit("--prediction-type epsilon cannot be learnt at zero terminal SNR (x_T is the noise itself): add --no-zero-snr")
     sched = scheduler_config(args.timesteps, args.beta_schedule, args.prediction_type, args.zero_snr)
     device = torch.device(args.device)
+    if device.type == "cuda":  # fixed shapes every step: let cuDNN pick its fastest convolutions once
+        torch.backends.cudnn.benchmark = True
     # channels-last feature maps: oneDNN's convolutions and their gradients run ~20% faster on a CPU (bf16 autocast)
     model = UNet2DModel(config).to(device, memory_format=torch.channels_last).train()
     ema = copy.deepcopy(model).requires_grad_(False)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    # the compiled module shares model's parameters; checkpoints keep model's own (unprefixed) keys
+    forward = model if args.compile == "off" else torch.compile(model, mode=args.compile)
+    # fused: one kernel for every parameter (4-5x faster than the per-tensor loop on a CPU, a few launches on a GPU)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, fused=True)
     args.out.mkdir(parents=True, exist_ok=True)
     ckpt_path, best_path = args.out / "ckpt.pt", args.out / "best.pt"
     step, command, state = resume(ckpt_path, model=model, ema=ema, opt=opt)
@@ -245,7 +260,7 @@ def main() -> None:
         a = abar[t].view(-1, 1, 1, 1)
         xt = a.sqrt() * x0 + (1 - a).sqrt() * eps
         with torch.autocast(device.type, dtype=torch.bfloat16):
-            pred = model(xt, t)
+            pred = forward(xt, t)
         target = eps if args.prediction_type == "epsilon" else a.sqrt() * eps - (1 - a).sqrt() * x0
         loss = F.mse_loss(pred.float(), target)
         opt.zero_grad(set_to_none=True)
@@ -254,8 +269,7 @@ def main() -> None:
         opt.step()
         with torch.no_grad():
             decay = min(args.ema, (1 + step) / (10 + step))
-            for pe, pm in zip(ema.parameters(), model.parameters()):
-                pe.lerp_(pm, 1 - decay)
+            torch._foreach_lerp_(list(ema.parameters()), list(model.parameters()), 1 - decay)
         step += 1
         planned = budget.steps(step)
         if planned is not None:

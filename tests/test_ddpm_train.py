@@ -97,3 +97,14 @@ def test_timesteps_drawn_at_a_normal_log_snr(train_ddpm):
     assert uniform_lo > 0.35 and float((drawn < -4).float().mean()) < 0.15  # the pure-noise end gets far fewer draws
     mixed = train_ddpm.timestep_sampler(abar, -1.0, 2.5, 0.3)(20000, torch.Generator().manual_seed(2))
     assert int(mixed.min()) >= 0 and int(mixed.max()) <= 999 and 0.15 < float((log_snr[mixed] < -4).float().mean()) < 0.25
+
+
+def test_a_compiled_run_checkpoints_the_models_own_keys(train_ddpm, monkeypatch, tmp_path):
+    """``--compile``: the compiled forward trains the same parameters; the checkpoint and the export
+    keep the plain module's keys (no ``_orig_mod.`` prefix), so an eager run resumes from it."""
+    out = tmp_path / "run"
+    _run(train_ddpm, monkeypatch, "--out", out, "--steps", "2", "--compile", "default", *TINY)
+    state = torch.load(out / "ckpt.pt", weights_only=True)
+    assert state["step"] == 2 and not any("_orig_mod" in k for k in state["model"])
+    _run(train_ddpm, monkeypatch, "--out", out, "--steps", "3", *TINY)
+    assert torch.load(out / "ckpt.pt", weights_only=True)["step"] == 3
