@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The README's sample grids: 16 held-out shapes-world scenes next to 16 samples of each embedded
 generative default, all 64x64, drawn by ``gencli sample`` as a user would (seeds 0-15, each model's
-default settings: the GAN at truncation 1, the VAE at temperature 1, the DDPM with its 50 DDIM steps).
+default settings: the GAN at truncation 1, the VAE at temperature 1, the DDPM with its 100 ancestral steps).
 
     python scripts/sample_grids.py --out-dir docs/sample-grids
 

@@ -96,11 +96,13 @@ def scheduler_config(timesteps: int, beta_schedule: str, prediction_type: str = 
 
 
 def export_pipeline(model: UNet2DModel, sched: dict, folder: Path, *, dtype: torch.dtype = torch.float32, metadata: dict | None = None,
-                    pipeline: str = "ddpm") -> None:  # fmt: skip
+                    pipeline: str = "ddpm", generation: dict | None = None) -> None:  # fmt: skip
     """Write a diffusers pipeline folder for ``model`` and the ``DDPMScheduler`` config ``sched``:
     ``pipeline="ddpm"`` a ``DDPMPipeline`` (ancestral sampling, all the training timesteps by default),
     ``"ddim"`` a ``DDIMPipeline`` whose ``DDIMScheduler`` has the same noise schedule (50 deterministic
-    steps by default). ``DDPMPipeline.from_pretrained`` and ``gencli sample ddpm`` load either."""
+    steps by default). ``DDPMPipeline.from_pretrained`` and ``gencli sample ddpm`` load either.
+    ``generation``: written as ``generation_config.json`` (``sampler``, ``num_inference_steps``: the
+    defaults of ``gencli sample ddpm``; diffusers ignores the file)."""
     from gencli.checkpoints.loader import save_model
     from gencli.io import atomic_write_bytes
 
@@ -119,6 +121,8 @@ def export_pipeline(model: UNet2DModel, sched: dict, folder: Path, *, dtype: tor
     index = {"_class_name": f"{pipeline.upper()}Pipeline", "_diffusers_version": DIFFUSERS_VERSION, "scheduler": ["diffusers", sched["_class_name"]],
              "unet": ["diffusers", "UNet2DModel"]}  # fmt: skip
     write_json(folder / "model_index.json", index)
+    if generation:
+        write_json(folder / "generation_config.json", generation)
 
 
 class Judge:
@@ -213,6 +217,8 @@ def main() -> None:
     p.add_argument("--eval-n", type=int, default=300)
     p.add_argument("--eval-steps", type=int, default=50, help="DDIM steps of the judged samples")
     p.add_argument("--fp16", action="store_true", help="export the weights in float16 (half the size)")
+    p.add_argument("--default-sampler", help="the exported folder's generation_config.json: gencli sample ddpm's default sampler")
+    p.add_argument("--default-steps", type=int, help="... and its default number of steps")
     p.add_argument("--compile", default="off", choices=("off", "default", "reduce-overhead"),
                    help="torch.compile the training forward (the same steps, fused: ~17%% faster on a 2-core CPU; "
                         "reduce-overhead adds CUDA graphs)")  # fmt: skip
@@ -295,8 +301,9 @@ def main() -> None:
         step = chosen["step"]
         print(f"exporting the best checkpoint: step {step}, {chosen['best']}", flush=True)
     folder = args.export or args.out / "pipeline"
+    generation = {k: v for k, v in (("sampler", args.default_sampler), ("num_inference_steps", args.default_steps)) if v is not None}
     export_pipeline(ema.cpu().float().eval(), sched, folder, dtype=torch.float16 if args.fp16 else torch.float32,
-                    metadata={"steps": str(step), "command": command}, pipeline=args.pipeline)  # fmt: skip
+                    metadata={"steps": str(step), "command": command}, pipeline=args.pipeline, generation=generation)  # fmt: skip
     print(f"exported to {folder}", flush=True)
 
 

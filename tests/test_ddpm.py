@@ -379,3 +379,40 @@ def test_other_commands_name_sample_ddpm_for_a_ddpm_folder(folders, tmp_path):
         assert r.exit_code == 2 and "run it with gencli sample ddpm" in r.stderr, (args, r.stderr)
     assert command_for("diffusers pipeline (StableDiffusionPipeline)")[1] == "gencli txt2img or gencli img2img"
     assert command_for("SegformerForSemanticSegmentation")[1] == "gencli segment"
+
+
+def test_a_folders_generation_config_sets_the_default_sampler_and_steps(folders, tmp_path):
+    """``generation_config.json`` at a pipeline folder's root (as a text-to-image folder has): its
+    sampler and steps are a run's defaults, flags still win, and the PNG records what ran."""
+    import shutil
+
+    folder = tmp_path / "cfg"
+    shutil.copytree(folders["ddim"], folder)
+    (folder / "generation_config.json").write_text(json.dumps({"sampler": "DDPM", "num_inference_steps": 7}))
+    r = invoke("-m", folder, "--seed", "3", "-o", tmp_path / "default.png", "--json")
+    assert r.exit_code == 0, r.stderr
+    rec = json.loads(r.stdout)
+    assert (rec["sampler"], rec["steps"]) == ("ddpm", 7)
+    from gencli.pipelines.diffusion.png_parameters import read_parameters
+
+    params = read_parameters(tmp_path / "default.png")
+    assert (params.sampler, params.steps) == ("DDPM", 7)
+    # the same image as asking for it, and not the folder's own DDIM
+    r = invoke("-m", folders["ddim"], "--seed", "3", "--sampler", "ddpm", "--steps", "7", "-o", tmp_path / "asked.png")
+    assert r.exit_code == 0, r.stderr
+    assert _same_pixels(tmp_path / "default.png", tmp_path / "asked.png")
+    r = invoke("-m", folder, "--seed", "3", "--sampler", "ddim", "-o", tmp_path / "flag.png", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert (json.loads(r.stdout)["sampler"], json.loads(r.stdout)["steps"]) == ("ddim", 7)
+    for bad, needle in [({"num_inference_steps": 0}, "num_inference_steps"), ({"num_inference_steps": TRAIN_STEPS + 1}, "num_inference_steps"),
+                        ({"num_inference_steps": "7"}, "num_inference_steps"), ({"sampler": "nope"}, "sampler"), ([1], "JSON object")]:  # fmt: skip
+        (folder / "generation_config.json").write_text(json.dumps(bad))
+        one_error_line(invoke("-m", folder, "-o", tmp_path / "bad.png"), needle)
+    assert not (tmp_path / "bad.png").exists()
+
+
+def _same_pixels(a: Path, b: Path) -> bool:
+    from PIL import Image
+
+    with Image.open(a) as x, Image.open(b) as y:
+        return np.array_equal(np.asarray(x), np.asarray(y))

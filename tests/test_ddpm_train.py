@@ -78,6 +78,14 @@ def test_a_ddpm_pipeline_export(train_ddpm, monkeypatch, tmp_path):
 
     checkpoint = inspect_pipeline(tmp_path / "p")
     assert checkpoint.default_sampler == "ddpm" and checkpoint.scheduler_class == "DDPMScheduler"
+    assert not (tmp_path / "p" / "generation_config.json").exists()
+    # --default-sampler/--default-steps: generation_config.json, what gencli sample ddpm runs by default
+    defaults = ["--default-sampler", "ddpm", "--default-steps", "9"]
+    _run(train_ddpm, monkeypatch, "--out", tmp_path / "r", "--steps", "1", *TINY, "--export", tmp_path / "g", *defaults)
+    from gencli.pipelines.ddpm.sampling import default_steps
+
+    checkpoint = inspect_pipeline(tmp_path / "g")
+    assert (checkpoint.default_sampler, default_steps(checkpoint, "ddpm")) == ("ddpm", 9) and checkpoint.scheduler_class == "DDIMScheduler"
     diffusers = pytest.importorskip("diffusers")
     pipe = diffusers.DiffusionPipeline.from_pretrained(tmp_path / "p")
     assert type(pipe).__name__ == "DDPMPipeline" and pipe.scheduler.config.variance_type == "fixed_small"

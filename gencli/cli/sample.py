@@ -39,8 +39,8 @@ def sample(
         float, typer.Option("--truncation", help="GAN: pull latents towards the mean by PSI (0 < PSI <= 1: less diverse, more typical).")
     ] = 1.0,
     temperature: Annotated[float, typer.Option("--temperature", help="VAE: scale of the prior's latents (below 1: smoother, more average samples).")] = 1.0,
-    steps: Annotated[Optional[int], typer.Option("--steps", help="DDPM: denoising steps (default: 1000 for ddpm, 50 for ddim).")] = None,
-    sampler: Annotated[Optional[str], typer.Option("--sampler", "-s", help="DDPM: ddpm, ddim or another gencli sampler (default: the model's).")] = None,
+    steps: Annotated[Optional[int], typer.Option("--steps", help="DDPM: denoising steps (default: generation_config.json, else 1000 ddpm / 50 ddim).")] = None,
+    sampler: Annotated[Optional[str], typer.Option("--sampler", "-s", help="DDPM: ddpm, ddim or another sampler (default: generation_config.json).")] = None,
     eta: Annotated[Optional[float], typer.Option("--eta", help="DDPM with --sampler ddim: noise in [0, 1] (0 deterministic, 1 DDPM-like).")] = None,
     batch_size: Annotated[Optional[int], typer.Option("--batch-size", "-b", help="DDPM: images denoised together (1 keeps every seed's bytes fixed).")] = None,
     class_label: Annotated[Optional[int], typer.Option("--class-label", help="DDPM: the class of a class-conditional model.")] = None,

@@ -1,6 +1,8 @@
 """Loading a pixel-space diffusion pipeline folder as diffusers writes it (``DDPMPipeline.save_pretrained``,
 the google/ddpm-* downloads): ``model_index.json``, ``unet/`` (a ``UNet2DModel``: ``config.json`` +
-``diffusion_pytorch_model.safetensors``) and ``scheduler/scheduler_config.json``.
+``diffusion_pytorch_model.safetensors``) and ``scheduler/scheduler_config.json``; an optional
+``generation_config.json`` at the root whose ``sampler`` (a gencli sampler name) and
+``num_inference_steps`` are the defaults of a run, as in a text-to-image folder (diffusers ignores it).
 
 Everything that can be refused is refused before a weight is read: a folder that is not a pipeline,
 a Stable Diffusion pipeline (its UNet is a ``UNet2DConditionModel``: ``gencli txt2img`` runs it), a
@@ -24,6 +26,7 @@ from gencli.models.unet.unet_2d import CLASS_NAME, UNet2DConfig, UNet2DModel
 from gencli.schedulers import resolve_sampler
 from gencli.schedulers.base import load_scheduler_config
 
+GENERATION_CONFIG = "generation_config.json"
 SD_HINT = "a Stable Diffusion pipeline (its UNet is a UNet2DConditionModel): run it with gencli txt2img"
 
 
@@ -36,6 +39,7 @@ class DDPMCheckpoint:
     unet_config: UNet2DConfig
     scheduler_config: dict[str, Any]
     model_index: dict[str, Any] = field(default_factory=dict)
+    generation_config: dict[str, Any] = field(default_factory=dict)  # generation_config.json: a run's defaults
 
     @property
     def name(self) -> str:
@@ -53,7 +57,10 @@ class DDPMCheckpoint:
 
     @property
     def default_sampler(self) -> str:
-        """The folder's own sampler (``ddpm`` for a DDPMScheduler, ``ddim`` for a DDIMScheduler, ...)."""
+        """``generation_config.json``'s sampler, else the folder's own (``ddpm`` for a DDPMScheduler,
+        ``ddim`` for a DDIMScheduler, ...)."""
+        if "sampler" in self.generation_config:
+            return resolve_sampler(self.generation_config["sampler"]).name
         own = {"DDPMScheduler": "ddpm", "DDIMScheduler": "ddim"}.get(self.scheduler_class)
         if own is not None:
             return own
@@ -115,8 +122,27 @@ def inspect_pipeline(path: str | Path, *, allow_pickle: bool = False) -> DDPMChe
     factor = 2 ** (config.num_levels - 1)
     if any(s % factor for s in config.image_size):
         raise CheckpointError(f"'{p}/unet': sample_size {config.sample_size} is not a multiple of {factor} ({config.num_levels} levels)")
+    generation_config = _generation_config(p, int(scheduler_config.get("num_train_timesteps", 1000)))
     src = open_source(p / "unet", allow_pickle=allow_pickle)
-    return DDPMCheckpoint(p, src, config, scheduler_config, index)
+    return DDPMCheckpoint(p, src, config, scheduler_config, index, generation_config)
+
+
+def _generation_config(folder: Path, timesteps: int) -> dict[str, Any]:
+    """``generation_config.json`` (``{}`` without one), typed as a text-to-image folder's, its steps
+    within the training timesteps and its sampler one gencli has."""
+    from gencli.pipelines.diffusion.pipeline import check_generation_config
+
+    config = read_json(folder / GENERATION_CONFIG, missing_ok=True) or {}
+    where = f"'{folder}/{GENERATION_CONFIG}'"
+    check_generation_config(config, folder)
+    if not 1 <= config.get("num_inference_steps", 1) <= timesteps:
+        raise CheckpointError(f"{where}: num_inference_steps must be from 1 to {timesteps}, the training timesteps (got {config['num_inference_steps']})")
+    if "sampler" in config:
+        try:
+            resolve_sampler(config["sampler"])
+        except UserError as exc:
+            raise CheckpointError(f"{where}: {exc}") from None
+    return config
 
 
 @dataclass

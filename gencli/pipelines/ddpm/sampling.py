@@ -31,7 +31,10 @@ StepCallback = Callable[[int], None]  # called after each UNet call with the num
 
 
 def default_steps(checkpoint: DDPMCheckpoint, sampler: str) -> int:
-    """Steps when none are asked for: the training timesteps for DDPM (``DDPMPipeline``'s 1000), 50 otherwise (``DDIMPipeline``'s)."""
+    """Steps when none are asked for: ``generation_config.json``'s ``num_inference_steps``, else the
+    training timesteps for DDPM (``DDPMPipeline``'s 1000), 50 otherwise (``DDIMPipeline``'s)."""
+    if "num_inference_steps" in checkpoint.generation_config:
+        return int(checkpoint.generation_config["num_inference_steps"])
     return checkpoint.num_train_timesteps if resolve_sampler(sampler).class_name == "DDPMScheduler" else min(50, checkpoint.num_train_timesteps)
 
 
