@@ -20,8 +20,8 @@ N = 64  # samples judged here (the README's figures use 2,000)
 STEPS = 20  # DDIM steps: the README's curve holds their figures too
 
 # Measured with these seeds, steps and scenes (float32, one thread): recognised 96.9%, Frechet distance
-# 65.2 (a ceiling; two real sets of 64 lie 36.4 apart), 8 classes present, mean IoU of the main object
-# 0.736 with the shape templates (the GAN default's 0.52, the VAE's 0.42 on 2,000: blobs score low).
+# 67.1 (a ceiling; two real sets of 64 lie 36.4 apart), 8 classes present, mean IoU of the main object
+# 0.741 with the shape templates (the GAN default's 0.52, the VAE's 0.42 on 2,000: blobs score low).
 FLOORS = {"recognised": 0.90, "frechet": 80.0, "classes": 7, "mean_iou": 0.68}
 
 
