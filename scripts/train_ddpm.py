@@ -24,7 +24,7 @@ like), and the size at which the geometric judge of ``scripts/eval_generative.py
 
 On a GPU (``--device cuda --data-workers 8``): an H100 ran a step of the 9.3 M-parameter UNet
 (``--widths 64,128,128,128 --layers 2 --attention-from 2``, bf16 autocast) in 91 ms at batch 64 and
-93 ms at batch 128 alike (fused AdamW, 2026-11): the host's kernel launches bound the step, not the
+93 ms at batch 128 alike (2026-11): the host's kernel launches bound the step, not the
 GPU, so give a GPU run a large ``--batch`` (512 or more, with a higher ``--lr``) and ``--compile
 reduce-overhead``; 3,000 steps at batch 128 (384,000 scenes, 400 s) matched 4% of the judged samples,
 no better than the CPU default's run.

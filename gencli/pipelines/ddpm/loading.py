@@ -26,7 +26,6 @@ from gencli.models.unet.unet_2d import CLASS_NAME, UNet2DConfig, UNet2DModel
 from gencli.schedulers import resolve_sampler
 from gencli.schedulers.base import load_scheduler_config
 
-GENERATION_CONFIG = "generation_config.json"
 SD_HINT = "a Stable Diffusion pipeline (its UNet is a UNet2DConditionModel): run it with gencli txt2img"
 
 
@@ -130,7 +129,7 @@ def inspect_pipeline(path: str | Path, *, allow_pickle: bool = False) -> DDPMChe
 def _generation_config(folder: Path, timesteps: int) -> dict[str, Any]:
     """``generation_config.json`` (``{}`` without one), typed as a text-to-image folder's, its steps
     within the training timesteps and its sampler one gencli has."""
-    from gencli.pipelines.diffusion.pipeline import check_generation_config
+    from gencli.pipelines.diffusion.pipeline import GENERATION_CONFIG, check_generation_config
 
     config = read_json(folder / GENERATION_CONFIG, missing_ok=True) or {}
     where = f"'{folder}/{GENERATION_CONFIG}'"
