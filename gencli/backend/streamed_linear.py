@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gencli.backend.huge_pages import empty_on_huge_pages, on_huge_pages
 from gencli.backend.layers import get_activation, loading_builder, swap_linears
 from gencli.backend.quant_kernels import cpu_kernels
 
@@ -47,7 +48,8 @@ class StreamedLinear(nn.Module):
         if weight.dim() != 2 or weight.dtype not in DTYPES:
             raise ValueError(f"StreamedLinear takes a 2-D float32 or bfloat16 weight (got {tuple(weight.shape)} {weight.dtype})")
         self.out_features, self.in_features = weight.shape
-        self.register_buffer("weight", weight.detach().contiguous())
+        weight = weight.detach()  # a contiguous weight as it is (it may be tied); a copy onto 2 MB pages (backend.huge_pages)
+        self.register_buffer("weight", weight if weight.is_contiguous() else on_huge_pages(weight).contiguous())
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
 
     def linear_weight(self) -> torch.Tensor:
@@ -80,7 +82,9 @@ def streaming_loader(dtype: torch.dtype) -> Callable[[nn.Module, dict[str, torch
     weights while the model loads, one layer at a time from plain file reads
     (:func:`gencli.backend.layers.loading_builder`): neither the file's pages nor a second copy of the
     model are held."""
-    return loading_builder(lambda weight, bias: StreamedLinear(weight.detach().to(dtype), bias))
+    build = loading_builder(lambda weight, bias: StreamedLinear(weight.detach().to(dtype), bias))
+    build.allocate = empty_on_huge_pages  # type: ignore[attr-defined]  # (read where StreamedLinear keeps it: no copy)
+    return build
 
 
 def stream_linears(model: nn.Module, dtype: torch.dtype, *, include: Optional[Callable[[str], bool]] = None) -> int:

@@ -79,7 +79,8 @@ def load_state(
     ``replace`` maps submodule names to builders ``(meta_module, tensors) -> module``: such a
     module's tensors are read as private copies (in the target dtype, on the target device) and, as
     soon as its last one is read, handed to its builder, whose module takes its place; the tensors
-    are then dropped. This is how a model is quantized while it loads: only one layer's dense
+    are then dropped. A builder with an ``allocate(shape, dtype)`` attribute has the reads that need
+    no conversion made into the tensors it gives (it keeps them as they are read). This is how a model is quantized while it loads: only one layer's dense
     weights exist at a time, and the file's pages stay out of the process's memory. Modules with a
     tied parameter are loaded as usual.
     """
@@ -110,7 +111,9 @@ def load_state(
         # a read that is converted anyway, or that the caller will modify in place, is a private copy
         private_read = device.type != "cpu" or (source_dtype is not None and source_dtype != want) or bool(private and private(name, target))
         private_read = private_read or owner in replacing
-        tensor = _read(plan, name, _PrivateReads(reader) if private_read else reader, target, where)
+        # a replaced module's builder may say where the reads it keeps as they are should go
+        allocate = getattr(replace[owner], "allocate", None) if owner in replacing and device.type == "cpu" and source_dtype == want else None
+        tensor = _read(plan, name, _PrivateReads(reader, allocate) if private_read else reader, target, where)
         if not tensor.is_floating_point():
             want = target.dtype
         if owner in replacing:
@@ -158,12 +161,12 @@ def _replaced(model: nn.Module, replace: dict, needed: list[str], plan: dict, ti
 class _PrivateReads:
     """A reader whose every read is a private copy (see :meth:`TensorReader.get`)."""
 
-    def __init__(self, reader: TensorReader):
-        self.reader = reader
+    def __init__(self, reader: TensorReader, allocate: Optional[Callable[[tuple[int, ...], torch.dtype], torch.Tensor]] = None):
+        self.reader, self.allocate = reader, allocate
         self.source = reader.source
 
     def get(self, name: str) -> torch.Tensor:
-        return self.reader.get(name, private=True)
+        return self.reader.get(name, private=True, allocate=self.allocate)
 
 
 class _Ties:

@@ -7,7 +7,7 @@ a model reads each weight once, straight into its target dtype and device.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -63,17 +63,19 @@ class TensorReader:
         info = next((h.tensors[name] for h in self.source.headers() if name in h.tensors), None)
         return _TORCH_DTYPES.get(info.dtype) if info is not None else None
 
-    def get(self, name: str, *, private: bool = False) -> torch.Tensor:
+    def get(self, name: str, *, private: bool = False, allocate: Optional[Callable[[tuple[int, ...], torch.dtype], torch.Tensor]] = None) -> torch.Tensor:
         """Read one tensor (a CPU tensor in the checkpoint's dtype).
 
         By default a safetensors tensor is a view of the memory-mapped file: no copy, and its pages
         are read (and counted in the process's resident memory, as long as any tensor of the file
         is alive) when first touched. ``private=True`` reads the bytes with ordinary file reads into
         a new tensor instead, leaving the mapping untouched: for tensors that are converted or
-        repacked anyway, this keeps the file's pages out of the process's memory.
+        repacked anyway, this keeps the file's pages out of the process's memory. ``allocate(shape,
+        dtype)`` gives the tensor a private read goes into (``torch.empty`` by default; the backend's
+        huge-page memory for weights that are kept as they are read).
         """
         if private and self._state is None and name in self._where:
-            return self._read_private(name)
+            return self._read_private(name, allocate or _empty)
         if self._state is not None:
             try:
                 return self._state[name]
@@ -91,13 +93,13 @@ class TensorReader:
         except SafetensorError as exc:
             raise CheckpointError(f"cannot read tensor '{name}' from '{path}': {exc}") from None
 
-    def _read_private(self, name: str) -> torch.Tensor:
+    def _read_private(self, name: str, allocate: Callable[[tuple[int, ...], torch.dtype], torch.Tensor]) -> torch.Tensor:
         header = next(h for h in self.source.headers() if name in h.tensors)
         info = header.tensors[name]
         dtype = _TORCH_DTYPES.get(info.dtype)
         if dtype is None:
             return self.get(name)
-        out = torch.empty(info.shape, dtype=dtype)
+        out = allocate(tuple(info.shape), dtype)
         view = out.reshape(-1).view(torch.uint8).numpy()
         fh = self._files.get(header.path)
         try:
@@ -130,6 +132,10 @@ _TORCH_DTYPES: dict[str, torch.dtype] = {
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
     **{code: getattr(torch, name) for code, name in (("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2")) if hasattr(torch, name)},
 }  # fmt: skip
+
+
+def _empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype)
 
 
 def _load_pickle(path: Path) -> dict[str, torch.Tensor]:

@@ -10,6 +10,7 @@ from typing import Any, Optional
 import torch
 
 from gencli.backend.device import DTYPE_NAMES, Placement, choose_placement
+from gencli.backend.huge_pages import move_buffers_to_huge_pages
 from gencli.backend.layers import dense_of
 from gencli.backend.packed_linear import stream_bf16_weights
 from gencli.backend.screened_argmax import ScreenedArgmax
@@ -80,7 +81,7 @@ def load_text_model(
     """Load a text model with its tokenizer. ``quantize`` ("int8" | "int4") quantizes the linear
     layers (LM head included) on loading, see :mod:`gencli.backend.quantize`; a checkpoint written by
     ``gencli quantize`` loads quantized as it was saved (``quantize`` may then name the same mode)."""
-    from gencli.backend.quantize import quantization_targets, quantize_linears, quantized_layers, quantizing_loader
+    from gencli.backend.quantize import QuantizedLinear, quantization_targets, quantize_linears, quantized_layers, quantizing_loader
     from gencli.checkpoints.formats import command_for, detect_architecture, open_source, shard_index, wrong_family
     from gencli.checkpoints.loader import build_on_meta, load_state
     from gencli.checkpoints.reader import open_reader
@@ -162,6 +163,10 @@ def load_text_model(
         _convert_unquantized(model, torch.float32)  # embeddings, norms: fp32 activations all along
     elif spec is None and placement.device.type == "cpu" and placement.dtype == torch.bfloat16:
         stream_bf16_weights(model)
+    if placement.device.type == "cpu" and (streamed is not None or spec is not None):
+        # the weights a decoding step streams, on 2 MB pages: +7-9% read bandwidth (backend.huge_pages)
+        move_buffers_to_huge_pages(model, lambda m: isinstance(m, (StreamedLinear, QuantizedLinear)))
+        model.forget_fused_decoder()
     gen_cfg = read_json(folder / "generation_config.json")
     eos = _ids(gen_cfg.get("eos_token_id")) or _ids(src.config.get("eos_token_id"))
     if tokenizer.eos_id is not None and tokenizer.eos_id not in eos:
