@@ -79,10 +79,10 @@ def load_state(
     ``replace`` maps submodule names to builders ``(meta_module, tensors) -> module``: such a
     module's tensors are read as private copies (in the target dtype, on the target device) and, as
     soon as its last one is read, handed to its builder, whose module takes its place; the tensors
-    are then dropped. A builder with an ``allocate(shape, dtype)`` attribute has the reads that need
-    no conversion made into the tensors it gives (it keeps them as they are read). This is how a model is quantized while it loads: only one layer's dense
+    are then dropped. This is how a model is quantized while it loads: only one layer's dense
     weights exist at a time, and the file's pages stay out of the process's memory. Modules with a
-    tied parameter are loaded as usual.
+    tied parameter are loaded as usual. A builder with an ``allocate(shape, dtype)`` attribute has
+    the reads that need no conversion made into the tensors it gives (it keeps them as they are read).
     """
     device = torch.device(device)
     where = f"'{reader.source.path}' does not fit {what or type(model).__name__}"
