@@ -143,6 +143,27 @@ def test_ddpm_images_match_diffusers_ddpm_pipeline(folders, tmp_path, overrides)
     assert np.abs(got.astype(int) - want.astype(int)).max() <= 2
 
 
+def test_a_wide_float32_unet_runs_its_3x3_layers_by_winograd_and_matches_diffusers(tmp_path, one_torch_thread):
+    from gencli.backend.layers import Conv2d
+    from gencli.pipelines.ddpm import sampling
+    from tests.conftest import built_quant_kernels
+
+    built_quant_kernels()
+    folder = tmp_path / "wide"  # 64 channels: wide enough for gencli.backend.winograd
+    wide = {**CIFAR_STYLE, "block_out_channels": (64, 64), "norm_num_groups": 8}
+    diffusers.DDPMPipeline(unet=_random_unet(wide, 4), scheduler=_scheduler()).save_pretrained(folder)
+    seeds, steps = [3, 8], 10
+    pipe = diffusers.DDPMPipeline.from_pretrained(folder)
+    pipe.set_progress_bar_config(disable=True)
+    want = _pixels(pipe(batch_size=2, generator=_generators(seeds), num_inference_steps=steps, output_type="np").images)
+    loaded = _load(folder)
+    got = sampling.generate(loaded, seeds, sampler="ddpm", steps=steps)
+    convs = [m for m in loaded.unet.modules() if isinstance(m, Conv2d)]
+    assert sum(c.winograd for c in convs) >= 8  # every 3x3 layer of 64 channels in and out
+    assert len(np.unique(want)) > 20  # the reference draws varied pixels, not a flat field
+    assert np.abs(got.astype(int) - want.astype(int)).max() <= 2
+
+
 def test_auto_dtype_is_bf16_where_the_cpu_multiplies_it_and_the_images_stay_close(folders, monkeypatch):
     """--dtype auto follows the UNet families' rule (bf16 on a CPU with native bf16, else fp32); the
     bf16 UNet's images stay within a few levels of the fp32 ones (the sampler itself stays fp32)."""

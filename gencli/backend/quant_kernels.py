@@ -17,7 +17,8 @@ ways:
   is then bound by the conversions rather than by memory. Dense bf16 and fp32 weights always run this
   way (bf16 values widened to fp32 in registers).
 
-The same extension holds the decode attention and the fused decoding step (``csrc/decoder_step.cpp``).
+The same extension holds the decode attention, the fused decoding step (``csrc/decoder_step.cpp``) and
+the Winograd 3x3 convolution of :mod:`gencli.backend.winograd` (``csrc/winograd_conv.cpp``).
 
 The extension is compiled the first time it is asked for (``torch.utils.cpp_extension.load``: about
 a minute, cached in torch's extensions folder for the next runs). Without a compiler, on another
@@ -98,7 +99,7 @@ def _build() -> Optional[Any]:
             reason = marker.read_text(encoding="utf-8", errors="replace").strip()
             _unavailable(f"{reason} (an earlier build; delete {marker} to try again)")
             warnings.warn(
-                f"gencli's CPU decoding kernels failed to build earlier ({reason}): decoding uses torch's slower products "
+                f"gencli's CPU kernels failed to build earlier ({reason}): decoding and DDPM's float32 convolutions use torch's slower ones "
                 f"for a day, unless {marker} is deleted to try again",
                 Notice,
                 stacklevel=2,
@@ -193,7 +194,7 @@ def _announce_first_build(name: str) -> None:
         return
     if _built_already(name):
         return
-    sys.stderr.write(f"gencli: compiling the CPU decoding kernels (once, about a minute; cached in {folder})\n")
+    sys.stderr.write(f"gencli: compiling the CPU kernels (decoding, convolutions; once, about a minute; cached in {folder})\n")
     sys.stderr.flush()
 
 
@@ -213,7 +214,8 @@ def cpu_kernels() -> Optional[Any]:
     (``csrc/reference.cpp``), ``quantize_activations(x)``, ``decode_attention(q, k, v, scale, key_mask=None)``
     (``csrc/decode_attention.cpp``), the dense products ``dense_gemv(x, weight, bias=None)`` /
     ``dense_gemv_many`` / ``dense_gemv_reference`` (fp32 or bf16 weights), the fused step's
-    ``DecoderStack``, ``isa()`` and ``int_isa()``), or None where it cannot be had: built once per
+    ``DecoderStack``, ``winograd_conv3x3(x, u, bias=None, residual=None, chunk=0, reference=False)``
+    (``csrc/winograd_conv.cpp``), ``isa()`` and ``int_isa()``), or None where it cannot be had: built once per
     process."""
     return _build() if enabled() else None
 

@@ -114,6 +114,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "quantize_activations", [](const at::Tensor& x) { return gencli::quantize_activations(x); },
       "x (M, K) f32 -> (codes int8 (M, K), scales f32 (M, K/32)): the int8 activations the integer kernels use", py::arg("x"));
 
+  m.def("winograd_conv3x3", &gencli::winograd_conv3x3,
+        "3x3 convolution (stride 1, padding 1) of x (N, C, H, W) float32 channels-last by Winograd F(2x2, 3x3): u the weight's "
+        "transform (16, C, K); + bias (K), + residual (N, K, H, W); chunk: tiles per chunk (0: default); reference: the scalar transforms",
+        py::arg("x"), py::arg("u"), py::arg("bias") = py::none(), py::arg("residual") = py::none(), py::arg("chunk") = 0,
+        py::arg("reference") = false);
   m.def("decode_attention", &gencli::decode_attention,
         "softmax(q k^T * scale) v for one query position: q (B, H, 1, D), k, v (B, Hkv, L, D) float32, key_mask (B, L) bool", py::arg("q"),
         py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("key_mask") = py::none());

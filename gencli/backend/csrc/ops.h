@@ -51,6 +51,13 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
 // the decode attention's code path from now on: "avx512", "avx2" or "scalar" (false, and no change, beyond the CPU)
 bool use_attention_isa(const std::string& name);
 
+// A 3x3 convolution, stride 1, padding 1, one group, by Winograd's F(2x2, 3x3) (winograd_conv.cpp): x (N, C, H, W)
+// float32 channels-last, u the weight's transform (16, C, K), bias (K) and residual (N, K, H, W) optional;
+// chunk: tiles per chunk (0: the default); reference: the transforms by the plain scalar code (for the
+// tests; also what a CPU without AVX2 runs). Returns (N, K, H, W) channels-last.
+at::Tensor winograd_conv3x3(const at::Tensor& x, const at::Tensor& u, const OptionalTensor& bias, const OptionalTensor& residual,
+                            int64_t chunk = 0, bool reference = false);
+
 // the MLP activations of the decoder step
 enum class Activation { gelu_tanh, silu, relu };
 

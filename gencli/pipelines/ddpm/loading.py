@@ -175,7 +175,7 @@ def load_unet(checkpoint: DDPMCheckpoint, placement: Placement, *, allow_pickle:
                           private=private)  # fmt: skip
     unet.eval()
     if cpu:  # what the SD UNet runs fastest with on a CPU (scripts/bench.py ddpm measures it)
-        packing = prepack_convolutions(unet, True)
+        packing = prepack_convolutions(unet, True, winograd=True)  # the float32 3x3 layers by Winograd's F(2x2, 3x3)
         unet.use_channels_last(True, weights=not packing)
     return unet
 

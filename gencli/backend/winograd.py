@@ -1,0 +1,92 @@
+"""3x3 convolutions by Winograd's minimal filtering F(2x2, 3x3), for float32 UNets on a CPU.
+
+A 3x3 convolution (stride 1, padding 1, one group) computes each 2x2 block of outputs from a 4x4
+window of its input. Winograd's algorithm (Lavin and Gray, "Fast Algorithms for Convolutional Neural
+Networks", 2016) writes that block as ``A^T [(G g G^T) * (B^T d B)] A``: the weight ``g`` and the window
+``d`` are transformed into 4x4 tiles, multiplied elementwise (16 multiplies per pair of channels where
+the direct convolution makes 36), and transformed back. Summed over the input channels, the 16
+elementwise products become 16 matrix products ``V_k (tiles, C) @ U_k (C, K)``: the work oneDNN's direct
+convolution does at the cores' fp32 FMA peak, 2.25x smaller.
+
+:func:`winograd_weight` makes ``U = G g G^T`` once (in float64, then float32: the transform's halves and
+quarters are exact in binary); the extension's ``winograd_conv3x3`` (``csrc/winograd_conv.cpp``) does
+the rest on channels-last feature maps: the tiles in chunks that stay in a core's cache, spread over
+torch's threads, the bias and a residual added on the way out. The values equal ``F.conv2d``'s up to
+the order of the sums (measured against float64: as close as the direct convolution, or closer).
+
+:class:`gencli.backend.layers.Conv2d` takes this path for the layers :func:`eligible` accepts when a
+model asks for it (``prepack(winograd=True)``: the DDPM UNets); ``GENCLI_WINOGRAD=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import torch
+
+ENV_SWITCH = "GENCLI_WINOGRAD"
+# narrower layers stay direct: at 32 channels the transforms cost more than the products save (0.87-0.96x
+# oneDNN's direct convolution at 64x64, batch 1 and 16, 2 threads; 64 channels at 32x32: 1.26-1.41x)
+MIN_CHANNELS = 64
+
+# G of F(2x2, 3x3): the weight's transform G g G^T
+_G = ((1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0.0, 0.0, 1.0))
+
+
+def enabled() -> bool:
+    """False when ``GENCLI_WINOGRAD`` is set to 0 / false / off."""
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def winograd_weight(weight: torch.Tensor) -> torch.Tensor:
+    """A conv weight ``(K, C, 3, 3)`` as its F(2x2, 3x3) transform ``(16, C, K)`` float32 contiguous:
+    ``U[4 i + j, c, k] = (G g[k, c] G^T)[i, j]``."""
+    if weight.dim() != 4 or tuple(weight.shape[2:]) != (3, 3):
+        raise ValueError(f"winograd_weight: a (K, C, 3, 3) weight, got {tuple(weight.shape)}")
+    g = torch.tensor(_G, dtype=torch.float64, device=weight.device)
+    u = torch.einsum("ia,kcab,jb->ijck", g, weight.detach().to(torch.float64), g)
+    return u.reshape(16, weight.shape[1], weight.shape[0]).to(torch.float32).contiguous()
+
+
+def eligible(conv: torch.nn.Conv2d) -> bool:
+    """Whether ``conv`` is a convolution this path computes: 3x3, stride 1, padding 1 (zeros), no
+    dilation, one group, at least :data:`MIN_CHANNELS` input and output channels."""
+    return (
+        tuple(conv.kernel_size) == (3, 3)
+        and tuple(conv.stride) == (1, 1)
+        and not isinstance(conv.padding, str)
+        and tuple(conv.padding) == (1, 1)
+        and tuple(conv.dilation) == (1, 1)
+        and conv.groups == 1
+        and conv.padding_mode == "zeros"
+        and conv.in_channels >= MIN_CHANNELS
+        and conv.out_channels >= MIN_CHANNELS
+    )
+
+
+def kernels() -> Optional[Any]:
+    """The extension when this path can run here (switched on, an x86-64 CPU with AVX2 or AVX-512, the
+    extension built or buildable), else None."""
+    if not enabled():
+        return None
+    from gencli.backend.quant_kernels import cpu_kernels
+
+    own = cpu_kernels()
+    if own is None or not own.isa() or not hasattr(own, "winograd_conv3x3"):
+        return None
+    return own
+
+
+def winograd_conv3x3(
+    x: torch.Tensor, u: torch.Tensor, bias: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None, *, own: Any = None
+) -> torch.Tensor:
+    """``F.conv2d(x, g, bias, padding=1) (+ residual)`` for ``u = winograd_weight(g)``: ``x`` float32
+    ``(N, C, H, W)`` on the CPU (made channels-last if it is not); the result is channels-last."""
+    own = own if own is not None else kernels()
+    if own is None:
+        raise RuntimeError(f"winograd_conv3x3: the CPU kernels are unavailable here (or {ENV_SWITCH}=0)")
+    return own.winograd_conv3x3(x.contiguous(memory_format=torch.channels_last), u, bias, residual)
+
+
+__all__ = ["ENV_SWITCH", "MIN_CHANNELS", "eligible", "enabled", "kernels", "winograd_conv3x3", "winograd_weight"]
