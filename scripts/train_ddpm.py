@@ -27,7 +27,9 @@ On a GPU (``--device cuda --data-workers 8``): an H100 ran a step of the 9.3 M-p
 93 ms at batch 128 alike (2026-11): the host's kernel launches bound the step, not the
 GPU, so give a GPU run a large ``--batch`` (512 or more, with a higher ``--lr``) and ``--compile
 reduce-overhead``; 3,000 steps at batch 128 (384,000 scenes, 400 s) matched 4% of the judged samples,
-no better than the CPU default's run.
+no better than the CPU default's run. To go on from the default's 22,000 CPU steps instead of from
+scratch (its 70 MB checkpoint need not travel): ``--init-from weights/ddpm-shapes --widths 32,64,128,128
+--layers 1 --attention-from 3 --groups 16`` (the default's UNet) with the GPU's batch and rate.
 
 Model selection: every ``--eval-every`` steps the averaged model draws ``--eval-n`` samples with DDIM
 (``--eval-steps``, seeds 0..n-1) that the geometric judge and the default classifier (Frechet
@@ -192,6 +194,29 @@ def timestep_sampler(abar: torch.Tensor, mean: float, std: float, uniform_share:
     return draw
 
 
+def init_from(folder: Path, model: UNet2DModel, ema: UNet2DModel, sched: dict) -> str:
+    """Load an exported pipeline folder's UNet weights into ``model`` and ``ema`` (float32); the folder's
+    UNet config and noise schedule must be the run's. Returns what it loaded, for the run's command."""
+    from safetensors import safe_open
+
+    theirs = UNet2DConfig.from_dict(json.loads((folder / "unet" / "config.json").read_text())).to_dict()
+    ours = model.config.to_dict()
+    for key in sorted(set(theirs) | set(ours)):
+        if theirs.get(key) != ours.get(key):
+            raise SystemExit(f"--init-from {folder}: its UNet has {key} {theirs.get(key)!r}, this run's {ours.get(key)!r} (--widths, --layers ...)")
+    their_sched = json.loads((folder / "scheduler" / "scheduler_config.json").read_text())
+    for key in ("num_train_timesteps", "beta_schedule", "prediction_type", "rescale_betas_zero_snr"):
+        if their_sched.get(key) != sched.get(key):
+            raise SystemExit(f"--init-from {folder}: its scheduler has {key} {their_sched.get(key)!r}, this run's {sched.get(key)!r}")
+    with safe_open(str(folder / "unet" / "diffusion_pytorch_model.safetensors"), "pt") as f:
+        weights = {k: f.get_tensor(k).float() for k in f.keys()}
+        steps = (f.metadata() or {}).get("steps", "?")
+    for m in (model, ema):
+        m.load_state_dict(weights, strict=True)
+    print(f"started from {folder} (trained {steps} steps)", flush=True)
+    return f"{folder} (trained {steps} steps)"
+
+
 def better(a: dict, b: dict) -> bool:
     """``a`` beats ``b``: more samples matching a shape, then a lower Frechet distance."""
     return (a["matching"], -a["frechet_distance"]) > (b["matching"], -b["frechet_distance"])
@@ -222,6 +247,9 @@ def main() -> None:
     p.add_argument("--compile", default="off", choices=("off", "default", "reduce-overhead"),
                    help="torch.compile the training forward (the same steps, fused: ~17%% faster on a 2-core CPU; "
                         "reduce-overhead adds CUDA graphs)")  # fmt: skip
+    p.add_argument("--init-from", type=Path,
+                   help="an exported pipeline folder (e.g. weights/ddpm-shapes) whose UNet weights start a fresh run (model and average): "
+                        "a GPU run goes on from the CPU-trained default without its 70 MB checkpoint")  # fmt: skip
     p.add_argument("--pipeline", default="ddim", choices=("ddim", "ddpm"),
                    help="the exported folder: a DDIMPipeline (50 DDIM steps by default, as judged) or a DDPMPipeline (1000 ancestral steps)")  # fmt: skip
     args = parse_training_args(p)
@@ -243,6 +271,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     ckpt_path, best_path = args.out / "ckpt.pt", args.out / "best.pt"
     step, command, state = resume(ckpt_path, model=model, ema=ema, opt=opt)
+    if args.init_from is not None and state is None:
+        command += f"  # started from the weights of {init_from(args.init_from, model, ema, sched)}"
     best = (state or {}).get("best", {"matching": -1.0, "frechet_distance": math.inf})
     if state and "steps" in state and args.time_budget:
         args.steps = state["steps"]

@@ -116,3 +116,29 @@ def test_a_compiled_run_checkpoints_the_models_own_keys(train_ddpm, monkeypatch,
     assert state["step"] == 2 and not any("_orig_mod" in k for k in state["model"])
     _run(train_ddpm, monkeypatch, "--out", out, "--steps", "3", *TINY)
     assert torch.load(out / "ckpt.pt", weights_only=True)["step"] == 3
+
+
+def test_a_fresh_run_can_start_from_an_exported_pipelines_weights(train_ddpm, monkeypatch, tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    _run(train_ddpm, monkeypatch, "--out", tmp_path / "a", "--steps", "3", *TINY)
+    _run(train_ddpm, monkeypatch, "--out", tmp_path / "a", "--steps", "3", *TINY, "--export", tmp_path / "p")
+    weights = "unet/diffusion_pytorch_model.safetensors"
+    source = load_file(str(tmp_path / "p" / weights))
+    # no steps: the new run's export is the weights it started from
+    _run(train_ddpm, monkeypatch, "--out", tmp_path / "b", "--steps", "0", *TINY, "--init-from", tmp_path / "p")
+    assert "trained 3 steps" in capsys.readouterr().out
+    started = load_file(str(tmp_path / "b" / "pipeline" / weights))
+    assert source.keys() == started.keys() and all(torch.equal(source[k], started[k]) for k in source)
+    # one step: the checkpoint records where the run started, the weights move from there
+    _run(train_ddpm, monkeypatch, "--out", tmp_path / "c", "--steps", "1", *TINY, "--init-from", tmp_path / "p")
+    state = torch.load(tmp_path / "c" / "ckpt.pt", weights_only=True)
+    assert f"started from the weights of {tmp_path / 'p'} (trained 3 steps)" in state["command"]
+    moved = state["model"]
+    assert all(torch.allclose(moved[k], source[k], atol=1e-2) for k in source) and any(not torch.equal(moved[k], source[k]) for k in source)
+    # another UNet or another schedule: one clear line
+    with pytest.raises(SystemExit, match="block_out_channels"):
+        _run(train_ddpm, monkeypatch, "--out", tmp_path / "d", "--steps", "1", *TINY, "--widths", "8,8", "--init-from", tmp_path / "p")
+    with pytest.raises(SystemExit, match="prediction_type"):
+        _run(train_ddpm, monkeypatch, "--out", tmp_path / "e", "--steps", "1", *TINY, "--prediction-type", "epsilon", "--no-zero-snr",
+             "--init-from", tmp_path / "p")  # fmt: skip
