@@ -102,7 +102,8 @@ def _by_rows(fn: Callable[[torch.Tensor], tuple[torch.Tensor, ...]], weight: tor
     reuse the same memory, and no long-lived part sits between them in the C allocator's heap)."""
     rows = weight.shape[0]
     first = fn(weight[:_CHUNK_ROWS])
-    # (on a CPU the codes go on 2 MB pages, where decoding streams them faster: backend.huge_pages)
+    # (on a CPU with GENCLI_HUGE_PAGES=1 the codes go on 2 MB pages, where decoding streams them faster:
+    # backend.huge_pages; empty_on_huge_pages is torch.empty otherwise)
     cpu = weight.device.type == "cpu"
     shapes = [((rows, *p.shape[1:]), p.dtype) for p in first]
     outs = tuple(empty_on_huge_pages(s, d) if cpu else torch.empty(s, dtype=d, device=weight.device) for s, d in shapes)
