@@ -116,6 +116,16 @@ def test_conv2d_runs_by_winograd_when_asked_and_gives_the_direct_values():
         assert (conv(x, activation="silu") - F.silu(want)).abs().max() < 1e-4
         assert (conv(x.contiguous()) - want).abs().max() < 1e-4  # a planar input is made channels-last
     assert torch.equal(conv.state_dict()["weight"], dense)
+    conv.prepack(True, winograd=True)  # asked again: kept as it is
+    assert conv.winograd
+    conv.prepack(True)  # without: back to oneDNN's direct convolution on the next call
+    with torch.no_grad():
+        assert (conv(x) - want).abs().max() < 1e-4
+    assert conv.packed and not conv.winograd
+    conv.prepack(True, winograd=True)
+    with torch.no_grad():
+        conv(x)
+    assert conv.winograd
     conv.unpack()
     assert not conv.winograd and torch.equal(conv.weight, dense)
     # with autograd on it is an ordinary convolution again

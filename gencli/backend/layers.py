@@ -400,9 +400,10 @@ class Conv2d(nn.Conv2d):
         """Pack the weight on the next CPU inference call (``enabled=False``: unpack and stop); with
         ``winograd``, a float32 3x3 convolution runs by Winograd's F(2x2, 3x3) where it can."""
         self._prepack = enabled and self.padding_mode == "zeros" and not isinstance(self.padding, str) and _onednn_conv_available()
-        if not self._prepack or winograd != self._winograd:
-            self.unpack()
-        self._winograd = bool(winograd and self._prepack and winograd_eligible(self))
+        use_winograd = bool(winograd and self._prepack and winograd_eligible(self))
+        if not self._prepack or use_winograd != self._winograd:
+            self.unpack()  # packed again on the next call, the transform made or dropped with it
+        self._winograd = use_winograd
         return self
 
     @property
