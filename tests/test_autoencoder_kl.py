@@ -55,11 +55,12 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("prepack", [False, True], ids=["as-loaded", "prepacked"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_encode_decode_match_diffusers(tmp_path, case):
+def test_encode_decode_match_diffusers(tmp_path, case, prepack):
     ref = _reference(**CASES[case])
     ref.save_pretrained(tmp_path / "vae")
-    loaded = load_autoencoder(tmp_path / "vae", FP32)
+    loaded = load_autoencoder(tmp_path / "vae", FP32, prepack=prepack)
     ours = loaded.model
     assert loaded.layout == "diffusers"
     cin = ref.config.in_channels
@@ -78,6 +79,12 @@ def test_encode_decode_match_diffusers(tmp_path, case):
         b = theirs.sample(torch.Generator().manual_seed(5))
         torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
         torch.testing.assert_close(mine.kl(), theirs.kl(), rtol=1e-4, atol=1e-3)
+    if prepack and case == "sd1-4blocks":  # inference's path: the 64-channel 3x3 layers by Winograd (gencli.backend.winograd)
+        from gencli.backend.layers import Conv2d
+        from tests.conftest import built_quant_kernels
+
+        built_quant_kernels()
+        assert sum(m.winograd for m in ours.modules() if isinstance(m, Conv2d)) >= 10
 
 
 def test_config_round_trip_and_latent_scaling():

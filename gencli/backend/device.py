@@ -138,6 +138,11 @@ def resolve_dtype(spec: str, device: torch.device, family_kind: FamilyKind = "tr
     return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
 
 
+def physical_memory_bytes() -> int:
+    """This machine's memory in bytes (8 GiB where it cannot be read)."""
+    return _physical_memory_bytes()
+
+
 def _physical_memory_bytes() -> int:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

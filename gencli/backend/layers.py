@@ -14,7 +14,9 @@ import torch.nn.functional as F
 
 from gencli.backend.device import MemoryTrimmer, release_free_memory
 from gencli.backend.winograd import eligible as winograd_eligible
+from gencli.backend.winograd import fits_in_memory as winograd_fits_in_memory
 from gencli.backend.winograd import kernels as winograd_kernels
+from gencli.backend.winograd import transform_bytes as winograd_transform_bytes
 from gencli.backend.winograd import winograd_weight
 
 
@@ -383,8 +385,9 @@ class Conv2d(nn.Conv2d):
     automatically before ``.to()``, ``load_state_dict`` or a call with autograd) restores it.
 
     ``prepack(winograd=True)`` (asked for by a model; :mod:`gencli.backend.winograd`): a float32 3x3
-    convolution of stride 1 and padding 1 also keeps its weight's Winograd F(2x2, 3x3) transform (16/9
-    of the weight's size) and runs on it: 2.25x fewer multiplies, the same values up to rounding.
+    convolution of stride 1 and padding 1 keeps its dense weight and, instead of oneDNN's packed copy,
+    the weight's Winograd F(2x2, 3x3) transform (16/9 of the weight's size), and runs on that: 2.25x
+    fewer multiplies, the same values up to rounding.
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -422,7 +425,8 @@ class Conv2d(nn.Conv2d):
         return self._prepack
 
     def unpack(self) -> None:
-        """Restore the dense ``weight`` parameter (a no-op when the weight is not packed)."""
+        """Restore the dense ``weight`` parameter (a no-op when the weight is not packed); drop a
+        Winograd transform (the dense weight stays beside it)."""
         self._winograd_u = self._winograd_kernels = None
         if self._packed is None:
             return
@@ -435,8 +439,9 @@ class Conv2d(nn.Conv2d):
         self._weight_requires_grad = self.weight.requires_grad
         if self._winograd and weight.dtype == torch.float32:
             self._winograd_kernels = winograd_kernels()
-            if self._winograd_kernels is not None:
+            if self._winograd_kernels is not None:  # the transform, beside the dense weight (what unpacking and saving read)
                 self._winograd_u = winograd_weight(weight)
+                return
         self._packed = torch.ops.mkldnn._reorder_convolution_weight(
             weight, list(self.padding), list(self.stride), list(self.dilation), self.groups, list(x.shape)
         )
@@ -462,7 +467,7 @@ class Conv2d(nn.Conv2d):
         return out if activation is None else get_activation(activation)(out)
 
     def _packed_forward(self, x: torch.Tensor, residual: Optional[torch.Tensor], activation: Optional[str]) -> torch.Tensor:
-        if self._packed is None:
+        if self._packed is None and self._winograd_u is None:
             self._pack(x)
         if self._winograd_u is not None:
             fused = residual is not None and tuple(residual.shape) == (x.shape[0], self.out_channels, *x.shape[2:])
@@ -502,8 +507,12 @@ class Conv2d(nn.Conv2d):
 
 def prepack_convolutions(module: nn.Module, enabled: bool = True, winograd: bool = False) -> int:
     """Call :meth:`Conv2d.prepack` on every :class:`Conv2d` inside ``module``; returns how many will
-    pack (0 where oneDNN's packed convolution is not available)."""
-    convs = [m.prepack(enabled, winograd) for m in module.modules() if isinstance(m, Conv2d)]
+    pack (0 where oneDNN's packed convolution is not available). ``winograd``: the float32 3x3 layers
+    by Winograd's F(2x2, 3x3) where their transforms fit in memory (:mod:`gencli.backend.winograd`)."""
+    convs = [m for m in module.modules() if isinstance(m, Conv2d)]
+    if winograd and not winograd_fits_in_memory(winograd_transform_bytes(convs)):
+        winograd = False  # e.g. an SD UNet in float32 on a machine with less than 30 GB
+    convs = [m.prepack(enabled, winograd) for m in convs]
     return sum(c.prepacking for c in convs)
 
 

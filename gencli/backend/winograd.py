@@ -8,20 +8,22 @@ the direct convolution makes 36), and transformed back. Summed over the input ch
 elementwise products become 16 matrix products ``V_k (tiles, C) @ U_k (C, K)``: the work oneDNN's direct
 convolution does at the cores' fp32 FMA peak, 2.25x smaller.
 
-:func:`winograd_weight` makes ``U = G g G^T`` once (in float64, then float32: the transform's halves and
-quarters are exact in binary); the extension's ``winograd_conv3x3`` (``csrc/winograd_conv.cpp``) does
+:func:`winograd_weight` makes ``U = G g G^T`` once (in float32, within a unit of the last place of the
+exact transform; 8 ms for a 512x512-channel layer, 4x faster than in float64); the extension's ``winograd_conv3x3`` (``csrc/winograd_conv.cpp``) does
 the rest on channels-last feature maps: the tiles in chunks that stay in a core's cache, spread over
 torch's threads, the bias and a residual added on the way out. The values equal ``F.conv2d``'s up to
 the order of the sums (measured against float64: as close as the direct convolution, or closer).
 
 :class:`gencli.backend.layers.Conv2d` takes this path for the layers :func:`eligible` accepts when a
-model asks for it (``prepack(winograd=True)``: the DDPM UNets); ``GENCLI_WINOGRAD=0`` turns it off.
+model asks for it (``prepack(winograd=True)``: the DDPM UNets, the AutoencoderKL for ``reconstruct``,
+``encode``, ``decode`` and float32 text-to-image) and the transforms fit in :data:`MEMORY_SHARE` of the
+machine's memory; ``GENCLI_WINOGRAD=0`` turns it off.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 import torch
 
@@ -30,8 +32,11 @@ ENV_SWITCH = "GENCLI_WINOGRAD"
 # oneDNN's direct convolution at 64x64, batch 1 and 16, 2 threads; 64 channels at 32x32: 1.26-1.41x)
 MIN_CHANNELS = 64
 
-# G of F(2x2, 3x3): the weight's transform G g G^T
-_G = ((1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0.0, 0.0, 1.0))
+# the transforms of a model's convolutions may take this share of the machine's memory at most (beside the
+# packed weights they are made from): a DDPM or VAE's few hundred MB take the path, an SD UNet's 3.7 GB
+# in float32 does not on a 24 GB machine
+MEMORY_SHARE = 1 / 8
+
 
 
 def enabled() -> bool:
@@ -39,14 +44,18 @@ def enabled() -> bool:
     return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "off", "no")
 
 
+# G of F(2x2, 3x3): the weight's transform G g G^T
+_G = ((1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0.0, 0.0, 1.0))
+
+
 def winograd_weight(weight: torch.Tensor) -> torch.Tensor:
     """A conv weight ``(K, C, 3, 3)`` as its F(2x2, 3x3) transform ``(16, C, K)`` float32 contiguous:
     ``U[4 i + j, c, k] = (G g[k, c] G^T)[i, j]``."""
     if weight.dim() != 4 or tuple(weight.shape[2:]) != (3, 3):
         raise ValueError(f"winograd_weight: a (K, C, 3, 3) weight, got {tuple(weight.shape)}")
-    g = torch.tensor(_G, dtype=torch.float64, device=weight.device)
-    u = torch.einsum("ia,kcab,jb->ijck", g, weight.detach().to(torch.float64), g)
-    return u.reshape(16, weight.shape[1], weight.shape[0]).to(torch.float32).contiguous()
+    g = torch.tensor(_G, dtype=torch.float32, device=weight.device)
+    u = torch.einsum("ia,kcab,jb->ijck", g, weight.detach().to(torch.float32), g)
+    return u.reshape(16, weight.shape[1], weight.shape[0]).contiguous()
 
 
 def eligible(conv: torch.nn.Conv2d) -> bool:
@@ -63,6 +72,26 @@ def eligible(conv: torch.nn.Conv2d) -> bool:
         and conv.in_channels >= MIN_CHANNELS
         and conv.out_channels >= MIN_CHANNELS
     )
+
+
+def transform_bytes(convs: Iterable[torch.nn.Conv2d]) -> int:
+    """The memory the Winograd transforms of the float32 convolutions among ``convs`` that
+    :func:`eligible` accepts would take (16/9 of their weights)."""
+    return sum(16 * c.in_channels * c.out_channels * 4 for c in convs if eligible(c) and _dtype(c) == torch.float32)
+
+
+def _dtype(conv: torch.nn.Conv2d) -> Optional[torch.dtype]:
+    weight = conv._parameters.get("weight")
+    if weight is None:  # packed: the packed copy holds the values (gencli.backend.layers.Conv2d)
+        weight = getattr(conv, "_packed", None)
+    return None if weight is None else weight.dtype
+
+
+def fits_in_memory(nbytes: int) -> bool:
+    """Whether ``nbytes`` of transforms stay within :data:`MEMORY_SHARE` of this machine's memory."""
+    from gencli.backend.device import physical_memory_bytes
+
+    return nbytes <= physical_memory_bytes() * MEMORY_SHARE
 
 
 def kernels() -> Optional[Any]:
@@ -89,4 +118,7 @@ def winograd_conv3x3(
     return own.winograd_conv3x3(x.contiguous(memory_format=torch.channels_last), u, bias, residual)
 
 
-__all__ = ["ENV_SWITCH", "MIN_CHANNELS", "eligible", "enabled", "kernels", "winograd_conv3x3", "winograd_weight"]
+__all__ = [
+    "ENV_SWITCH", "MEMORY_SHARE", "MIN_CHANNELS", "eligible", "enabled", "fits_in_memory", "kernels", "transform_bytes", "winograd_conv3x3",
+    "winograd_weight",
+]  # fmt: skip

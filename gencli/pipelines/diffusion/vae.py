@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from gencli.backend.device import Placement
+from gencli.backend.layers import prepack_convolutions
 from gencli.checkpoints.formats import CheckpointSource, open_source
 from gencli.checkpoints.loader import load_model, save_model
 from gencli.checkpoints.reader import TensorReader
@@ -81,13 +82,18 @@ def load_autoencoder(
     tiling: Optional[Tiling] = None,
     allow_pickle: bool = False,
     channels_last: Optional[bool] = None,
+    prepack: bool = False,
 ) -> LoadedAutoencoder:
     """An ``AutoencoderKL`` in ``placement``'s device and dtype from any of the layouts above.
 
     ``channels_last`` (default: on a CPU or a GPU) stores the convolution weights channels-last, so
     every activation is channels-last too (faster convolutions and GroupNorm on CPU and CUDA). With
     ``force_upcast`` in the config, fp16 is replaced by fp32 (as diffusers does: the SD VAE
-    overflows in fp16); bf16 is kept.
+    overflows in fp16); bf16 is kept. ``prepack`` (for inference only: a training step unpacks the
+    weights into new parameters, which an optimizer made before would not see): in float32 on a CPU,
+    the ResNet blocks' convolution weights are packed for oneDNN on the first call and the 3x3 layers
+    run by Winograd's F(2x2, 3x3) (:mod:`gencli.backend.winograd`: 1.4-1.5x faster encoding and
+    decoding for an SD-sized VAE, its transforms taking 16/9 of those layers' weights beside them).
     """
     src = open_autoencoder_source(path, variant=variant, allow_pickle=allow_pickle)
     reader = TensorReader(src, allow_pickle=allow_pickle)
@@ -122,6 +128,8 @@ def load_autoencoder(
         channels_last = placement.device.type in ("cpu", "cuda")
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
+    if prepack and placement.device.type == "cpu" and dtype == torch.float32:
+        prepack_convolutions(model, True, winograd=True)
     return LoadedAutoencoder(model, Placement(placement.device, dtype), src.path, layout, cfg)
 
 

@@ -45,7 +45,7 @@ def load_any_vae(
         return load_generative(p, "vae", placement, allow_pickle=allow_pickle)
     if arch == "DCGAN":
         raise UserError(f"'{p}' is a GAN (DCGAN) checkpoint: a GAN has no encoder to reconstruct with; pass a VAE")
-    return load_autoencoder(p, placement, allow_pickle=allow_pickle)
+    return load_autoencoder(p, placement, allow_pickle=allow_pickle, prepack=True)
 
 
 def model_size(model: Union[LoadedGenerative, LoadedAutoencoder], width: int, height: int) -> tuple[int, int]:
