@@ -116,7 +116,7 @@ def main() -> None:
     from gencli.weights import resolve_model
 
     placement = choose_placement(args.device, args.dtype, "float", args.threads)
-    loaded = load_autoencoder(resolve_model(args.model, DEFAULT_MODEL), placement)
+    loaded = load_autoencoder(resolve_model(args.model, DEFAULT_MODEL), placement, prepack=True)  # as `gencli reconstruct` runs it
     start = time.perf_counter()
     r = evaluate(loaded.model, args.n, args.offset)
     r.update(

@@ -160,3 +160,24 @@ def test_bf16_and_the_switch_keep_the_direct_convolution(monkeypatch):
     with torch.no_grad():
         conv(torch.randn(1, 64, 8, 8).contiguous(memory_format=CL))
     assert conv.packed and not conv.winograd
+
+
+def test_a_model_whose_transforms_would_not_fit_in_memory_stays_direct(monkeypatch):
+    built_quant_kernels()
+    from gencli.backend import winograd
+    from gencli.backend.layers import prepack_convolutions
+
+    model = torch.nn.Sequential(_conv(64, 64), _conv(64, 128)).eval()
+    assert winograd.transform_bytes(list(model)) == 16 * 4 * (64 * 64 + 64 * 128)
+    x = torch.randn(1, 64, 8, 8).contiguous(memory_format=CL)
+    monkeypatch.setattr(winograd, "MEMORY_SHARE", 1e-9)  # an eighth of the memory becomes a few bytes
+    prepack_convolutions(model, True, winograd=True)
+    with torch.no_grad():
+        model(x)
+    assert all(c.packed and not c.winograd for c in model)
+    monkeypatch.setattr(winograd, "MEMORY_SHARE", 1 / 8)
+    prepack_convolutions(model, True, winograd=True)
+    with torch.no_grad():
+        model(x)
+    assert all(c.winograd for c in model)
+    assert winograd.transform_bytes(list(model)) == 16 * 4 * (64 * 64 + 64 * 128)  # read off the kept dense weights

@@ -101,8 +101,9 @@ def run(side, args, workdir):
         from gencli.pipelines.diffusion.vae import load_autoencoder
 
         # the same dtype as the reference side: diffusers' model class does not apply the config's
-        # force_upcast (its pipelines do), so neither does this side
-        model = load_autoencoder(workdir / "vae", Placement(device, dtype), config_overrides={"force_upcast": False}).model
+        # force_upcast (its pipelines do), so neither does this side; packed for inference as `gencli
+        # reconstruct/encode/decode` load it (in float32 on a CPU: the 3x3 layers by Winograd's F(2x2, 3x3))
+        model = load_autoencoder(workdir / "vae", Placement(device, dtype), config_overrides={"force_upcast": False}, prepack=True).model
 
         def roundtrip(x, tiled=False):
             model.tiling = Tiling(tile_size=args.tile, overlap=0.25, auto_above=None)
