@@ -15,8 +15,8 @@ torch's threads, the bias and a residual added on the way out. The values equal 
 the order of the sums (measured against float64: as close as the direct convolution, or closer).
 
 :class:`gencli.backend.layers.Conv2d` takes this path for the layers :func:`eligible` accepts when a
-model asks for it (``prepack(winograd=True)``: the DDPM UNets, the AutoencoderKL for ``reconstruct``,
-``encode``, ``decode`` and float32 text-to-image) and the transforms fit in :data:`MEMORY_SHARE` of the
+model asks for it (``prepack(winograd=True)``: the DDPM UNets, the AutoencoderKL of ``reconstruct``,
+``encode`` and ``decode``) and the transforms fit in :data:`MEMORY_SHARE` of the
 machine's memory; ``GENCLI_WINOGRAD=0`` turns it off.
 """
 

@@ -240,8 +240,7 @@ def load_pipeline(
         folder = src.folder
         unet = load_unet_from_folder(folder / "unet", placement, variant=variant, allow_pickle=allow_pickle)
         encoder = prompt_encoder_from_pipeline_folder(src, placement, variant=variant)
-        autoencoder = load_autoencoder(vae_path or folder / "vae", placement, variant=None if vae_path else variant, allow_pickle=allow_pickle,
-                                       prepack=True)  # fmt: skip
+        autoencoder = load_autoencoder(vae_path or folder / "vae", placement, variant=None if vae_path else variant, allow_pickle=allow_pickle)
         scheduler_config = load_scheduler_config(folder / "scheduler")
         generation_config = read_json(folder / GENERATION_CONFIG, missing_ok=True) or {}
         weights = [f for name in ("unet", "text_encoder", "text_encoder_2", "vae") if (folder / name).is_dir() for f in src.sub(name).weight_files]
@@ -260,7 +259,7 @@ def load_pipeline(
             unet = load_unet_from_reader(reader, placement)
             encoder = prompt_encoder_from_single_file(reader, placement)
             scheduler_config = single_file_scheduler_config(unet.config.to_dict(), keys, reader.get)
-        autoencoder = load_autoencoder(vae_path or src.path, placement, allow_pickle=allow_pickle, prepack=True)
+        autoencoder = load_autoencoder(vae_path or src.path, placement, allow_pickle=allow_pickle)
         generation_config = {}
         weights = list(src.weight_files)
         layout = "single-file"
