@@ -199,6 +199,9 @@ def init_from(folder: Path, model: UNet2DModel, ema: UNet2DModel, sched: dict) -
     UNet config and noise schedule must be the run's. Returns what it loaded, for the run's command."""
     from safetensors import safe_open
 
+    for part in ("unet/config.json", "unet/diffusion_pytorch_model.safetensors", "scheduler/scheduler_config.json"):
+        if not (folder / part).is_file():
+            raise SystemExit(f"--init-from {folder}: no {part} (an exported pipeline folder, e.g. weights/ddpm-shapes)")
     theirs = UNet2DConfig.from_dict(json.loads((folder / "unet" / "config.json").read_text())).to_dict()
     ours = model.config.to_dict()
     for key in sorted(set(theirs) | set(ours)):

@@ -198,7 +198,7 @@ def test_resolve_dtype_rules(monkeypatch):
     # decoders: fp32 on CPU (bf16 matrix-vector products are not faster), bf16 when fp32 would not fit
     assert devmod.resolve_dtype("auto", cpu, "decoder", n_params=10_000_000) == torch.float32
     assert devmod.resolve_dtype("auto", cpu, "decoder") == torch.float32
-    huge = devmod._physical_memory_bytes() // 4  # fp32 copy = all of the memory
+    huge = devmod.physical_memory_bytes() // 4  # fp32 copy = all of the memory
     assert devmod.resolve_dtype("auto", cpu, "decoder", n_params=huge) == torch.bfloat16
     assert devmod.resolve_dtype("bfloat16", cpu, "decoder") == torch.bfloat16
     devmod.cpu_has_native_bf16.cache_clear()

@@ -139,6 +139,8 @@ def test_a_fresh_run_can_start_from_an_exported_pipelines_weights(train_ddpm, mo
     # another UNet or another schedule: one clear line
     with pytest.raises(SystemExit, match="block_out_channels"):
         _run(train_ddpm, monkeypatch, "--out", tmp_path / "d", "--steps", "1", *TINY, "--widths", "8,8", "--init-from", tmp_path / "p")
+    with pytest.raises(SystemExit, match="no unet/config.json"):
+        _run(train_ddpm, monkeypatch, "--out", tmp_path / "f", "--steps", "1", *TINY, "--init-from", tmp_path / "missing")
     with pytest.raises(SystemExit, match="prediction_type"):
         _run(train_ddpm, monkeypatch, "--out", tmp_path / "e", "--steps", "1", *TINY, "--prediction-type", "epsilon", "--no-zero-snr",
              "--init-from", tmp_path / "p")  # fmt: skip

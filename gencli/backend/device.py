@@ -134,16 +134,12 @@ def resolve_dtype(spec: str, device: torch.device, family_kind: FamilyKind = "tr
     if device.type == "mps":
         return torch.float16
     if family_kind == "decoder":
-        return torch.float32 if n_params is None or 4 * n_params <= _physical_memory_bytes() // 2 else torch.bfloat16
+        return torch.float32 if n_params is None or 4 * n_params <= physical_memory_bytes() // 2 else torch.bfloat16
     return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
 
 
 def physical_memory_bytes() -> int:
     """This machine's memory in bytes (8 GiB where it cannot be read)."""
-    return _physical_memory_bytes()
-
-
-def _physical_memory_bytes() -> int:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):

@@ -395,7 +395,7 @@ class Conv2d(nn.Conv2d):
         self._prepack = False
         self._packed: Optional[torch.Tensor] = None
         self._winograd = False  # asked for, and a 3x3 convolution it computes
-        self._winograd_u: Optional[torch.Tensor] = None  # the weight's transform (16, C, K), made with the packed weight
+        self._winograd_u: Optional[torch.Tensor] = None  # the weight's transform (16, C, K), made on the first packed call
         self._winograd_kernels: Any = None
         self._register_state_dict_hook(Conv2d._dense_weight_in_state_dict)
 

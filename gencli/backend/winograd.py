@@ -9,8 +9,8 @@ elementwise products become 16 matrix products ``V_k (tiles, C) @ U_k (C, K)``: 
 convolution does at the cores' fp32 FMA peak, 2.25x smaller.
 
 :func:`winograd_weight` makes ``U = G g G^T`` once (in float32, within a unit of the last place of the
-exact transform; 8 ms for a 512x512-channel layer, 4x faster than in float64); the extension's ``winograd_conv3x3`` (``csrc/winograd_conv.cpp``) does
-the rest on channels-last feature maps: the tiles in chunks that stay in a core's cache, spread over
+exact transform; 8 ms for a 512x512-channel layer, 4x faster than in float64); the extension's
+``winograd_conv3x3`` (``csrc/winograd_conv.cpp``) does the rest on channels-last feature maps: the tiles in chunks that stay in a core's cache, spread over
 torch's threads, the bias and a residual added on the way out. The values equal ``F.conv2d``'s up to
 the order of the sums (measured against float64: as close as the direct convolution, or closer).
 
@@ -33,10 +33,9 @@ ENV_SWITCH = "GENCLI_WINOGRAD"
 MIN_CHANNELS = 64
 
 # the transforms of a model's convolutions may take this share of the machine's memory at most (beside the
-# packed weights they are made from): a DDPM or VAE's few hundred MB take the path, an SD UNet's 3.7 GB
+# dense weights they are made from): a DDPM or VAE's few hundred MB take the path, an SD UNet's 3.7 GB
 # in float32 does not on a 24 GB machine
 MEMORY_SHARE = 1 / 8
-
 
 
 def enabled() -> bool:
@@ -107,18 +106,5 @@ def kernels() -> Optional[Any]:
     return own
 
 
-def winograd_conv3x3(
-    x: torch.Tensor, u: torch.Tensor, bias: Optional[torch.Tensor] = None, residual: Optional[torch.Tensor] = None, *, own: Any = None
-) -> torch.Tensor:
-    """``F.conv2d(x, g, bias, padding=1) (+ residual)`` for ``u = winograd_weight(g)``: ``x`` float32
-    ``(N, C, H, W)`` on the CPU (made channels-last if it is not); the result is channels-last."""
-    own = own if own is not None else kernels()
-    if own is None:
-        raise RuntimeError(f"winograd_conv3x3: the CPU kernels are unavailable here (or {ENV_SWITCH}=0)")
-    return own.winograd_conv3x3(x.contiguous(memory_format=torch.channels_last), u, bias, residual)
 
-
-__all__ = [
-    "ENV_SWITCH", "MEMORY_SHARE", "MIN_CHANNELS", "eligible", "enabled", "fits_in_memory", "kernels", "transform_bytes", "winograd_conv3x3",
-    "winograd_weight",
-]  # fmt: skip
+__all__ = ["ENV_SWITCH", "MEMORY_SHARE", "MIN_CHANNELS", "eligible", "enabled", "fits_in_memory", "kernels", "transform_bytes", "winograd_weight"]

@@ -92,8 +92,8 @@ def load_autoencoder(
     overflows in fp16); bf16 is kept. ``prepack`` (for inference only: a training step unpacks the
     weights into new parameters, which an optimizer made before would not see): in float32 on a CPU,
     the ResNet blocks' convolution weights are packed for oneDNN on the first call and the 3x3 layers
-    run by Winograd's F(2x2, 3x3) (:mod:`gencli.backend.winograd`: 1.4-1.5x faster encoding and
-    decoding for an SD-sized VAE, its transforms taking 16/9 of those layers' weights beside them).
+    run by Winograd's F(2x2, 3x3) (:mod:`gencli.backend.winograd`: a round trip through an SD-sized VAE
+    1.4-1.7x faster, its transforms taking 16/9 of those layers' weights beside them).
     """
     src = open_autoencoder_source(path, variant=variant, allow_pickle=allow_pickle)
     reader = TensorReader(src, allow_pickle=allow_pickle)
