@@ -170,6 +170,10 @@ def main(argv: list[str] | None = None) -> None:
             if res.get("weight_bytes_per_token") and res.get("decode_tokens_per_s"):
                 res["bandwidth_fraction"] = bandwidth_fraction(res["weight_bytes_per_token"], res["decode_tokens_per_s"], bandwidth)
     report = {"case": args.case, "device": args.device, "dtype": args.dtype, "environment": environment(), "results": results, "ratios": {}}
+    if args.case == "generate" and args.device == "cpu":  # the decoding kernels' per-CPU choices the gencli sides ran with
+        from bench_cases._machine import kernel_tuning
+
+        report["environment"]["kernel_tuning"] = kernel_tuning()
     report["environment"]["read_bandwidth_gbs"] = bandwidth
     # per pair: the median over the rounds of the per-round ratio of each metric (and the ratios)
     compared = {f"{a}/{b}": _round_ratios(rounds, a, b, {**metrics, "peak_rss_mb": "lower"}) for a, b in pairs}
@@ -191,6 +195,9 @@ def main(argv: list[str] | None = None) -> None:
     env = dict(report["environment"])
     caches = " ".join(f"{k} {v}" for k, v in env.pop("caches", {}).items())
     machine = [f"cpu {env.pop('cpu', '?')}", "isa " + " ".join(env.pop("isa", []) or ["-"]), f"caches {caches}"]
+    if env.get("kernel_tuning"):
+        machine.append(f"kernel tuning {env.pop('kernel_tuning')}")
+    env.pop("kernel_tuning", None)
     if env.get("read_bandwidth_gbs"):
         machine.append(f"read bandwidth {env.pop('read_bandwidth_gbs')} GB/s at {args.threads or 'default'} thread(s)")
     env.pop("read_bandwidth_gbs", None)

@@ -21,6 +21,8 @@ def cpu_info() -> dict:
     fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
     fields = {k.strip(): v.strip() for k, v in fields.items()}
     info["cpu"] = fields.get("model name", "unknown")
+    if "cpu family" in fields:  # the generation: a VM may name an AMD EPYC of any (family 25: Zen 3 / 4, 26: Zen 5)
+        info["cpu"] += f" (family {fields['cpu family']}, model {fields.get('model', '?')})"
     flags = set(fields.get("flags", "").split())
     info["isa"] = [f for f in FLAGS if f in flags]
     caches = {}
@@ -33,6 +35,17 @@ def cpu_info() -> dict:
             caches[f"L{level}" + ("d" if kind == "Data" else "")] = size
     info["caches"] = caches
     return info
+
+
+def kernel_tuning() -> str:
+    """The decoding products' per-CPU choices of gencli's CPU extension (csrc/cpu_features.cpp) as
+    ``key=value`` pairs, or "" where the extension cannot be built (loading it may build it once)."""
+    from gencli.backend.quant_kernels import cpu_kernels
+
+    kernels = cpu_kernels()
+    if kernels is None:
+        return ""
+    return " ".join(f"{k}={v}" for k, v in sorted(kernels.tuning().items()))
 
 
 def read_bandwidth_gbs(threads: int | None = None, megabytes: int = 1024, rounds: int = 5, device: str = "cpu") -> float:

@@ -3,6 +3,7 @@
 // work is done in the other files (ops.h); here the arguments are converted and documented.
 #include <torch/extension.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,34 @@ void add_layer(gencli::DecoderStack& stack, const py::tuple& norm1, const std::v
                const py::tuple& norm2, const std::vector<py::tuple>& mlp_in, const py::tuple& mlp_out, double attn_scale) {
   stack.add_layer(norm_spec(norm1), linear_specs(attn_in), linear_spec(o_proj), norm_spec(norm2), linear_specs(mlp_in), linear_spec(mlp_out),
                   attn_scale);
+}
+
+}  // namespace
+
+namespace {
+
+// ProductTuning's fields by name (the Python side's dict keys)
+const std::vector<std::string>& tuning_keys() {
+  static const std::vector<std::string> keys = {"quant_ahead", "dense_ahead", "bf16_ahead", "task_bytes", "tasks_per_thread",
+                                                "dense_rows", "scale_prefetch"};
+  return keys;
+}
+
+int64_t* tuning_field(gencli::ProductTuning& t, const std::string& key) {
+  if (key == "quant_ahead") return &t.quant_ahead;
+  if (key == "dense_ahead") return &t.dense_ahead;
+  if (key == "bf16_ahead") return &t.bf16_ahead;
+  if (key == "task_bytes") return &t.task_bytes;
+  if (key == "tasks_per_thread") return &t.tasks_per_thread;
+  if (key == "dense_rows") return &t.dense_rows;
+  if (key == "scale_prefetch") return &t.scale_prefetch;
+  return nullptr;
+}
+
+std::map<std::string, int64_t> tuning_dict(gencli::ProductTuning t) {
+  std::map<std::string, int64_t> out;
+  for (const auto& key : tuning_keys()) out[key] = *tuning_field(t, key);
+  return out;
 }
 
 }  // namespace
@@ -142,5 +171,26 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "use_isa", [](const std::string& name) { return gencli::set_active_isa(gencli::isa_named(name)); },
       "use 'avx512' or 'avx2' from now on (False, and no change, when the CPU lacks it)");
+  m.def(
+      "tuning", []() { return tuning_dict(gencli::product_tuning()); },
+      "the decoding products' per-CPU choices in use (prefetch distances, rows at once, bytes a task)");
+  m.def(
+      "set_tuning",
+      [](const std::map<std::string, int64_t>& values) {
+        gencli::ProductTuning t = gencli::product_tuning();
+        for (const auto& [key, value] : values) {
+          TORCH_CHECK(value >= 0, "set_tuning: ", key, " must be >= 0");
+          int64_t* field = tuning_field(t, key);
+          TORCH_CHECK(field, "set_tuning: unknown key '", key, "'");
+          *field = value;
+        }
+        t.task_bytes = std::max<int64_t>(t.task_bytes, 1);
+        gencli::product_tuning() = t;
+      },
+      "change the decoding products' choices (keys of tuning()); the benches and the tests", py::arg("values"));
+  m.def(
+      "default_tuning", [](bool amd) { return tuning_dict(gencli::product_tuning_for(amd)); },
+      "the choices made for an AMD CPU (True) or another x86 one (False)", py::arg("amd"));
+  m.def("cpu_vendor_amd", &gencli::cpu_is_amd, "whether this CPU is AMD's");
   m.def("use_attention_isa", &gencli::use_attention_isa, "decode_attention: use 'avx512', 'avx2' or 'scalar' from now on (False beyond the CPU)");
 }

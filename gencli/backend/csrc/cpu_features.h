@@ -3,6 +3,7 @@
 // written for each (the features the detector requires for it).
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 // A region of code compiled for one instruction set: GENCLI_TARGET_... before, GENCLI_TARGET_END after.
@@ -36,6 +37,24 @@ bool set_active_isa(Isa isa);
 bool use_vnni();
 // the float lanes of the active instruction set (16: AVX-512, 8: AVX2, 0: neither)
 int vector_lanes();
+
+// The decoding products' choices that differ between CPUs (cpu_features.cpp says what was measured):
+// how far ahead each kind of weight stream is prefetched, how many fp32 rows are read at once and how
+// many bytes of weight rows a task takes. Chosen at run time from the CPU's vendor (product_tuning_for),
+// settable (the benches and the tests); only the speed depends on them, never a value.
+struct ProductTuning {
+  int64_t quant_ahead = 4096;   // int8 / int4 codes: bytes ahead, prefetched into L1 (0: no software prefetch)
+  int64_t dense_ahead = 8192;   // fp32 rows: bytes ahead, into L2 (0: none)
+  int64_t bf16_ahead = 16384;   // bf16 rows: bytes ahead, into L2 (0: none)
+  int64_t task_bytes = 65536;   // bytes of weight rows a task of the parallel products (rounded to 4 rows)
+  int64_t tasks_per_thread = 0; // ... but at least this many tasks a thread where a call's rows allow (0: no bound)
+  int64_t dense_rows = 4;       // fp32 rows multiplied together: 4 (weight_rows) or 1 (f32_row_tile: one stream, four sums)
+  int64_t scale_prefetch = 0;   // int4: prefetch the scales and zero points of the rows the codes' prefetch reaches (1) or not (0)
+};
+bool cpu_is_amd();
+ProductTuning product_tuning_for(bool amd);
+// the tuning in use (product_tuning_for this CPU unless changed)
+ProductTuning& product_tuning();
 
 // "avx512", "avx2", "" for none; and back (anything else: none)
 std::string isa_name(Isa isa);

@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include <immintrin.h>
@@ -37,19 +38,8 @@ constexpr int kMaxRows = 4;         // activation rows handled together (each we
 constexpr int kInt4RowsAtOnce = 2;  // integer int4: weight rows multiplied together (2 measured best of 1, 2, 4)
 constexpr int kRowsAtOnce = 4;      // int8: weight rows multiplied together (each load of x serves them all)
 
-// bytes ahead in each stream of weights that are prefetched (a one-thread matrix-vector product over
-// weights in memory: 0.6-0.9x the time without, measured at 256-4096 bytes on layers of 3072x768, 768x3072)
-constexpr int64_t kPrefetchBytes = 4096;
-
-// dense (fp32, bf16) weights: further ahead, into L2 (one thread streaming 60 layers of 3072x768 from
-// memory, GB/s for fp32 / bf16: 4096 bytes into L1 12.1 / 10.8, 16384 into L2 13.6 / 12.5, no software
-// prefetch 11.9 / 9.0; 1, 2 or 8 rows at once instead of 4 within 0.5 GB/s). fp32 rows, 4 at once:
-// 8192 bytes ahead decodes 1-5% more tokens/s than 16384 (GPT-2 and Llama shapes, 1 and 2 threads,
-// alternating builds on the 2-core Xeon), 32768 3-9% fewer; the bf16 column-pair kernel (one row at a
-// time) keeps 16384 (8192 was within the noise at 2 threads and slower at 1).
-constexpr int64_t kDenseAhead = 8192;
-constexpr int64_t kBf16Ahead = 16384;
-
+// how far ahead each stream of weights is prefetched, and the bytes a task: ProductTuning (cpu_features.h),
+// chosen per CPU (cpu_features.cpp says what was measured)
 inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
 inline void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
 
@@ -85,8 +75,8 @@ GENCLI_TARGET_END
 
 namespace {
 
-// rows per task: enough work (~64k weights) that a thread's share outweighs the scheduling
-int64_t grain(int64_t K) { return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(K, 1)); }
+// rows per task: enough work (task_bytes of weights) that a thread's share outweighs the scheduling
+int64_t grain(int64_t K) { return std::max<int64_t>(1, product_tuning().task_bytes / std::max<int64_t>(K, 1)); }
 
 // Runs tile<MT>(row pointer offset m0, ...) over the activation rows in tiles of at most kMaxRows.
 template <typename F>
@@ -122,7 +112,12 @@ void parallel_chunks(int64_t count, F&& fn) {
 // to kMaxRows activation rows
 template <typename F>
 void for_tiles(int64_t M, const std::vector<int64_t>& Ns, int64_t row_bytes, F&& tile) {
-  const int64_t rows = (grain(row_bytes) + 3) / 4 * 4;
+  int64_t total = 0, rows = grain(row_bytes);
+  for (int64_t n : Ns) total += n;
+  // at least tasks_per_thread tasks a thread where the rows allow (large tasks must not leave a thread idle)
+  const int64_t per_thread = product_tuning().tasks_per_thread;
+  if (per_thread > 0) rows = std::min(rows, std::max<int64_t>(1, total / (per_thread * std::max(1, at::get_num_threads()))));
+  rows = (rows + 3) / 4 * 4;
   std::vector<std::pair<int64_t, int64_t>> chunks;  // (weight, first row)
   for (int64_t i = 0; i < static_cast<int64_t>(Ns.size()); ++i)
     for (int64_t n0 = 0; n0 < Ns[i]; n0 += rows) chunks.emplace_back(i, n0);
