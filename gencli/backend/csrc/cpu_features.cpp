@@ -58,7 +58,7 @@ bool cpu_is_amd() {
 
 // Measured on two 2-core machines, decoding GPT-2-124M and Llama shapes at 1 and 2 threads, each choice
 // against the others (docs/benchmarks.md).
-// - The defaults, on an Intel Xeon (AVX-512 with AMX, 105 MB L3). The quantized codes 4 KB ahead into L1
+// - The defaults, on an Intel Xeon (AVX-512 with AMX; 2 MB L2 a core). The quantized codes 4 KB ahead into L1
 //   (a one-thread product over weights in memory: 0.6-0.9x the time without, at 256-4096 bytes on
 //   layers of 3072x768, 768x3072). Dense weights further ahead, into L2 (one thread streaming 60 layers
 //   of 3072x768, GB/s fp32 / bf16: 4096 bytes into L1 12.1 / 10.8, 16384 into L2 13.6 / 12.5, none 11.9
