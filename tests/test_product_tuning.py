@@ -48,6 +48,10 @@ def test_a_bad_choice_is_refused_and_changes_nothing(kernels):
         kernels.set_tuning({"quant_ahead": 0, "prefetch": 1})
     with pytest.raises(RuntimeError, match="must be >= 0"):
         kernels.set_tuning({"dense_ahead": -1})
+    with pytest.raises(RuntimeError, match="dense_rows must be 1 or 4"):
+        kernels.set_tuning({"dense_rows": 2})
+    with pytest.raises(RuntimeError, match="scale_prefetch must be 0 or 1"):
+        kernels.set_tuning({"scale_prefetch": 3})
     assert kernels.tuning() == before
     kernels.set_tuning({"task_bytes": 0})  # at least one byte: one row a task
     assert kernels.tuning()["task_bytes"] == 1

@@ -3,7 +3,10 @@
 // work is done in the other files (ops.h); here the arguments are converted and documented.
 #include <torch/extension.h>
 
+#include <algorithm>
+#include <iterator>
 #include <map>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -55,27 +58,31 @@ void add_layer(gencli::DecoderStack& stack, const py::tuple& norm1, const std::v
 namespace {
 
 // ProductTuning's fields by name (the Python side's dict keys)
-const std::vector<std::string>& tuning_keys() {
-  static const std::vector<std::string> keys = {"quant_ahead", "dense_ahead", "bf16_ahead", "task_bytes", "tasks_per_thread",
-                                                "dense_rows", "scale_prefetch"};
-  return keys;
-}
+constexpr std::pair<const char*, int64_t gencli::ProductTuning::*> kTuningFields[] = {
+    {"quant_ahead", &gencli::ProductTuning::quant_ahead}, {"dense_ahead", &gencli::ProductTuning::dense_ahead},
+    {"bf16_ahead", &gencli::ProductTuning::bf16_ahead},   {"task_bytes", &gencli::ProductTuning::task_bytes},
+    {"tasks_per_thread", &gencli::ProductTuning::tasks_per_thread}, {"dense_rows", &gencli::ProductTuning::dense_rows},
+    {"scale_prefetch", &gencli::ProductTuning::scale_prefetch}};
 
-int64_t* tuning_field(gencli::ProductTuning& t, const std::string& key) {
-  if (key == "quant_ahead") return &t.quant_ahead;
-  if (key == "dense_ahead") return &t.dense_ahead;
-  if (key == "bf16_ahead") return &t.bf16_ahead;
-  if (key == "task_bytes") return &t.task_bytes;
-  if (key == "tasks_per_thread") return &t.tasks_per_thread;
-  if (key == "dense_rows") return &t.dense_rows;
-  if (key == "scale_prefetch") return &t.scale_prefetch;
-  return nullptr;
-}
-
-std::map<std::string, int64_t> tuning_dict(gencli::ProductTuning t) {
+std::map<std::string, int64_t> tuning_dict(const gencli::ProductTuning& t) {
   std::map<std::string, int64_t> out;
-  for (const auto& key : tuning_keys()) out[key] = *tuning_field(t, key);
+  for (const auto& [name, field] : kTuningFields) out[name] = t.*field;
   return out;
+}
+
+// t with values set by name: unknown names, negative values, dense_rows other than 1 or 4 and
+// scale_prefetch other than 0 or 1 refused (t unchanged)
+gencli::ProductTuning tuned(gencli::ProductTuning t, const std::map<std::string, int64_t>& values) {
+  for (const auto& [key, value] : values) {
+    auto it = std::find_if(std::begin(kTuningFields), std::end(kTuningFields), [&](const auto& f) { return key == f.first; });
+    TORCH_CHECK(it != std::end(kTuningFields), "set_tuning: unknown key '", key, "'");
+    TORCH_CHECK(value >= 0, "set_tuning: ", key, " must be >= 0");
+    TORCH_CHECK(key != "dense_rows" || value == 1 || value == 4, "set_tuning: dense_rows must be 1 or 4");
+    TORCH_CHECK(key != "scale_prefetch" || value <= 1, "set_tuning: scale_prefetch must be 0 or 1");
+    t.*(it->second) = value;
+  }
+  t.task_bytes = std::max<int64_t>(t.task_bytes, 1);
+  return t;
 }
 
 }  // namespace
@@ -175,18 +182,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "tuning", []() { return tuning_dict(gencli::product_tuning()); },
       "the decoding products' per-CPU choices in use (prefetch distances, rows at once, bytes a task)");
   m.def(
-      "set_tuning",
-      [](const std::map<std::string, int64_t>& values) {
-        gencli::ProductTuning t = gencli::product_tuning();
-        for (const auto& [key, value] : values) {
-          TORCH_CHECK(value >= 0, "set_tuning: ", key, " must be >= 0");
-          int64_t* field = tuning_field(t, key);
-          TORCH_CHECK(field, "set_tuning: unknown key '", key, "'");
-          *field = value;
-        }
-        t.task_bytes = std::max<int64_t>(t.task_bytes, 1);
-        gencli::product_tuning() = t;
-      },
+      "set_tuning", [](const std::map<std::string, int64_t>& values) { gencli::product_tuning() = tuned(gencli::product_tuning(), values); },
       "change the decoding products' choices (keys of tuning()); the benches and the tests", py::arg("values"));
   m.def(
       "default_tuning", [](bool amd) { return tuning_dict(gencli::product_tuning_for(amd)); },
