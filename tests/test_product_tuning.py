@@ -1,5 +1,6 @@
 """The decoding products' per-CPU choices (csrc/cpu_features.{h,cpp}: ProductTuning): prefetch
-distances, one fp32 stream a thread or four rows at once, int4's scale prefetch, the bytes a task.
+distances, one stream a thread or several rows at once (fp32, int8, int4), int4's scale prefetch, the
+bytes a task.
 They change the speed only: every product (fp32, bf16, int8 and int4, fp32 or int8 activations)
 under each CPU's choices and under extreme ones equals the plain reference, at 1 and 2 threads and
 on every instruction set this CPU has. The choice in use is the one made for this CPU's vendor."""
@@ -14,12 +15,16 @@ from gencli.backend.quantize import quantize_int4, quantize_int8
 
 needs_kernels = pytest.mark.usefixtures("quant_kernels_built")
 
-INTEL = {"quant_ahead": 4096, "dense_ahead": 8192, "bf16_ahead": 16384, "task_bytes": 65536, "tasks_per_thread": 0, "dense_rows": 4, "scale_prefetch": 0}
-AMD = {"quant_ahead": 8192, "dense_ahead": 0, "bf16_ahead": 4096, "task_bytes": 1 << 20, "tasks_per_thread": 4, "dense_rows": 1, "scale_prefetch": 1}
+INTEL = {"int8_ahead": 4096, "int4_ahead": 4096, "dense_ahead": 8192, "bf16_ahead": 16384, "task_bytes": 65536, "tasks_per_thread": 0,
+         "dense_rows": 4, "scale_prefetch": 0, "int8_rows": 4, "int4_rows": 2}
+AMD = {"int8_ahead": 16384, "int4_ahead": 8192, "dense_ahead": 0, "bf16_ahead": 4096, "task_bytes": 1 << 20, "tasks_per_thread": 4,
+       "dense_rows": 1, "scale_prefetch": 1, "int8_rows": 1, "int4_rows": 1}
 # extremes: no prefetch at all; far prefetch with tiny tasks (every task a few rows, past every row's end)
 EXTREMES = [
-    {"quant_ahead": 0, "dense_ahead": 0, "bf16_ahead": 0, "task_bytes": 1, "tasks_per_thread": 0, "dense_rows": 4, "scale_prefetch": 1},
-    {"quant_ahead": 65536, "dense_ahead": 65536, "bf16_ahead": 65536, "task_bytes": 512, "tasks_per_thread": 64, "dense_rows": 1, "scale_prefetch": 1},
+    {"int8_ahead": 0, "int4_ahead": 0, "dense_ahead": 0, "bf16_ahead": 0, "task_bytes": 1, "tasks_per_thread": 0, "dense_rows": 4,
+     "scale_prefetch": 1, "int8_rows": 4, "int4_rows": 2},
+    {"int8_ahead": 65536, "int4_ahead": 65536, "dense_ahead": 65536, "bf16_ahead": 65536, "task_bytes": 512, "tasks_per_thread": 64,
+     "dense_rows": 1, "scale_prefetch": 1, "int8_rows": 1, "int4_rows": 1},
 ]
 
 
@@ -45,13 +50,17 @@ def test_the_choice_in_use_is_this_cpus_and_each_vendor_has_its_own(kernels):
 def test_a_bad_choice_is_refused_and_changes_nothing(kernels):
     before = kernels.tuning()
     with pytest.raises(RuntimeError, match="unknown key 'prefetch'"):
-        kernels.set_tuning({"quant_ahead": 0, "prefetch": 1})
+        kernels.set_tuning({"int8_ahead": 0, "prefetch": 1})
     with pytest.raises(RuntimeError, match="must be >= 0"):
         kernels.set_tuning({"dense_ahead": -1})
     with pytest.raises(RuntimeError, match="dense_rows must be 1 or 4"):
         kernels.set_tuning({"dense_rows": 2})
     with pytest.raises(RuntimeError, match="scale_prefetch must be 0 or 1"):
         kernels.set_tuning({"scale_prefetch": 3})
+    with pytest.raises(RuntimeError, match="int8_rows must be 1 or 4"):
+        kernels.set_tuning({"int8_rows": 2})
+    with pytest.raises(RuntimeError, match="int4_rows must be 1 or 2"):
+        kernels.set_tuning({"int4_rows": 4})
     assert kernels.tuning() == before
     kernels.set_tuning({"task_bytes": 0})  # at least one byte: one row a task
     assert kernels.tuning()["task_bytes"] == 1
@@ -95,6 +104,26 @@ def test_every_choice_computes_the_same_products(kernels, isa, threads, choice, 
 
 
 @needs_kernels
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("choice", ["intel", "amd"])
+def test_int4_rows_whose_scales_span_several_lines(kernels, isa, threads, choice):
+    """Every line of a long row's scales and zero points is prefetched (3104 columns in groups of 32:
+    97 scales, 194 bytes a row): the products are those of the reference, each row on its own or two
+    at a time, with a lead of less than one row or of several."""
+    kernels.set_tuning({"intel": INTEL, "amd": AMD}[choice])
+    torch.set_num_threads(threads)
+    torch.manual_seed(threads)
+    K = 32 * 97
+    w, x = torch.randn(37, K) * 0.05, torch.randn(2, K)
+    q = quantize_int4(w, 32)
+    for ahead in (1024, 8192, 65536):
+        kernels.set_tuning({"int4_ahead": ahead})
+        for act in (False, True):
+            got = kernels.int4_gemv(x, q[0], q[1], q[2], 32, act)
+            torch.testing.assert_close(got, kernels.int4_gemv_reference(x, q[0], q[1], q[2], 32, act), rtol=1e-5, atol=1e-5)
+
+
+@needs_kernels
 def test_the_fp32_row_kernel_handles_rows_shorter_than_a_step(kernels, isa):
     """One fp32 stream a thread reads 4 vectors a step: rows of fewer columns, and tails, go by vector
     and by value."""
@@ -114,8 +143,8 @@ def test_the_bench_names_the_choices_and_the_cpu_generation(kernels, monkeypatch
     sys.modules.pop("bench_cases._machine", None)
     from bench_cases._machine import cpu_info, kernel_tuning
 
-    kernels.set_tuning({"quant_ahead": 1234})
+    kernels.set_tuning({"int4_ahead": 1234})
     line = kernel_tuning()
-    assert "quant_ahead=1234" in line and f"task_bytes={kernels.tuning()['task_bytes']}" in line
+    assert "int4_ahead=1234" in line and f"task_bytes={kernels.tuning()['task_bytes']}" in line
     if Path("/proc/cpuinfo").exists() and "cpu family" in Path("/proc/cpuinfo").read_text():
         assert "(family " in cpu_info()["cpu"]

@@ -59,10 +59,12 @@ namespace {
 
 // ProductTuning's fields by name (the Python side's dict keys)
 constexpr std::pair<const char*, int64_t gencli::ProductTuning::*> kTuningFields[] = {
-    {"quant_ahead", &gencli::ProductTuning::quant_ahead}, {"dense_ahead", &gencli::ProductTuning::dense_ahead},
+    {"int8_ahead", &gencli::ProductTuning::int8_ahead},   {"int4_ahead", &gencli::ProductTuning::int4_ahead},
+    {"dense_ahead", &gencli::ProductTuning::dense_ahead},
     {"bf16_ahead", &gencli::ProductTuning::bf16_ahead},   {"task_bytes", &gencli::ProductTuning::task_bytes},
     {"tasks_per_thread", &gencli::ProductTuning::tasks_per_thread}, {"dense_rows", &gencli::ProductTuning::dense_rows},
-    {"scale_prefetch", &gencli::ProductTuning::scale_prefetch}};
+    {"scale_prefetch", &gencli::ProductTuning::scale_prefetch}, {"int8_rows", &gencli::ProductTuning::int8_rows},
+    {"int4_rows", &gencli::ProductTuning::int4_rows}};
 
 std::map<std::string, int64_t> tuning_dict(const gencli::ProductTuning& t) {
   std::map<std::string, int64_t> out;
@@ -70,14 +72,16 @@ std::map<std::string, int64_t> tuning_dict(const gencli::ProductTuning& t) {
   return out;
 }
 
-// t with values set by name: unknown names, negative values, dense_rows other than 1 or 4 and
-// scale_prefetch other than 0 or 1 refused (t unchanged)
+// t with values set by name: unknown names, negative values, dense_rows or int8_rows other than 1 or 4,
+// int4_rows other than 1 or 2 and scale_prefetch other than 0 or 1 refused (t unchanged)
 gencli::ProductTuning tuned(gencli::ProductTuning t, const std::map<std::string, int64_t>& values) {
   for (const auto& [key, value] : values) {
     auto it = std::find_if(std::begin(kTuningFields), std::end(kTuningFields), [&](const auto& f) { return key == f.first; });
     TORCH_CHECK(it != std::end(kTuningFields), "set_tuning: unknown key '", key, "'");
     TORCH_CHECK(value >= 0, "set_tuning: ", key, " must be >= 0");
     TORCH_CHECK(key != "dense_rows" || value == 1 || value == 4, "set_tuning: dense_rows must be 1 or 4");
+    TORCH_CHECK(key != "int8_rows" || value == 1 || value == 4, "set_tuning: int8_rows must be 1 or 4");
+    TORCH_CHECK(key != "int4_rows" || value == 1 || value == 2, "set_tuning: int4_rows must be 1 or 2");
     TORCH_CHECK(key != "scale_prefetch" || value <= 1, "set_tuning: scale_prefetch must be 0 or 1");
     t.*(it->second) = value;
   }

@@ -67,20 +67,26 @@ bool cpu_is_amd() {
 //   within the noise at 2 threads, slower at 1). Tasks of 64 kB.
 // - An AMD EPYC (Zen 5, 1 MB L2 a core, 32 MB L3), each value against the others in one process
 //   (tokens/s): its hardware prefetchers follow one fp32 stream a thread best, with no software prefetch
-//   (1.1-1.2x four prefetched rows at once, GPT-2 and Llama shapes); the quantized codes want 8 KB of
-//   lead (at one thread int8 1.12x, int4 1.15x against 4 KB); int4's scales and zero points a prefetch
-//   of their own, as far ahead as the codes (1.2-1.3x); bf16 4 KB ahead (1.04x 16 KB at two threads,
-//   0.97x at one); tasks of 1 MB, at least 4 a thread (fp32 1.05-1.08x 64 kB tasks; int4 unchanged).
+//   (1.1-1.2x four prefetched rows at once, GPT-2 and Llama shapes), and so do the quantized products:
+//   int8 one row at a time with its codes 16 KB ahead (1.18-1.30x four rows 8 KB ahead at 1 and 2 threads,
+//   GPT-2 and Llama; one row 8 KB ahead lost 0.8x on Llama at 2 threads), int4 one row at a time 8 KB ahead
+//   (1.02-1.15x two rows; 16 KB 0.95x); int4's scales and zero points a prefetch of their own, every
+//   line of them, as far ahead as the codes (1.8x none; 1.06-1.16x the first line of each row only, which
+//   left rows of 3072 columns at 55% of the speed of rows of 768); bf16 4 KB ahead (1.04x 16 KB at two
+//   threads, 0.97x at one); tasks of 1 MB, at least 4 a thread (fp32 1.05-1.08x 64 kB tasks; int4 unchanged).
 ProductTuning product_tuning_for(bool amd) {
   ProductTuning t;
   if (amd) {
-    t.quant_ahead = 8192;
+    t.int8_ahead = 16384;
+    t.int4_ahead = 8192;
     t.dense_ahead = 0;
     t.bf16_ahead = 4096;
     t.task_bytes = 1 << 20;
     t.tasks_per_thread = 4;
     t.dense_rows = 1;
     t.scale_prefetch = 1;
+    t.int8_rows = 1;
+    t.int4_rows = 1;
   }
   return t;
 }

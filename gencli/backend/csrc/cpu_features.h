@@ -43,13 +43,16 @@ int vector_lanes();
 // many bytes of weight rows a task takes. Chosen at run time from the CPU's vendor (product_tuning_for),
 // settable (the benches and the tests); only the speed depends on them, never a value.
 struct ProductTuning {
-  int64_t quant_ahead = 4096;   // int8 / int4 codes: bytes ahead, prefetched into L1 (0: no software prefetch)
+  int64_t int8_ahead = 4096;    // int8 codes: bytes ahead, prefetched into L1 (0: no software prefetch)
+  int64_t int4_ahead = 4096;    // int4 codes: bytes ahead, into L1 (0: none)
   int64_t dense_ahead = 8192;   // fp32 rows: bytes ahead, into L2 (0: none)
   int64_t bf16_ahead = 16384;   // bf16 rows: bytes ahead, into L2 (0: none)
   int64_t task_bytes = 65536;   // bytes of weight rows a task of the parallel products (rounded to 4 rows)
   int64_t tasks_per_thread = 0; // ... but at least this many tasks a thread where a call's rows allow (0: no bound)
   int64_t dense_rows = 4;       // fp32 rows multiplied together: 4 (weight_rows) or 1 (f32_row_tile: one stream, four sums)
   int64_t scale_prefetch = 0;   // int4: prefetch the scales and zero points of the rows the codes' prefetch reaches (1) or not (0)
+  int64_t int8_rows = 4;        // int8 rows multiplied together (int8 activations): 4 or 1
+  int64_t int4_rows = 2;        // int4 rows multiplied together (int8 activations): 2 or 1
 };
 bool cpu_is_amd();
 ProductTuning product_tuning_for(bool amd);

@@ -35,13 +35,29 @@ namespace gencli {
 namespace {
 
 constexpr int kMaxRows = 4;         // activation rows handled together (each weight row is read once per tile)
-constexpr int kInt4RowsAtOnce = 2;  // integer int4: weight rows multiplied together (2 measured best of 1, 2, 4)
-constexpr int kRowsAtOnce = 4;      // int8: weight rows multiplied together (each load of x serves them all)
+constexpr int kInt4RowsAtOnce = 2;  // integer int4: weight rows multiplied together (on Intel 2 measured best of 1, 2, 4; ProductTuning::int4_rows: this or 1)
+constexpr int kRowsAtOnce = 4;      // int8: weight rows multiplied together (each load of x serves them all; ProductTuning::int8_rows: this or 1)
 
 // how far ahead each stream of weights is prefetched, and the bytes a task: ProductTuning (cpu_features.h),
 // chosen per CPU (cpu_features.cpp says what was measured)
 inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
 inline void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
+
+// int4: how far ahead (bf16 values) a row's scales and zero points are prefetched: as many rows as the
+// codes' lead, at least one (0: none; scale_prefetch off)
+int64_t int4_scale_lead(int64_t K, int64_t groups) {
+  const ProductTuning& t = product_tuning();
+  return t.scale_prefetch ? std::max<int64_t>(1, t.int4_ahead / std::max<int64_t>(1, K / 2)) * groups : 0;
+}
+
+// every line of one row's scales and zero points (groups bf16 values each, 32 a line; a row of long
+// rows spans several: 192 bytes at K 3072, G 32), from lead values on
+inline void prefetch_int4_scales(const uint16_t* s, const uint16_t* z, int64_t groups, int64_t lead) {
+  for (int64_t b = 0; b < groups; b += 32) {
+    prefetch(s + lead + b);
+    prefetch(z + lead + b);
+  }
+}
 
 }  // namespace
 
