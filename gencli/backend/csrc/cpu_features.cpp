@@ -69,7 +69,8 @@ bool cpu_is_amd() {
 //   (tokens/s): its hardware prefetchers follow one fp32 stream a thread best, with no software prefetch
 //   (1.1-1.2x four prefetched rows at once, GPT-2 and Llama shapes), and so do the quantized products:
 //   int8 one row at a time with its codes 16 KB ahead (1.18-1.30x four rows 8 KB ahead at 1 and 2 threads,
-//   GPT-2 and Llama; one row 8 KB ahead lost 0.8x on Llama at 2 threads), int4 one row at a time 8 KB ahead
+//   GPT-2 and Llama; one row 8 KB ahead lost 0.8x on Llama at 2 threads; the fp32-activation int8 kernel,
+//   four rows, 1.28x 8 KB ahead at 1 thread, 0.99x at 2), int4 one row at a time 8 KB ahead
 //   (1.02-1.15x two rows; 16 KB 0.95x); int4's scales and zero points a prefetch of their own, every
 //   line of them, as far ahead as the codes (1.8x none; 1.06-1.16x the first line of each row only, which
 //   left rows of 3072 columns at 55% of the speed of rows of 768); bf16 4 KB ahead (1.04x 16 KB at two
