@@ -39,8 +39,8 @@ bool use_vnni();
 int vector_lanes();
 
 // The decoding products' choices that differ between CPUs (cpu_features.cpp says what was measured):
-// how far ahead each kind of weight stream is prefetched, how many fp32 rows are read at once and how
-// many bytes of weight rows a task takes. Chosen at run time from the CPU's vendor (product_tuning_for),
+// how far ahead each kind of weight stream is prefetched, how many fp32, int8 and int4 rows are read at
+// once, whether int4's scales get a prefetch of their own and how many bytes of weight rows a task takes. Chosen at run time from the CPU's vendor (product_tuning_for),
 // settable (the benches and the tests); only the speed depends on them, never a value.
 struct ProductTuning {
   int64_t int8_ahead = 4096;    // int8 codes: bytes ahead, prefetched into L1 (0: no software prefetch)
