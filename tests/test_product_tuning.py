@@ -1,6 +1,6 @@
 """The decoding products' per-CPU choices (csrc/cpu_features.{h,cpp}: ProductTuning): prefetch
-distances, one stream a thread or several rows at once (fp32, int8, int4), int4's scale prefetch, the
-bytes a task.
+distances and the cache level bf16 rows are prefetched into, one stream a thread or several rows at
+once (fp32, int8, int4), int4's scale prefetch, the bytes a task.
 They change the speed only: every product (fp32, bf16, int8 and int4, fp32 or int8 activations)
 under each CPU's choices and under extreme ones equals the plain reference, at 1 and 2 threads and
 on every instruction set this CPU has. The choice in use is the one made for this CPU's vendor."""
@@ -16,15 +16,15 @@ from gencli.backend.quantize import quantize_int4, quantize_int8
 needs_kernels = pytest.mark.usefixtures("quant_kernels_built")
 
 INTEL = {"int8_ahead": 4096, "int4_ahead": 4096, "dense_ahead": 8192, "bf16_ahead": 16384, "task_bytes": 65536, "tasks_per_thread": 0,
-         "dense_rows": 4, "scale_prefetch": 0, "int8_rows": 4, "int4_rows": 2}
-AMD = {"int8_ahead": 16384, "int4_ahead": 8192, "dense_ahead": 0, "bf16_ahead": 4096, "task_bytes": 1 << 20, "tasks_per_thread": 4,
-       "dense_rows": 1, "scale_prefetch": 1, "int8_rows": 1, "int4_rows": 1}
+         "dense_rows": 4, "scale_prefetch": 0, "int8_rows": 4, "int4_rows": 2, "bf16_level": 2}
+AMD = {"int8_ahead": 16384, "int4_ahead": 8192, "dense_ahead": 0, "bf16_ahead": 8192, "task_bytes": 1 << 20, "tasks_per_thread": 4,
+       "dense_rows": 1, "scale_prefetch": 1, "int8_rows": 1, "int4_rows": 1, "bf16_level": 1}
 # extremes: no prefetch at all; far prefetch with tiny tasks (every task a few rows, past every row's end)
 EXTREMES = [
     {"int8_ahead": 0, "int4_ahead": 0, "dense_ahead": 0, "bf16_ahead": 0, "task_bytes": 1, "tasks_per_thread": 0, "dense_rows": 4,
-     "scale_prefetch": 1, "int8_rows": 4, "int4_rows": 2},
+     "scale_prefetch": 1, "int8_rows": 4, "int4_rows": 2, "bf16_level": 2},
     {"int8_ahead": 65536, "int4_ahead": 65536, "dense_ahead": 65536, "bf16_ahead": 65536, "task_bytes": 512, "tasks_per_thread": 64,
-     "dense_rows": 1, "scale_prefetch": 1, "int8_rows": 1, "int4_rows": 1},
+     "dense_rows": 1, "scale_prefetch": 1, "int8_rows": 1, "int4_rows": 1, "bf16_level": 1},
 ]
 
 
@@ -61,9 +61,19 @@ def test_a_bad_choice_is_refused_and_changes_nothing(kernels):
         kernels.set_tuning({"int8_rows": 2})
     with pytest.raises(RuntimeError, match="int4_rows must be 1 or 2"):
         kernels.set_tuning({"int4_rows": 4})
+    with pytest.raises(RuntimeError, match="bf16_level must be 1 or 2"):
+        kernels.set_tuning({"bf16_level": 3})
     assert kernels.tuning() == before
     kernels.set_tuning({"task_bytes": 0})  # at least one byte: one row a task
     assert kernels.tuning()["task_bytes"] == 1
+
+
+@needs_kernels
+def test_the_kernels_scratch_starts_on_a_cache_line(kernels):
+    # activations' copies, their int8 codes and the decoder step's buffers; a vector load from a
+    # 16-byte aligned block would span two lines (bf16 products at 0.5-0.6x the speed on an AMD EPYC)
+    sizes = [1, 3, 17, 768, 769, 3072, 3104, 11008, 5, 100003]
+    assert kernels.scratch_misalignment(sizes) == [0] * (2 * len(sizes))
 
 
 def _products(k, x, dense, bf16, q8, q4):

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cpu_features.h"
+#include "kernels.h"
 #include "ops.h"
 
 namespace {
@@ -64,7 +65,7 @@ constexpr std::pair<const char*, int64_t gencli::ProductTuning::*> kTuningFields
     {"bf16_ahead", &gencli::ProductTuning::bf16_ahead},   {"task_bytes", &gencli::ProductTuning::task_bytes},
     {"tasks_per_thread", &gencli::ProductTuning::tasks_per_thread}, {"dense_rows", &gencli::ProductTuning::dense_rows},
     {"scale_prefetch", &gencli::ProductTuning::scale_prefetch}, {"int8_rows", &gencli::ProductTuning::int8_rows},
-    {"int4_rows", &gencli::ProductTuning::int4_rows}};
+    {"int4_rows", &gencli::ProductTuning::int4_rows}, {"bf16_level", &gencli::ProductTuning::bf16_level}};
 
 std::map<std::string, int64_t> tuning_dict(const gencli::ProductTuning& t) {
   std::map<std::string, int64_t> out;
@@ -73,7 +74,8 @@ std::map<std::string, int64_t> tuning_dict(const gencli::ProductTuning& t) {
 }
 
 // t with values set by name: unknown names, negative values, dense_rows or int8_rows other than 1 or 4,
-// int4_rows other than 1 or 2 and scale_prefetch other than 0 or 1 refused (t unchanged)
+// int4_rows other than 1 or 2, bf16_level other than 1 or 2 and scale_prefetch other than 0 or 1
+// refused (t unchanged)
 gencli::ProductTuning tuned(gencli::ProductTuning t, const std::map<std::string, int64_t>& values) {
   for (const auto& [key, value] : values) {
     auto it = std::find_if(std::begin(kTuningFields), std::end(kTuningFields), [&](const auto& f) { return key == f.first; });
@@ -82,6 +84,7 @@ gencli::ProductTuning tuned(gencli::ProductTuning t, const std::map<std::string,
     TORCH_CHECK(key != "dense_rows" || value == 1 || value == 4, "set_tuning: dense_rows must be 1 or 4");
     TORCH_CHECK(key != "int8_rows" || value == 1 || value == 4, "set_tuning: int8_rows must be 1 or 4");
     TORCH_CHECK(key != "int4_rows" || value == 1 || value == 2, "set_tuning: int4_rows must be 1 or 2");
+    TORCH_CHECK(key != "bf16_level" || value == 1 || value == 2, "set_tuning: bf16_level must be 1 or 2");
     TORCH_CHECK(key != "scale_prefetch" || value <= 1, "set_tuning: scale_prefetch must be 0 or 1");
     t.*(it->second) = value;
   }
@@ -192,5 +195,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "default_tuning", [](bool amd) { return tuning_dict(gencli::product_tuning_for(amd)); },
       "the choices made for an AMD CPU (True) or another x86 one (False)", py::arg("amd"));
   m.def("cpu_vendor_amd", &gencli::cpu_is_amd, "whether this CPU is AMD's");
+  m.def(
+      "scratch_misalignment",
+      [](const std::vector<int64_t>& sizes) {
+        // the scratch vectors' allocator, grown through the given sizes as the kernels grow theirs
+        std::vector<int64_t> out;
+        gencli::AlignedVector<float> f;
+        gencli::AlignedVector<int8_t> b;
+        for (int64_t n : sizes) {
+          f.resize(n);
+          b.resize(n);
+          out.push_back(reinterpret_cast<uintptr_t>(f.data()) % 64);
+          out.push_back(reinterpret_cast<uintptr_t>(b.data()) % 64);
+        }
+        return out;
+      },
+      "bytes past a cache line's start of the kernels' scratch vectors (float and int8) at each size: all 0", py::arg("sizes"));
   m.def("use_attention_isa", &gencli::use_attention_isa, "decode_attention: use 'avx512', 'avx2' or 'scalar' from now on (False beyond the CPU)");
 }

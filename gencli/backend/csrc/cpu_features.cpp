@@ -73,15 +73,17 @@ bool cpu_is_amd() {
 //   four rows, 1.28x 8 KB ahead at 1 thread, 0.99x at 2), int4 one row at a time 8 KB ahead
 //   (1.02-1.15x two rows; 16 KB 0.95x); int4's scales and zero points a prefetch of their own, every
 //   line of them, as far ahead as the codes (1.8x none; 1.06-1.16x the first line of each row only, which
-//   left rows of 3072 columns at 55% of the speed of rows of 768); bf16 4 KB ahead (1.04x 16 KB at two
-//   threads, 0.97x at one); tasks of 1 MB, at least 4 a thread (fp32 1.05-1.08x 64 kB tasks; int4 unchanged).
+//   left rows of 3072 columns at 55% of the speed of rows of 768); bf16 8 KB ahead into L1 (1.11-1.12x
+//   4 KB into L2 at one thread, GPT-2 and Llama; 0.99x and 1.08x at two; 16 KB 0.96-0.98x); tasks of
+//   1 MB, at least 4 a thread (fp32 1.05-1.08x 64 kB tasks; int4 unchanged).
 ProductTuning product_tuning_for(bool amd) {
   ProductTuning t;
   if (amd) {
     t.int8_ahead = 16384;
     t.int4_ahead = 8192;
     t.dense_ahead = 0;
-    t.bf16_ahead = 4096;
+    t.bf16_ahead = 8192;
+    t.bf16_level = 1;
     t.task_bytes = 1 << 20;
     t.tasks_per_thread = 4;
     t.dense_rows = 1;

@@ -46,7 +46,8 @@ struct ProductTuning {
   int64_t int8_ahead = 4096;    // int8 codes: bytes ahead, prefetched into L1 (0: no software prefetch)
   int64_t int4_ahead = 4096;    // int4 codes: bytes ahead, into L1 (0: none)
   int64_t dense_ahead = 8192;   // fp32 rows: bytes ahead, into L2 (0: none)
-  int64_t bf16_ahead = 16384;   // bf16 rows: bytes ahead, into L2 (0: none)
+  int64_t bf16_ahead = 16384;   // bf16 rows: bytes ahead (0: none) ...
+  int64_t bf16_level = 2;       // ... prefetched into L1 (1) or L2 (2)
   int64_t task_bytes = 65536;   // bytes of weight rows a task of the parallel products (rounded to 4 rows)
   int64_t tasks_per_thread = 0; // ... but at least this many tasks a thread where a call's rows allow (0: no bound)
   int64_t dense_rows = 4;       // fp32 rows multiplied together: 4 (weight_rows) or 1 (f32_row_tile: one stream, four sums)

@@ -84,7 +84,7 @@ void attend_one_query(const KVView& q, const KVView& k, const KVView& v, const b
   const int64_t rep = H / Hkv;
   const Isa use = attention_isa();
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    thread_local std::vector<float> scores;
+    thread_local AlignedVector<float> scores;
     if (static_cast<int64_t>(scores.size()) < L) scores.resize(L);
     float* s = scores.data();
     for (int64_t task = begin; task < end; ++task) {

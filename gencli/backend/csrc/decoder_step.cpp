@@ -106,7 +106,7 @@ void rotate(float* x, int64_t heads, int64_t D, const float* cos, const float* s
 }
 
 template <typename T>
-T* buffer(std::vector<T>& b, int64_t n) {
+T* buffer(AlignedVector<T>& b, int64_t n) {
   if (static_cast<int64_t>(b.size()) < n) b.resize(n);
   return b.data();
 }
@@ -180,7 +180,7 @@ void DecoderStack::step(at::Tensor x, const at::Tensor& keys, const at::Tensor& 
     sp = st.data_ptr<float>();
   }
   const int64_t q_n = H_ * D_, kv_n = Hkv_ * D_;
-  thread_local std::vector<float> h_buf, qkv_buf, att_buf, proj_buf, mid_buf;
+  thread_local AlignedVector<float> h_buf, qkv_buf, att_buf, proj_buf, mid_buf;
   float* xp = x.data_ptr<float>();
   float* h = buffer(h_buf, B * hidden_);
   float* qkv = buffer(qkv_buf, B * (q_n + 2 * kv_n));

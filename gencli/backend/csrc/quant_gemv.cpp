@@ -167,7 +167,7 @@ void int8_product_f32(const float* xp, int64_t M, int64_t K, const QuantWeight& 
 // Scratch memory of the calling thread, reused from call to call (decoding makes dozens of these calls
 // a token: no allocation each time). The kernels only read it, within the call that filled it.
 template <typename T>
-T* scratch(std::vector<T>& buffer, int64_t n, bool zeroed) {
+T* scratch(AlignedVector<T>& buffer, int64_t n, bool zeroed) {
   if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(n);
   if (zeroed) std::fill(buffer.begin(), buffer.begin() + n, T{});
   return buffer.data();
@@ -178,7 +178,7 @@ T* scratch(std::vector<T>& buffer, int64_t n, bool zeroed) {
 // the bf16 kernels multiply a column pair at a time with
 const float* deinterleaved(const float* xp, int64_t M, int64_t K) {
   const int64_t W = vector_lanes(), KB = K - K % (2 * W);
-  thread_local std::vector<float> xd_buf;
+  thread_local AlignedVector<float> xd_buf;
   float* xdp = scratch(xd_buf, M * K, false);
   for (int64_t m = 0; m < M; ++m) {
     const float* xr = xp + m * K;
@@ -248,8 +248,8 @@ struct IntActivations {
 };
 
 IntActivations int_activations(const float* x, int64_t M, int64_t K, int64_t KP, int64_t per_lane, int64_t chunk_bytes) {
-  thread_local std::vector<int8_t> q_buf, codes_buf;
-  thread_local std::vector<float> sx_buf, lanes_buf;
+  thread_local AlignedVector<int8_t> q_buf, codes_buf;
+  thread_local AlignedVector<float> sx_buf, lanes_buf;
   const int64_t blocks = K / kActBlock;
   int8_t* qp = scratch(q_buf, M * K, false);
   float* sxp = scratch(sx_buf, M * blocks, false);
@@ -320,7 +320,7 @@ void int4_products_q8(const float* x, int64_t M, int64_t K, const QuantWeight* w
 
 // x's group sums (M, gs), gs the groups rounded up to 16 (padded with zeros): the zero points multiply them
 const float* group_sums(const float* xp, int64_t M, int64_t K, int64_t G, int64_t gs) {
-  thread_local std::vector<float> xs_buf;
+  thread_local AlignedVector<float> xs_buf;
   float* xsp = scratch(xs_buf, M * gs, true);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t g = 0; g < K / G; ++g) {

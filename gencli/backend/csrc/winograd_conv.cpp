@@ -90,7 +90,7 @@ at::Tensor winograd_conv3x3(const at::Tensor& x, const at::Tensor& u, const Opti
   float* yp = y.data_ptr<float>();
   const Isa isa = reference ? Isa::none : active_isa();
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-    thread_local std::vector<float> buf;
+    thread_local AlignedVector<float> buf;
     if (buf.size() < static_cast<size_t>(16 * tc * (C + K))) buf.resize(16 * tc * (C + K));
     float* v = buf.data();
     float* m = v + 16 * tc * C;
