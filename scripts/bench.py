@@ -149,32 +149,34 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"--only: this run has the sides {', '.join(all_sides)}")
     sides = [args.only] if args.only else all_sides
     pairs = [(a, b) for a, b in (mod.comparisons(args) if hasattr(mod, "comparisons") else [("gencli", "reference")]) if a in sides and b in sides]
-    bandwidth = None
+    measure_bandwidth = None
     if args.device == "cpu" or args.device.startswith("cuda"):
         from bench_cases._machine import read_bandwidth_gbs
 
-        bandwidth = read_bandwidth_gbs(args.threads, megabytes=1024 if args.device == "cpu" else 4096, device=args.device)
+        def measure_bandwidth() -> float:
+            return read_bandwidth_gbs(args.threads, megabytes=1024 if args.device == "cpu" else 4096, device=args.device)
+
     with tempfile.TemporaryDirectory(prefix=f"gencli-bench-{args.case}-") as workdir:
         if hasattr(mod, "setup"):
             mod.setup(args, Path(workdir))
         passthrough = [a for a in argv if a not in ("--json",)]
-        rounds = []
+        rounds, bandwidths = [], []
         for r in range(max(1, args.rounds)):
+            if measure_bandwidth:  # each round's own: a shared machine's memory speed can change within a run
+                bandwidths.append(measure_bandwidth())
             order = sides if r % 2 == 0 else sides[::-1]
             rounds.append({side: run_side(side, passthrough, workdir) for side in order})
     results = {side: _median_result([rnd[side] for rnd in rounds]) for side in sides}
-    if bandwidth:
-        from bench_cases._machine import bandwidth_fraction
-
-        for res in results.values():  # decode speed as a share of what the memory allows
-            if res.get("weight_bytes_per_token") and res.get("decode_tokens_per_s"):
-                res["bandwidth_fraction"] = bandwidth_fraction(res["weight_bytes_per_token"], res["decode_tokens_per_s"], bandwidth)
+    bandwidth = statistics.median(bandwidths) if bandwidths else None
+    for side, fraction in _bandwidth_fractions(rounds, bandwidths).items():  # decode speed as a share of what the memory allows
+        results[side]["bandwidth_fraction"] = fraction
     report = {"case": args.case, "device": args.device, "dtype": args.dtype, "environment": environment(), "results": results, "ratios": {}}
     if args.case == "generate" and args.device == "cpu":  # the decoding kernels' per-CPU choices the gencli sides ran with
         from bench_cases._machine import kernel_tuning
 
         report["environment"]["kernel_tuning"] = kernel_tuning()
     report["environment"]["read_bandwidth_gbs"] = bandwidth
+    report["environment"]["read_bandwidth_rounds_gbs"] = bandwidths
     # per pair: the median over the rounds of the per-round ratio of each metric (and the ratios)
     compared = {f"{a}/{b}": _round_ratios(rounds, a, b, {**metrics, "peak_rss_mb": "lower"}) for a, b in pairs}
     if list(compared) == ["gencli/reference"]:  # the two-side layout: one ratio per metric
@@ -198,8 +200,10 @@ def main(argv: list[str] | None = None) -> None:
     if env.get("kernel_tuning"):
         machine.append(f"kernel tuning {env.pop('kernel_tuning')}")
     env.pop("kernel_tuning", None)
+    per_round = env.pop("read_bandwidth_rounds_gbs", None) or []
     if env.get("read_bandwidth_gbs"):
-        machine.append(f"read bandwidth {env.pop('read_bandwidth_gbs')} GB/s at {args.threads or 'default'} thread(s)")
+        each = f" (before each round: {', '.join(f'{b:g}' for b in per_round)})" if len(per_round) > 1 else ""
+        machine.append(f"read bandwidth {env.pop('read_bandwidth_gbs'):g} GB/s at {args.threads or 'default'} thread(s){each}")
     env.pop("read_bandwidth_gbs", None)
     print(f"device {args.device}, dtype {args.dtype}, " + ", ".join(f"{k} {v}" for k, v in env.items()))
     print("; ".join(machine))
@@ -233,6 +237,11 @@ def main(argv: list[str] | None = None) -> None:
             for key, (_, ratios) in per.items():
                 print(f"  {labels[pair, key]:<{lw}}" + " ".join(f"{x:.2f}" for x in ratios))
 
+    if _bandwidth_changed(per_round):
+        print(
+            f"note: the memory's read bandwidth changed between rounds ({min(per_round):g} to {max(per_round):g} GB/s): "
+            "each round's bandwidth fraction uses its own, and only same-round ratios compare the sides"
+        )
     for key, value in report.get("summary", {}).items():
         print(f"{key:<{width}}{_fmt(value):>14}")
     if report["load_average"]:
@@ -248,6 +257,28 @@ def _round_ratios(rounds: list[dict], ours: str, theirs: str, keys) -> dict[str,
         if ratios:
             out[key] = (round(statistics.median(ratios), 3), [round(x, 3) for x in ratios])
     return out
+
+
+def _bandwidth_fractions(rounds: list[dict], bandwidths: list[float]) -> dict[str, float]:
+    """Per side with a decode speed and the bytes a token reads: the median over the rounds of that
+    round's share of the bandwidth measured just before it (``bandwidths[r]`` for ``rounds[r]``)."""
+    from bench_cases._machine import bandwidth_fraction
+
+    out = {}
+    for side in rounds[0] if rounds and len(bandwidths) == len(rounds) else []:
+        shares = [
+            bandwidth_fraction(rnd[side]["weight_bytes_per_token"], rnd[side]["decode_tokens_per_s"], bw)
+            for rnd, bw in zip(rounds, bandwidths)
+            if bw and rnd[side].get("weight_bytes_per_token") and rnd[side].get("decode_tokens_per_s")
+        ]
+        if shares:
+            out[side] = round(statistics.median(shares), 3)
+    return out
+
+
+def _bandwidth_changed(bandwidths: list[float], tolerance: float = 1.2) -> bool:
+    """Whether the rounds' measured bandwidths differ by more than ``tolerance`` (highest / lowest)."""
+    return len(bandwidths) > 1 and min(bandwidths) > 0 and max(bandwidths) / min(bandwidths) > tolerance
 
 
 def _median_result(runs: list[dict]) -> dict:

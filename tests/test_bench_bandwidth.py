@@ -1,0 +1,48 @@
+"""scripts/bench.py measures the memory's read bandwidth before every round and gives each round's
+decode speed as a share of that round's own figure: a shared machine's memory speed can change state
+within one run (a 2-core VM read 78 GB/s at two threads, then 44-46 ten minutes later)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import bench  # noqa: E402
+
+
+def _round(tokens_per_s: float, bytes_per_token: float = 1e9) -> dict:
+    return {"decode_tokens_per_s": tokens_per_s, "weight_bytes_per_token": bytes_per_token}
+
+
+def test_each_round_is_measured_against_its_own_bandwidth():
+    # gencli reads 40 GB/s in a round where the memory gave 40, then 20 where it gave 20: all of it both times
+    rounds = [{"gencli": _round(40.0), "llama.cpp": _round(30.0)}, {"gencli": _round(20.0), "llama.cpp": _round(15.0)}]
+    fractions = bench._bandwidth_fractions(rounds, [40.0, 20.0])
+    assert fractions == {"gencli": pytest.approx(1.0), "llama.cpp": pytest.approx(0.75)}
+    # against one figure for the whole run, the same speeds would read 0.75 (median of 1.0 and 0.5)
+    assert bench._bandwidth_fractions(rounds, [40.0, 40.0])["gencli"] == pytest.approx(0.75)
+
+
+def test_median_over_three_rounds_and_sides_without_a_decode_speed():
+    rounds = [{"gencli": _round(t, 2e9), "reference": {"images_per_s": 3.0}} for t in (10.0, 12.0, 30.0)]
+    fractions = bench._bandwidth_fractions(rounds, [40.0, 40.0, 40.0])
+    assert fractions == {"gencli": pytest.approx(0.6)}  # 2 GB x 12 tokens/s / 40 GB/s
+
+
+def test_no_fraction_without_a_bandwidth_for_every_round():
+    rounds = [{"gencli": _round(40.0)}, {"gencli": _round(40.0)}]
+    assert bench._bandwidth_fractions(rounds, []) == {}
+    assert bench._bandwidth_fractions(rounds, [40.0]) == {}
+
+
+@pytest.mark.parametrize(
+    ("bandwidths", "changed"),
+    [([78.0, 45.0, 44.0], True), ([45.0, 47.0, 44.0], False), ([40.0], False), ([], False), ([40.0, 48.5], True)],
+)
+def test_a_change_between_rounds_is_reported(bandwidths, changed):
+    assert bench._bandwidth_changed(bandwidths) is changed
