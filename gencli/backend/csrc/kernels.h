@@ -14,7 +14,7 @@ namespace gencli {
 // Allocations on cache-line boundaries: the kernels' scratch vectors (activations, their int8 codes,
 // de-interleaved copies) are read a vector register at a time, and a 64-byte load from a 16-byte aligned
 // malloc block spans two lines (on the 2-core AMD EPYC, a bf16 product over weights in memory read them
-// at 18-23 GB/s instead of 33-38 when its activations' copy landed off a line boundary).
+// at 18-23 GB/s instead of 28-38 when its activations' copy landed off a line boundary).
 template <typename T>
 struct CacheAligned {
   using value_type = T;
