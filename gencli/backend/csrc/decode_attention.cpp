@@ -85,8 +85,7 @@ void attend_one_query(const KVView& q, const KVView& k, const KVView& v, const b
   const Isa use = attention_isa();
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
     thread_local AlignedVector<float> scores;
-    if (static_cast<int64_t>(scores.size()) < L) scores.resize(L);
-    float* s = scores.data();
+    float* s = scratch(scores, L);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / H, h = task % H, g = h / rep;
       const float* qh = q.data + b * q.s_b + h * q.s_h;

@@ -105,12 +105,6 @@ void rotate(float* x, int64_t heads, int64_t D, const float* cos, const float* s
   }
 }
 
-template <typename T>
-T* buffer(AlignedVector<T>& b, int64_t n) {
-  if (static_cast<int64_t>(b.size()) < n) b.resize(n);
-  return b.data();
-}
-
 }  // namespace
 
 at::Tensor activation(const std::string& name, const at::Tensor& x, const OptionalTensor& up) {
@@ -182,15 +176,15 @@ void DecoderStack::step(at::Tensor x, const at::Tensor& keys, const at::Tensor& 
   const int64_t q_n = H_ * D_, kv_n = Hkv_ * D_;
   thread_local AlignedVector<float> h_buf, qkv_buf, att_buf, proj_buf, mid_buf;
   float* xp = x.data_ptr<float>();
-  float* h = buffer(h_buf, B * hidden_);
-  float* qkv = buffer(qkv_buf, B * (q_n + 2 * kv_n));
-  float* att = buffer(att_buf, B * q_n);
-  float* proj = buffer(proj_buf, B * hidden_);
+  float* h = scratch(h_buf, B * hidden_);
+  float* qkv = scratch(qkv_buf, B * (q_n + 2 * kv_n));
+  float* att = scratch(att_buf, B * q_n);
+  float* proj = scratch(proj_buf, B * hidden_);
   float* keys_p = keys.data_ptr<float>();
   float* values_p = values.data_ptr<float>();
   for (int64_t li = 0; li < nl; ++li) {
     const Layer& l = layers_[li];
-    float* mid = buffer(mid_buf, B * l.mlp_in[0].N * static_cast<int64_t>(l.mlp_in.size()));
+    float* mid = scratch(mid_buf, B * l.mlp_in[0].N * static_cast<int64_t>(l.mlp_in.size()));
     for (int64_t b = 0; b < B; ++b) normalize(l.norm1, xp + b * hidden_, h + b * hidden_, hidden_);
     // q, k, v: rows of q_n + 2 kv_n (one fused weight) or three blocks of B rows each
     float *q, *k, *v;

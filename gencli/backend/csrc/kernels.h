@@ -3,6 +3,7 @@
 // attention without going through tensors.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -35,6 +36,16 @@ struct CacheAligned {
 };
 template <typename T>
 using AlignedVector = std::vector<T, CacheAligned<T>>;
+
+// Scratch memory of the calling thread, reused from call to call (decoding makes dozens of these calls
+// a token: no allocation each time): at least n values of a thread_local buffer, zeroed or as left. The
+// kernels only read it within the call that filled it.
+template <typename T>
+T* scratch(AlignedVector<T>& buffer, int64_t n, bool zeroed = false) {
+  if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(n);
+  if (zeroed) std::fill(buffer.begin(), buffer.begin() + n, T{});
+  return buffer.data();
+}
 
 // A linear layer's weight as the kernels read it: weight-only quantized (gencli.backend.quantize's
 // layout) or dense (gencli.backend.streamed_linear's), always (N, K) rows:

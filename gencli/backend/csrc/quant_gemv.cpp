@@ -164,15 +164,6 @@ void int8_product_f32(const float* xp, int64_t M, int64_t K, const QuantWeight& 
   });
 }
 
-// Scratch memory of the calling thread, reused from call to call (decoding makes dozens of these calls
-// a token: no allocation each time). The kernels only read it, within the call that filled it.
-template <typename T>
-T* scratch(AlignedVector<T>& buffer, int64_t n, bool zeroed) {
-  if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(n);
-  if (zeroed) std::fill(buffer.begin(), buffer.begin() + n, T{});
-  return buffer.data();
-}
-
 // x (M, K) de-interleaved per block of 2W columns (the block's even columns, then its odd ones; the
 // columns past the last whole block as they are), in the calling thread's scratch: what the int4 and
 // the bf16 kernels multiply a column pair at a time with

@@ -20,6 +20,7 @@
 #include <immintrin.h>
 
 #include "cpu_features.h"
+#include "kernels.h"
 #include "ops.h"
 
 namespace gencli {
@@ -91,8 +92,7 @@ at::Tensor winograd_conv3x3(const at::Tensor& x, const at::Tensor& u, const Opti
   const Isa isa = reference ? Isa::none : active_isa();
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
     thread_local AlignedVector<float> buf;
-    if (buf.size() < static_cast<size_t>(16 * tc * (C + K))) buf.resize(16 * tc * (C + K));
-    float* v = buf.data();
+    float* v = scratch(buf, 16 * tc * (C + K));
     float* m = v + 16 * tc * C;
     for (int64_t ch = begin; ch < end; ++ch) {
       const int64_t t0 = ch * tc, t1 = std::min(T, t0 + tc), nt = t1 - t0;
