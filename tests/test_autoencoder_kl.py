@@ -57,7 +57,8 @@ CASES = {
 
 @pytest.mark.parametrize("prepack", [False, True], ids=["as-loaded", "prepacked"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_encode_decode_match_diffusers(tmp_path, case, prepack):
+def test_encode_decode_match_diffusers(tmp_path, case, prepack, monkeypatch):
+    monkeypatch.setenv("GENCLI_WINOGRAD", "1")  # the Winograd path on any CPU (unset, AMD CPUs stay direct)
     ref = _reference(**CASES[case])
     ref.save_pretrained(tmp_path / "vae")
     loaded = load_autoencoder(tmp_path / "vae", FP32, prepack=prepack)

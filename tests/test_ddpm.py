@@ -143,12 +143,13 @@ def test_ddpm_images_match_diffusers_ddpm_pipeline(folders, tmp_path, overrides)
     assert np.abs(got.astype(int) - want.astype(int)).max() <= 2
 
 
-def test_a_wide_float32_unet_runs_its_3x3_layers_by_winograd_and_matches_diffusers(tmp_path, one_torch_thread):
+def test_a_wide_float32_unet_runs_its_3x3_layers_by_winograd_and_matches_diffusers(tmp_path, one_torch_thread, monkeypatch):
     from gencli.backend.layers import Conv2d
     from gencli.pipelines.ddpm import sampling
     from tests.conftest import built_quant_kernels
 
     built_quant_kernels()
+    monkeypatch.setenv("GENCLI_WINOGRAD", "1")  # on any CPU (unset, AMD CPUs keep the direct convolution)
     folder = tmp_path / "wide"  # 64 channels: wide enough for gencli.backend.winograd
     wide = {**CIFAR_STYLE, "block_out_channels": (64, 64), "norm_num_groups": 8}
     diffusers.DDPMPipeline(unet=_random_unet(wide, 4), scheduler=_scheduler()).save_pretrained(folder)

@@ -13,6 +13,12 @@ from tests.conftest import built_quant_kernels
 CL = torch.channels_last
 
 
+@pytest.fixture(autouse=True)
+def winograd_switched_on(monkeypatch):
+    # the path runs when asked on any CPU (unset, it is off by default on AMD CPUs: the last tests)
+    monkeypatch.setenv("GENCLI_WINOGRAD", "1")
+
+
 def _case(n, c, k, h, w, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, c, h, w, generator=g).contiguous(memory_format=CL)
@@ -181,3 +187,41 @@ def test_a_model_whose_transforms_would_not_fit_in_memory_stays_direct(monkeypat
         model(x)
     assert all(c.winograd for c in model)
     assert winograd.transform_bytes(list(model)) == 16 * 4 * (64 * 64 + 64 * 128)  # read off the kept dense weights
+
+
+@pytest.mark.parametrize(
+    ("value", "want"),
+    [(None, None), ("", None), ("1", True), ("on", True), ("yes", True), ("0", False), ("off", False), ("False", False), (" no ", False)],
+)
+def test_the_switch_reads_on_off_and_unset(monkeypatch, value, want):
+    from gencli.backend import winograd
+
+    if value is None:
+        monkeypatch.delenv("GENCLI_WINOGRAD", raising=False)
+    else:
+        monkeypatch.setenv("GENCLI_WINOGRAD", value)
+    assert winograd.choice() is want
+    assert winograd.enabled() is (want is not False)
+
+
+@pytest.mark.parametrize("amd", [True, False], ids=["amd", "other-x86"])
+def test_unset_the_cpu_chooses_and_the_switch_overrides_it(monkeypatch, amd):
+    from gencli.backend import winograd
+
+    own = built_quant_kernels()
+    monkeypatch.setattr(own, "cpu_vendor_amd", lambda: amd)
+    assert winograd.default_for(amd) is (not amd)
+
+    def runs_by_winograd() -> bool:
+        conv = _conv(64, 64).prepack(True, winograd=True)
+        with torch.no_grad():
+            conv(torch.randn(1, 64, 8, 8).contiguous(memory_format=CL))
+        assert conv.winograd or conv.packed  # by Winograd, or oneDNN's packed direct convolution
+        return conv.winograd
+
+    monkeypatch.delenv("GENCLI_WINOGRAD")
+    assert runs_by_winograd() is (not amd)  # AMD: oneDNN's direct convolution is the faster there
+    monkeypatch.setenv("GENCLI_WINOGRAD", "1")
+    assert runs_by_winograd()
+    monkeypatch.setenv("GENCLI_WINOGRAD", "0")
+    assert not runs_by_winograd()

@@ -17,7 +17,10 @@ the order of the sums (measured against float64: as close as the direct convolut
 :class:`gencli.backend.layers.Conv2d` takes this path for the layers :func:`eligible` accepts when a
 model asks for it (``prepack(winograd=True)``: the DDPM UNets, the AutoencoderKL of ``reconstruct``,
 ``encode`` and ``decode``) and the transforms fit in :data:`MEMORY_SHARE` of the
-machine's memory; ``GENCLI_WINOGRAD=0`` turns it off.
+machine's memory. Whether it is on by default depends on the CPU (:func:`default_for`): on an AMD CPU
+torch's fp32 batched products, which do the 16 products here, run MKL's AVX2 code (about 100 GFLOP/s
+a core on the 2-core AMD EPYC, Zen 5) while oneDNN's direct convolution runs at about 240, so the
+direct convolution is the faster one there. ``GENCLI_WINOGRAD=1`` turns it on and ``=0`` off on any CPU.
 """
 
 from __future__ import annotations
@@ -38,9 +41,27 @@ MIN_CHANNELS = 64
 MEMORY_SHARE = 1 / 8
 
 
+def choice() -> Optional[bool]:
+    """``GENCLI_WINOGRAD`` as set: False for 0 / false / off / no, True for any other value, None when
+    unset (the CPU's default, :func:`default_for`)."""
+    value = os.environ.get(ENV_SWITCH)
+    if value is None or not value.strip():
+        return None
+    return value.strip().lower() not in ("0", "false", "off", "no")
+
+
 def enabled() -> bool:
-    """False when ``GENCLI_WINOGRAD`` is set to 0 / false / off."""
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "off", "no")
+    """False when ``GENCLI_WINOGRAD`` turns the path off."""
+    return choice() is not False
+
+
+def default_for(amd: bool) -> bool:
+    """Whether the path is on when ``GENCLI_WINOGRAD`` is unset: on, except on AMD CPUs, where MKL's
+    batched products run its AVX2 code. Measured on the 2-core AMD EPYC (Zen 5), 2 threads: the
+    ddpm-cifar10-32-shaped UNet 0.0481 s/step by Winograd against 0.0386 direct (diffusers 0.059-0.067),
+    an SD-shaped VAE's 256x256 decode 1.72-1.73 s against 1.51-1.57; on the Intel Xeon (AVX-512, AMX)
+    Winograd was the faster, 0.66x diffusers' s/step against 0.90x (docs/benchmarks.md)."""
+    return not amd
 
 
 # G of F(2x2, 3x3): the weight's transform G g G^T
@@ -94,17 +115,32 @@ def fits_in_memory(nbytes: int) -> bool:
 
 
 def kernels() -> Optional[Any]:
-    """The extension when this path can run here (switched on, an x86-64 CPU with AVX2 or AVX-512, the
-    extension built or buildable), else None."""
-    if not enabled():
+    """The extension when this path runs here (switched on, or unset on a CPU whose default it is; an
+    x86-64 CPU with AVX2 or AVX-512; the extension built or buildable), else None."""
+    wanted = choice()
+    if wanted is False:
         return None
     from gencli.backend.quant_kernels import cpu_kernels
 
     own = cpu_kernels()
     if own is None or not own.isa() or not hasattr(own, "winograd_conv3x3"):
         return None
+    if wanted is None and not default_for(bool(own.cpu_vendor_amd())):
+        return None
     return own
 
 
 
-__all__ = ["ENV_SWITCH", "MEMORY_SHARE", "MIN_CHANNELS", "eligible", "enabled", "fits_in_memory", "kernels", "transform_bytes", "winograd_weight"]
+__all__ = [
+    "ENV_SWITCH",
+    "MEMORY_SHARE",
+    "MIN_CHANNELS",
+    "choice",
+    "default_for",
+    "eligible",
+    "enabled",
+    "fits_in_memory",
+    "kernels",
+    "transform_bytes",
+    "winograd_weight",
+]
