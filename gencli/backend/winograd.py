@@ -59,7 +59,7 @@ def default_for(amd: bool) -> bool:
     """Whether the path is on when ``GENCLI_WINOGRAD`` is unset: on, except on AMD CPUs, where MKL's
     batched products run its AVX2 code. Measured on the 2-core AMD EPYC (Zen 5), 2 threads: the
     ddpm-cifar10-32-shaped UNet 0.0481 s/step by Winograd against 0.0386 direct (diffusers 0.059-0.067),
-    an SD-shaped VAE's 256x256 decode 1.72-1.73 s against 1.51-1.57; on the Intel Xeon (AVX-512, AMX)
+    an SD-shaped VAE's 256x256 decode 1.72-1.81 s against 1.51-1.59; on the Intel Xeon (AVX-512, AMX)
     Winograd was the faster, 0.66x diffusers' s/step against 0.90x (docs/benchmarks.md)."""
     return not amd
 
