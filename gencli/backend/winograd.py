@@ -117,15 +117,14 @@ def fits_in_memory(nbytes: int) -> bool:
 def kernels() -> Optional[Any]:
     """The extension when this path runs here (switched on, or unset on a CPU whose default it is; an
     x86-64 CPU with AVX2 or AVX-512; the extension built or buildable), else None."""
-    wanted = choice()
-    if wanted is False:
+    if not enabled():
         return None
     from gencli.backend.quant_kernels import cpu_kernels
 
     own = cpu_kernels()
     if own is None or not own.isa() or not hasattr(own, "winograd_conv3x3"):
         return None
-    if wanted is None and not default_for(bool(own.cpu_vendor_amd())):
+    if choice() is None and not default_for(bool(own.cpu_vendor_amd())):
         return None
     return own
 
