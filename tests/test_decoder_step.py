@@ -79,6 +79,7 @@ def test_the_fused_step_gives_the_logits_of_the_layer_by_layer_path(isa, family,
     assert not calls
     got = _logits(model, ids, 8, fused=True)
     assert len(calls) == 8  # every decoding step, not the prefill
+    assert model.__dict__["_fused_decoder"].normalizes  # the final norm in the same native call
     rel = ((got - ref).norm(dim=-1) / ref.norm(dim=-1)).max().item()
     if activations == "fp32":  # the same products; only the norms' and activations' rounding differs
         assert rel < 1e-5, rel
@@ -105,6 +106,23 @@ def test_a_left_padded_batch_decodes_each_sequence_as_the_layer_by_layer_path_do
     assert isinstance(model.__dict__.get("_fused_decoder"), FusedDecoder)
     rel = ((got - ref).norm(dim=-1) / ref.norm(dim=-1)).max().item()
     assert rel < 1e-5, rel
+
+
+@needs_kernels
+def test_a_final_norm_the_step_cannot_take_is_applied_after_it(monkeypatch):
+    from gencli.backend.layers import RMSNorm
+
+    monkeypatch.setenv(quant_kernels.ENV_ACTIVATIONS, "fp32")
+    model = _model("llama", "int8")
+    gemma_norm = RMSNorm(64, offset=1.0)  # (the Gemma variant: not one the native step has)
+    with torch.no_grad():
+        gemma_norm.weight.copy_(torch.randn(64) * 0.1)
+    model.model.norm = gemma_norm
+    ids = torch.randint(0, 96, (1, 10), generator=torch.Generator().manual_seed(3))
+    ref = _logits(model, ids, 4, fused=False)
+    got = _logits(model, ids, 4, fused=True)
+    assert not model.__dict__["_fused_decoder"].normalizes
+    assert ((got - ref).norm(dim=-1) / ref.norm(dim=-1)).max().item() < 1e-5
 
 
 @needs_kernels

@@ -67,6 +67,18 @@ def test_activations_are_quantized_in_blocks_of_32_as_q8_0():
     assert ((q.reshape(5, 10, 32) - ideal).abs() <= 0.5 + 1e-4).all()
 
 
+def test_vector_activation_quantization_is_the_scalar_rule_bit_for_bit(isa):
+    """The vector quantization (act_quant.inc) gives the codes and scales of the plain reference exactly,
+    halves rounded to even, the clamp and an all-zero block included."""
+    torch.manual_seed(1)
+    x = torch.randn(3, 2816) * torch.logspace(-4, 3, 2816)
+    x[0, :32] = 0
+    x[1, :32] = torch.tensor([127.0, 2.5, 3.5, -2.5, -0.5, 0.5, 1.5, -1.5, 126.5, -126.5] + [0.25] * 22)  # amax 127: x * 127 / amax = x
+    got, want = kernels.quantize_activations(x), kernels.quantize_activations(x, reference=True)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert got[0][1, 1:10].tolist() == [2, 4, -2, 0, 0, 2, -2, 126, -126]
+
+
 @needs_kernels
 @pytest.mark.parametrize("rows", [1, 2, 5])
 @pytest.mark.parametrize("shape", [(50, 64), (37, 768), (9, 864), (13, 320), (6, 96)])  # K short of a vector: 864, 320, 96

@@ -60,6 +60,7 @@ class DecoderStackParts:
     head_dim: int
     activation: str  # transformers' hidden_act name
     rotary: bool  # queries and keys rotated by half-split tables (Llama); else absolute positions (GPT-2)
+    final_norm: Optional[nn.Module] = None  # the model's norm after the last layer, applied in the same call
 
 
 def enabled() -> bool:
@@ -98,6 +99,7 @@ class FusedDecoder:
 
     def __init__(self, native: Any):
         self.native = native
+        self.normalizes = bool(native.has_final_norm)  # the step's output is after the model's final norm
 
     @classmethod
     def build(cls, parts: DecoderStackParts) -> Optional["FusedDecoder"]:
@@ -119,6 +121,9 @@ class FusedDecoder:
         for p, (n1, n2) in zip(parts.layers, norms):
             attn_in, mlp_in = [_linear(m) for m in p.attn_in], [_linear(m) for m in p.mlp_in]
             native.add_layer(n1, attn_in, _linear(p.o_proj), n2, mlp_in, _linear(p.mlp_out), float(p.attn_scale))
+        final = _norm(parts.final_norm, hidden) if parts.final_norm is not None else None
+        if final is not None:  # (a norm of another kind: the model applies it after the step)
+            native.set_final_norm(final)
         return cls(native)
 
     @staticmethod
@@ -143,7 +148,8 @@ class FusedDecoder:
         sin: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """Every layer for ``x (B, 1, hidden)`` (the embeddings of the new positions): the hidden states
-        before the final norm, ``(B, 1, hidden)``; the new keys and values are written into the cache.
+        ``(B, 1, hidden)``, after the model's final norm where :attr:`normalizes` (the parts named it),
+        else before it; the new keys and values are written into the cache.
         ``key_mask (B, cached + 1)`` True for real tokens; ``cos, sin (B, 1, head_dim)`` for rotary models."""
         b = x.shape[0]
         h = x.reshape(b, x.shape[-1]).contiguous()

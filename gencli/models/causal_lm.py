@@ -66,11 +66,15 @@ class CausalLM(nn.Module):
         return super()._apply(fn, recurse)
 
     def backbone(self, input_ids: torch.Tensor, position_ids: torch.Tensor, key_mask: Optional[torch.Tensor], kv_cache: Optional[KVCache]) -> torch.Tensor:
-        """Embeddings and decoder blocks: hidden states before the final norm."""
+        """Embeddings, decoder blocks and the final norm: the hidden states the LM head multiplies."""
         raise NotImplementedError
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def fused_states(self, fused: FusedDecoder, hidden: torch.Tensor) -> torch.Tensor:
+        """The fused step's output after the final norm (applied here unless the step did)."""
+        return hidden if fused.normalizes else self.final_norm(hidden)
 
     def forward(self, input_ids: torch.Tensor, **kwargs) -> torch.Tensor:
         """``input_ids (B, L)`` -> logits ``(B, L or logits_to_keep, V)``; the keyword arguments are
@@ -101,8 +105,7 @@ class CausalLM(nn.Module):
                 position_ids = cache_position.unsqueeze(0).expand(input_ids.shape[0], -1)
         pos = self.positions(input_ids, position_ids, kv_cache)
         mask = self.key_mask(attention_mask, kv_cache, input_ids.shape[1])
-        hidden = self.backbone(input_ids, pos, mask, kv_cache)
-        return self.final_norm(self.keep_last(hidden, logits_to_keep))
+        return self.keep_last(self.backbone(input_ids, pos, mask, kv_cache), logits_to_keep)
 
     @staticmethod
     def positions(input_ids: torch.Tensor, position_ids: Optional[torch.Tensor], kv_cache: Optional[KVCache]) -> torch.Tensor:

@@ -158,10 +158,10 @@ class GPT2LMHeadModel(CausalLM):
         x = t.wte(input_ids) + t.wpe(position_ids)
         fused = self.fused_decoder(x, kv_cache)
         if fused is not None:
-            return fused(x, kv_cache, key_mask)
+            return self.fused_states(fused, fused(x, kv_cache, key_mask))
         for i, block in enumerate(t.h):
             x = block(x, kv_cache[i] if kv_cache is not None else None, key_mask)
-        return x
+        return self.final_norm(x)
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.transformer.ln_f(hidden)
@@ -171,7 +171,7 @@ class GPT2LMHeadModel(CausalLM):
             DecoderLayerParts(b.ln_1, (b.attn.c_attn,), b.attn.c_proj, b.ln_2, (b.mlp.c_fc,), b.mlp.c_proj, b.attn.scale) for b in self.transformer.h
         )
         cfg = self.config
-        return DecoderStackParts(layers, cfg.n_head, cfg.n_head, self.head_dim, cfg.activation_function, rotary=False)
+        return DecoderStackParts(layers, cfg.n_head, cfg.n_head, self.head_dim, cfg.activation_function, rotary=False, final_norm=self.transformer.ln_f)
 
 
 # transformers' checkpoints: the causal-mask buffers of old exports are dropped; the files saved from

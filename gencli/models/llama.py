@@ -222,11 +222,11 @@ class LlamaForCausalLM(CausalLM):
         cos, sin = self.model.rotary_emb(position_ids, x.dtype)
         fused = self.fused_decoder(x, kv_cache)
         if fused is not None:
-            return fused(x, kv_cache, key_mask, cos, sin)
+            return self.fused_states(fused, fused(x, kv_cache, key_mask, cos, sin))
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, L, D): broadcast over the heads, once
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, kv_cache[i] if kv_cache is not None else None, key_mask)
-        return x
+        return self.final_norm(x)
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.norm(hidden)
@@ -245,7 +245,9 @@ class LlamaForCausalLM(CausalLM):
             )
             for layer in self.model.layers
         )
-        return DecoderStackParts(layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_act, rotary=True)
+        return DecoderStackParts(
+            layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_act, rotary=True, final_norm=self.model.norm
+        )
 
 
 # transformers' checkpoints map onto this module unchanged; some exports carry the rotary table,

@@ -154,8 +154,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       [](const at::Tensor& x, const at::Tensor& w, const OptionalTensor& bias) { return gencli::dense_gemv_many(x, {w}, {bias}, true)[0]; },
       "dense_gemv by the plain scalar kernels (csrc/reference.cpp), for the tests", py::arg("x"), py::arg("weight"), py::arg("bias") = py::none());
   m.def(
-      "quantize_activations", [](const at::Tensor& x) { return gencli::quantize_activations(x); },
-      "x (M, K) f32 -> (codes int8 (M, K), scales f32 (M, K/32)): the int8 activations the integer kernels use", py::arg("x"));
+      "quantize_activations", [](const at::Tensor& x, bool reference) { return gencli::quantize_activations(x, reference); },
+      "x (M, K) f32 -> (codes int8 (M, K), scales f32 (M, K/32)): the int8 activations the integer kernels use (reference: by the "
+      "plain scalar code)",
+      py::arg("x"), py::arg("reference") = false);
 
   m.def("winograd_conv3x3", &gencli::winograd_conv3x3,
         "3x3 convolution (stride 1, padding 1) of x (N, C, H, W) float32 channels-last by Winograd F(2x2, 3x3): u the weight's "
@@ -174,6 +176,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("norm1"), py::arg("attn_in"), py::arg("o_proj"), py::arg("norm2"), py::arg("mlp_in"), py::arg("mlp_out"), py::arg("attn_scale"))
       .def("step", &gencli::DecoderStack::step, py::arg("x"), py::arg("keys"), py::arg("values"), py::arg("length"), py::arg("key_mask") = py::none(),
            py::arg("cos") = py::none(), py::arg("sin") = py::none(), py::arg("int8_activations") = true)
+      .def(
+          "set_final_norm", [](gencli::DecoderStack& stack, const py::tuple& norm) { stack.set_final_norm(norm_spec(norm)); },
+          "the model's norm after the last layer (weight, bias or None, eps, rms): step() then returns normalized states", py::arg("norm"))
+      .def_property_readonly("has_final_norm", &gencli::DecoderStack::has_final_norm)
       .def_property_readonly("num_layers", &gencli::DecoderStack::num_layers);
   m.def("activation", &gencli::activation, "act(x) (* up): the decoder step's activations ('gelu_tanh', 'silu', 'relu'), for the tests",
         py::arg("name"), py::arg("x"), py::arg("up") = py::none());

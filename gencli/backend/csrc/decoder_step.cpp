@@ -237,7 +237,13 @@ void DecoderStack::step(at::Tensor x, const at::Tensor& keys, const at::Tensor& 
     }
     for (int64_t i = 0; i < B * hidden_; ++i) xp[i] += proj[i];
   }
+  if (has_final_norm()) {
+    for (int64_t b = 0; b < B; ++b) normalize(final_norm_, xp + b * hidden_, h + b * hidden_, hidden_);
+    std::copy(h, h + B * hidden_, xp);
+  }
 }
+
+void DecoderStack::set_final_norm(const NormSpec& spec) { final_norm_ = norm(spec); }
 
 NormSpec DecoderStack::norm(const NormSpec& spec) {
   NormSpec n;

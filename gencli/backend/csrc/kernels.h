@@ -88,8 +88,10 @@ void quantized_products(const float* x, int64_t M, int64_t K, const QuantWeight*
                         bool int8_activations);
 
 // x's rows quantized to int8 in blocks of kActBlock columns: codes q (M, K) and one scale per block
-// sx (M, K / kActBlock), x ~ q * sx (symmetric, q in [-127, 127]: Q8_0's activations)
+// sx (M, K / kActBlock), x ~ q * sx (symmetric, q in [-127, 127]: Q8_0's activations); by the active
+// instruction set's vectors (act_quant.inc), or plainly (the reference: the same bits)
 void quantize_activations(const float* x, int64_t M, int64_t K, int8_t* q, float* sx);
+void quantize_activations_reference(const float* x, int64_t M, int64_t K, int8_t* q, float* sx);
 
 // The same products computed plainly, one output at a time, on one thread (reference.cpp): what the
 // vector kernels are tested against.

@@ -42,7 +42,7 @@ at::Tensor int8_gemv(const at::Tensor& x, const at::Tensor& q, const at::Tensor&
 at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& zero, int64_t G,
                      bool int8_activations, const OptionalTensor& bias, bool reference = false);
 // x (M, K) float32 contiguous, K a multiple of kActBlock: (codes int8 (M, K), scales float32 (M, K / kActBlock))
-std::tuple<at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x);
+std::tuple<at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x, bool reference = false);
 
 // key_mask (B, L) bool, or none: its flags (the contiguous tensor kept in keep), or null; who names the caller
 const bool* key_mask_flags(const OptionalTensor& key_mask, int64_t B, int64_t L, at::Tensor& keep, const char* who);
@@ -91,7 +91,12 @@ class DecoderStack {
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
-  // x (B, hidden) float32 contiguous, updated in place; keys, values (layers, B, Hkv, capacity, D) float32,
+  // the norm after the last layer (the model's final norm): step() then leaves x normalized
+  void set_final_norm(const NormSpec& norm);
+  bool has_final_norm() const { return final_norm_.weight.defined(); }
+
+  // x (B, hidden) float32 contiguous, updated in place (the residual stream, or its final norm where the
+  // stack has one); keys, values (layers, B, Hkv, capacity, D) float32,
   // the new position written at `length`; key_mask (B, length + 1) bool or None; cos, sin (B, D) or None
   void step(at::Tensor x, const at::Tensor& keys, const at::Tensor& values, int64_t length, const OptionalTensor& key_mask,
             const OptionalTensor& cos, const OptionalTensor& sin, bool int8_activations);
@@ -111,6 +116,7 @@ class DecoderStack {
   Activation act_;
   bool rotary_;
   std::vector<Layer> layers_;
+  NormSpec final_norm_;  // weight undefined: none
   std::vector<at::Tensor> keep_;  // every tensor the layers point into
 };
 

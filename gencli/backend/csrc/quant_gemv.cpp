@@ -67,6 +67,21 @@ GENCLI_TARGET_AVX512
 namespace avx512 {
 #include "simd_avx512.inc"
 #include "gemv_f32.inc"
+#include "act_quant.inc"
+
+// int8 codes de-interleaved per chunk of 128: the chunk's 64 even columns, then its 64 odd ones (the
+// int4 integer kernels' order on AVX-512)
+inline void deinterleave_chunks(const int8_t* q, int64_t chunks, int8_t* out) {
+  const __m512i pairs = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
+  const __m512i order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);
+  for (int64_t c = 0; c < chunks; ++c) {
+    for (int h = 0; h < 2; ++h) {  // columns 64 h .. 64 h + 63: their 32 even ones, then their 32 odd ones
+      const __m512i v = _mm512_permutexvar_epi64(order, _mm512_shuffle_epi8(_mm512_loadu_si512(q + c * 128 + h * 64), pairs));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + c * 128 + h * 32), _mm512_castsi512_si256(v));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + c * 128 + 64 + h * 32), _mm512_extracti64x4_epi64(v, 1));
+    }
+  }
+}
 }  // namespace avx512
 GENCLI_TARGET_END
 
@@ -86,6 +101,21 @@ namespace avx2 {
 #include "simd_avx2_int.inc"
 #include "gemv_f32.inc"
 #include "gemv_q8.inc"
+#include "act_quant.inc"
+
+// the same per chunk of 64 (32 even columns, then 32 odd ones: the AVX2 integer kernels' order)
+inline void deinterleave_chunks(const int8_t* q, int64_t chunks, int8_t* out) {
+  const __m256i pairs = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11,
+                                         13, 15);
+  for (int64_t c = 0; c < chunks; ++c) {
+    for (int h = 0; h < 2; ++h) {
+      const __m256i v = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + c * 64 + h * 32)), pairs),
+                                                 0xD8);  // 64-bit quarters 0, 2, 1, 3
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + c * 64 + h * 16), _mm256_castsi256_si128(v));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + c * 64 + 32 + h * 16), _mm256_extracti128_si256(v, 1));
+    }
+  }
+}
 }  // namespace avx2
 GENCLI_TARGET_END
 
@@ -252,7 +282,13 @@ IntActivations int_activations(const float* x, int64_t M, int64_t K, int64_t KP,
     if (BW == 0) {
       std::memcpy(cp + m * KP, qp + m * K, K);
     } else {
-      for (int64_t c = 0; c < K; c += CC)
+      // the whole chunks by vector shuffles (BW 64: the VNNI kernels, so AVX-512 is there), the rest here
+      const int64_t whole = active_isa() == Isa::none ? 0 : K / CC;
+      if (whole > 0 && BW == 64)
+        avx512::deinterleave_chunks(qp + m * K, whole, cp + m * KP);
+      else if (whole > 0)
+        avx2::deinterleave_chunks(qp + m * K, whole, cp + m * KP);
+      for (int64_t c = whole * CC; c < K; c += CC)
         for (int64_t j = 0; j < BW && c + 2 * j < K; ++j) {
           cp[m * KP + c + j] = qp[m * K + c + 2 * j];
           cp[m * KP + c + BW + j] = qp[m * K + c + 2 * j + 1];
@@ -313,6 +349,15 @@ void int4_products_q8(const float* x, int64_t M, int64_t K, const QuantWeight* w
 const float* group_sums(const float* xp, int64_t M, int64_t K, int64_t G, int64_t gs) {
   thread_local AlignedVector<float> xs_buf;
   float* xsp = scratch(xs_buf, M * gs, true);
+  const Isa isa = active_isa();
+  if (isa == Isa::avx512 && G % 16 == 0) {
+    for (int64_t m = 0; m < M; ++m) avx512::group_sums_row(xp + m * K, K / G, G, xsp + m * gs);
+    return xsp;
+  }
+  if (isa == Isa::avx2 && G % 8 == 0) {
+    for (int64_t m = 0; m < M; ++m) avx2::group_sums_row(xp + m * K, K / G, G, xsp + m * gs);
+    return xsp;
+  }
   for (int64_t m = 0; m < M; ++m)
     for (int64_t g = 0; g < K / G; ++g) {
       float s = 0.f;
@@ -325,6 +370,13 @@ const float* group_sums(const float* xp, int64_t M, int64_t K, int64_t G, int64_
 }  // namespace
 
 void quantize_activations(const float* x, int64_t M, int64_t K, int8_t* q, float* sx) {
+  const Isa isa = active_isa();
+  if (isa == Isa::avx512) return avx512::quantize_blocks(x, M * (K / kActBlock), q, sx);
+  if (isa == Isa::avx2) return avx2::quantize_blocks(x, M * (K / kActBlock), q, sx);
+  quantize_activations_reference(x, M, K, q, sx);
+}
+
+void quantize_activations_reference(const float* x, int64_t M, int64_t K, int8_t* q, float* sx) {
   const int64_t blocks = K / kActBlock;
   for (int64_t i = 0; i < M * blocks; ++i) {
     const float* xb = x + i * kActBlock;
@@ -526,11 +578,14 @@ at::Tensor int4_gemv(const at::Tensor& x, const at::Tensor& packed, const at::Te
   return int4_gemv_many(x, {packed}, {scale}, {zero}, G, int8_activations, {bias}, reference)[0];
 }
 
-std::tuple<at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x) {
+std::tuple<at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x, bool reference) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.size(1) % kActBlock == 0,
               "quant_gemv: x must be contiguous float32 (M, K), K a multiple of ", kActBlock);
   at::Tensor q = at::empty(x.sizes(), x.options().dtype(at::kChar)), sx = at::empty({x.size(0), x.size(1) / kActBlock}, x.options());
-  quantize_activations(x.data_ptr<float>(), x.size(0), x.size(1), q.data_ptr<int8_t>(), sx.data_ptr<float>());
+  if (reference)
+    quantize_activations_reference(x.data_ptr<float>(), x.size(0), x.size(1), q.data_ptr<int8_t>(), sx.data_ptr<float>());
+  else
+    quantize_activations(x.data_ptr<float>(), x.size(0), x.size(1), q.data_ptr<int8_t>(), sx.data_ptr<float>());
   return std::make_tuple(q, sx);
 }
 

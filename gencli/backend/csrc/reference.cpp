@@ -96,7 +96,7 @@ void quantized_products_reference(const float* x, int64_t M, int64_t K, const Qu
     if (q8 && xq.empty()) {
       xq.resize(M * K);
       xs.resize(M * K / kActBlock);
-      quantize_activations(x, M, K, xq.data(), xs.data());
+      quantize_activations_reference(x, M, K, xq.data(), xs.data());
     }
     for (int64_t m = 0; m < M; ++m) {
       const float* xm = x + m * K;
