@@ -80,6 +80,7 @@ def test_the_fused_step_gives_the_logits_of_the_layer_by_layer_path(isa, family,
     got = _logits(model, ids, 8, fused=True)
     assert len(calls) == 8  # every decoding step, not the prefill
     assert model.__dict__["_fused_decoder"].normalizes  # the final norm in the same native call
+    assert model.__dict__["_fused_decoder"].takes_positions == (family != "gpt2")  # RoPE's rows computed natively
     rel = ((got - ref).norm(dim=-1) / ref.norm(dim=-1)).max().item()
     if activations == "fp32":  # the same products; only the norms' and activations' rounding differs
         assert rel < 1e-5, rel
@@ -106,6 +107,26 @@ def test_a_left_padded_batch_decodes_each_sequence_as_the_layer_by_layer_path_do
     assert isinstance(model.__dict__.get("_fused_decoder"), FusedDecoder)
     rel = ((got - ref).norm(dim=-1) / ref.norm(dim=-1)).max().item()
     assert rel < 1e-5, rel
+
+
+@needs_kernels
+def test_rotary_tables_given_by_the_model_or_computed_by_the_step_agree(monkeypatch):
+    import dataclasses
+
+    monkeypatch.setenv(quant_kernels.ENV_ACTIVATIONS, "fp32")
+    model = _model("llama", "int4")
+    model.model.rotary_emb.__init__(16, base=500.0, scaling={"rope_type": "linear", "factor": 3.0})  # other frequencies than the default
+    ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(4))
+    ref = _logits(model, ids, 6, fused=False)
+    got = _logits(model, ids, 6, fused=True)
+    assert model.__dict__["_fused_decoder"].takes_positions
+    parts = model.fused_decoder_parts()
+    model.forget_fused_decoder()
+    monkeypatch.setattr(model, "fused_decoder_parts", lambda: dataclasses.replace(parts, rotary_emb=None))
+    tables = _logits(model, ids, 6, fused=True)  # cos and sin from the model's RotaryEmbedding
+    assert not model.__dict__["_fused_decoder"].takes_positions
+    for out in (got, tables):
+        assert ((out - ref).norm(dim=-1) / ref.norm(dim=-1)).max().item() < 1e-5
 
 
 @needs_kernels

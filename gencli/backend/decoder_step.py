@@ -61,6 +61,7 @@ class DecoderStackParts:
     activation: str  # transformers' hidden_act name
     rotary: bool  # queries and keys rotated by half-split tables (Llama); else absolute positions (GPT-2)
     final_norm: Optional[nn.Module] = None  # the model's norm after the last layer, applied in the same call
+    rotary_emb: Optional[nn.Module] = None  # a RotaryEmbedding: the step computes its cos/sin rows from the positions
 
 
 def enabled() -> bool:
@@ -100,6 +101,7 @@ class FusedDecoder:
     def __init__(self, native: Any):
         self.native = native
         self.normalizes = bool(native.has_final_norm)  # the step's output is after the model's final norm
+        self.takes_positions = bool(native.has_rotary_tables)  # rotary: positions instead of cos/sin tables
 
     @classmethod
     def build(cls, parts: DecoderStackParts) -> Optional["FusedDecoder"]:
@@ -124,6 +126,9 @@ class FusedDecoder:
         final = _norm(parts.final_norm, hidden) if parts.final_norm is not None else None
         if final is not None:  # (a norm of another kind: the model applies it after the step)
             native.set_final_norm(final)
+        rope = parts.rotary_emb
+        if parts.rotary and rope is not None and rope.inv_freq.device.type == "cpu":
+            native.set_rotary(rope.inv_freq, float(rope.attention_factor))
         return cls(native)
 
     @staticmethod
@@ -146,11 +151,13 @@ class FusedDecoder:
         key_mask: Optional[torch.Tensor] = None,
         cos: Optional[torch.Tensor] = None,
         sin: Optional[torch.Tensor] = None,
+        positions: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """Every layer for ``x (B, 1, hidden)`` (the embeddings of the new positions): the hidden states
         ``(B, 1, hidden)``, after the model's final norm where :attr:`normalizes` (the parts named it),
         else before it; the new keys and values are written into the cache.
-        ``key_mask (B, cached + 1)`` True for real tokens; ``cos, sin (B, 1, head_dim)`` for rotary models."""
+        ``key_mask (B, cached + 1)`` True for real tokens; for rotary models ``cos, sin (B, 1, head_dim)``, or
+        the ``positions (B, 1)`` where :attr:`takes_positions` (the tables' rows are computed natively)."""
         b = x.shape[0]
         h = x.reshape(b, x.shape[-1]).contiguous()
         if h.data_ptr() == x.data_ptr() and x._base is not None:  # (a view of someone's tensor: work on a copy)
@@ -158,7 +165,7 @@ class FusedDecoder:
         mask = key_mask if key_mask is None or key_mask.dtype == torch.bool else key_mask.bool()
         c = cos.reshape(b, -1) if cos is not None else None
         s = sin.reshape(b, -1) if sin is not None else None
-        self.native.step(h, kv_cache.keys, kv_cache.values, kv_cache.length, mask, c, s, int8_activations())
+        self.native.step(h, kv_cache.keys, kv_cache.values, kv_cache.length, mask, c, s, int8_activations(), positions)
         for layer in kv_cache.layers:
             layer.length += 1
         return h.view(b, 1, -1)

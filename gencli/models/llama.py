@@ -219,8 +219,10 @@ class LlamaForCausalLM(CausalLM):
 
     def backbone(self, input_ids, position_ids, key_mask, kv_cache):
         x = self.model.embed_tokens(input_ids)
-        cos, sin = self.model.rotary_emb(position_ids, x.dtype)
         fused = self.fused_decoder(x, kv_cache)
+        if fused is not None and fused.takes_positions:
+            return self.fused_states(fused, fused(x, kv_cache, key_mask, positions=position_ids))
+        cos, sin = self.model.rotary_emb(position_ids, x.dtype)
         if fused is not None:
             return self.fused_states(fused, fused(x, kv_cache, key_mask, cos, sin))
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, L, D): broadcast over the heads, once
@@ -246,7 +248,14 @@ class LlamaForCausalLM(CausalLM):
             for layer in self.model.layers
         )
         return DecoderStackParts(
-            layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_act, rotary=True, final_norm=self.model.norm
+            layers,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            cfg.hidden_act,
+            rotary=True,
+            final_norm=self.model.norm,
+            rotary_emb=self.model.rotary_emb,
         )
 
 

@@ -175,7 +175,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("add_layer", &add_layer, "linear: (codes, scale, zero or None, group size, bias or None), dense: (weight, None, None, -1, bias or None); norm: (weight, bias or None, eps, rms)",
            py::arg("norm1"), py::arg("attn_in"), py::arg("o_proj"), py::arg("norm2"), py::arg("mlp_in"), py::arg("mlp_out"), py::arg("attn_scale"))
       .def("step", &gencli::DecoderStack::step, py::arg("x"), py::arg("keys"), py::arg("values"), py::arg("length"), py::arg("key_mask") = py::none(),
-           py::arg("cos") = py::none(), py::arg("sin") = py::none(), py::arg("int8_activations") = true)
+           py::arg("cos") = py::none(), py::arg("sin") = py::none(), py::arg("int8_activations") = true, py::arg("positions") = py::none())
+      .def("set_rotary", &gencli::DecoderStack::set_rotary,
+           "RoPE's inverse frequencies (head_dim / 2) and attention factor: step() then takes positions instead of cos and sin",
+           py::arg("inv_freq"), py::arg("attention_factor"))
+      .def_property_readonly("has_rotary_tables", &gencli::DecoderStack::has_rotary_tables)
       .def(
           "set_final_norm", [](gencli::DecoderStack& stack, const py::tuple& norm) { stack.set_final_norm(norm_spec(norm)); },
           "the model's norm after the last layer (weight, bias or None, eps, rms): step() then returns normalized states", py::arg("norm"))

@@ -151,7 +151,7 @@ void DecoderStack::add_layer(const NormSpec& norm1, const std::vector<LinearSpec
 }
 
 void DecoderStack::step(at::Tensor x, const at::Tensor& keys, const at::Tensor& values, int64_t length, const OptionalTensor& key_mask,
-                        const OptionalTensor& cos, const OptionalTensor& sin, bool int8_activations) {
+                        const OptionalTensor& cos, const OptionalTensor& sin, bool int8_activations, const OptionalTensor& positions) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.size(1) == hidden_ && x.is_contiguous() && x.device().is_cpu(),
               "decoder_step: x must be contiguous float32 (B, hidden)");
   const int64_t B = x.size(0), L = length + 1, nl = num_layers();
@@ -165,8 +165,25 @@ void DecoderStack::step(at::Tensor x, const at::Tensor& keys, const at::Tensor& 
   const bool* mp = key_mask_flags(key_mask, B, L, mask, "decoder_step");
   const float *cp = nullptr, *sp = nullptr;
   at::Tensor ct, st;
-  if (rotary_) {
-    TORCH_CHECK(cos.has_value() && sin.has_value(), "decoder_step: this stack rotates queries and keys: cos and sin needed");
+  thread_local AlignedVector<float> rot_buf;
+  if (rotary_ && !cos.has_value() && positions.has_value() && has_rotary_tables()) {  // the tables' rows, computed here
+    const at::Tensor pt = positions->to(at::kLong).contiguous();
+    TORCH_CHECK(pt.numel() == B, "decoder_step: one position a sequence");
+    const int64_t* pp = pt.data_ptr<int64_t>();
+    const float* inv = inv_freq_.data_ptr<float>();
+    float* rows = scratch(rot_buf, 2 * B * D_);
+    const int64_t half = D_ / 2;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < half; ++i) {
+        const float angle = static_cast<float>(pp[b]) * inv[i];
+        const float c = std::cos(angle) * rotary_factor_, sn = std::sin(angle) * rotary_factor_;
+        rows[b * D_ + i] = rows[b * D_ + half + i] = c;
+        rows[(B + b) * D_ + i] = rows[(B + b) * D_ + half + i] = sn;
+      }
+    cp = rows;
+    sp = rows + B * D_;
+  } else if (rotary_) {
+    TORCH_CHECK(cos.has_value() && sin.has_value(), "decoder_step: this stack rotates queries and keys: cos and sin (or positions) needed");
     ct = cos->to(at::kFloat).contiguous();
     st = sin->to(at::kFloat).contiguous();
     TORCH_CHECK(ct.numel() == B * D_ && st.numel() == B * D_, "decoder_step: cos and sin must be (B, head dim)");
@@ -244,6 +261,13 @@ void DecoderStack::step(at::Tensor x, const at::Tensor& keys, const at::Tensor& 
 }
 
 void DecoderStack::set_final_norm(const NormSpec& spec) { final_norm_ = norm(spec); }
+
+void DecoderStack::set_rotary(const at::Tensor& inv_freq, double attention_factor) {
+  TORCH_CHECK(rotary_, "decoder_step: this stack does not rotate queries and keys");
+  inv_freq_ = inv_freq.to(at::kFloat).contiguous();
+  TORCH_CHECK(inv_freq_.device().is_cpu() && inv_freq_.numel() == D_ / 2, "decoder_step: RoPE needs head_dim / 2 inverse frequencies");
+  rotary_factor_ = static_cast<float>(attention_factor);
+}
 
 NormSpec DecoderStack::norm(const NormSpec& spec) {
   NormSpec n;

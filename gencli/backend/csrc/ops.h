@@ -95,11 +95,17 @@ class DecoderStack {
   void set_final_norm(const NormSpec& norm);
   bool has_final_norm() const { return final_norm_.weight.defined(); }
 
+  // RoPE's inverse frequencies (head_dim / 2) and attention factor: step() then computes the cos and sin
+  // rows of the positions it is given (cos(p * inv_freq) * factor, halves repeated: RotaryEmbedding's tables)
+  void set_rotary(const at::Tensor& inv_freq, double attention_factor);
+  bool has_rotary_tables() const { return inv_freq_.defined(); }
+
   // x (B, hidden) float32 contiguous, updated in place (the residual stream, or its final norm where the
   // stack has one); keys, values (layers, B, Hkv, capacity, D) float32,
-  // the new position written at `length`; key_mask (B, length + 1) bool or None; cos, sin (B, D) or None
+  // the new position written at `length`; key_mask (B, length + 1) bool or None; cos, sin (B, D) or None, or
+  // positions (B) where the stack has set_rotary's frequencies
   void step(at::Tensor x, const at::Tensor& keys, const at::Tensor& values, int64_t length, const OptionalTensor& key_mask,
-            const OptionalTensor& cos, const OptionalTensor& sin, bool int8_activations);
+            const OptionalTensor& cos, const OptionalTensor& sin, bool int8_activations, const OptionalTensor& positions = {});
 
  private:
   struct Layer {
@@ -117,6 +123,8 @@ class DecoderStack {
   bool rotary_;
   std::vector<Layer> layers_;
   NormSpec final_norm_;  // weight undefined: none
+  at::Tensor inv_freq_;  // float32 (D / 2), or undefined
+  float rotary_factor_ = 1.f;
   std::vector<at::Tensor> keep_;  // every tensor the layers point into
 };
 
