@@ -171,6 +171,8 @@ def main(argv: list[str] | None = None) -> None:
     for side, fraction in _bandwidth_fractions(rounds, bandwidths).items():  # decode speed as a share of what the memory allows
         results[side]["bandwidth_fraction"] = fraction
     report = {"case": args.case, "device": args.device, "dtype": args.dtype, "environment": environment(), "results": results, "ratios": {}}
+    if len(rounds) > 1:
+        report["bandwidth_fraction_rounds"] = _bandwidth_fraction_rounds(rounds, bandwidths)
     if args.case == "generate" and args.device == "cpu":  # the decoding kernels' per-CPU choices the gencli sides ran with
         from bench_cases._machine import kernel_tuning
 
@@ -242,6 +244,8 @@ def main(argv: list[str] | None = None) -> None:
             f"note: the memory's read bandwidth changed between rounds ({min(per_round):g} to {max(per_round):g} GB/s): "
             "each round's bandwidth fraction uses its own, and only same-round ratios compare the sides"
         )
+        shares = report.get("bandwidth_fraction_rounds", {})
+        print("  per-round bandwidth fractions: " + "; ".join(f"{side} {' '.join(f'{x:.2f}' for x in each)}" for side, each in shares.items()))
     for key, value in report.get("summary", {}).items():
         print(f"{key:<{width}}{_fmt(value):>14}")
     if report["load_average"]:
@@ -259,9 +263,9 @@ def _round_ratios(rounds: list[dict], ours: str, theirs: str, keys) -> dict[str,
     return out
 
 
-def _bandwidth_fractions(rounds: list[dict], bandwidths: list[float]) -> dict[str, float]:
-    """Per side with a decode speed and the bytes a token reads: the median over the rounds of that
-    round's share of the bandwidth measured just before it (``bandwidths[r]`` for ``rounds[r]``)."""
+def _bandwidth_fraction_rounds(rounds: list[dict], bandwidths: list[float]) -> dict[str, list[float]]:
+    """Per side with a decode speed and the bytes a token reads: each round's share of the bandwidth
+    measured just before it (``bandwidths[r]`` for ``rounds[r]``)."""
     from bench_cases._machine import bandwidth_fraction
 
     out = {}
@@ -272,8 +276,13 @@ def _bandwidth_fractions(rounds: list[dict], bandwidths: list[float]) -> dict[st
             if bw and rnd[side].get("weight_bytes_per_token") and rnd[side].get("decode_tokens_per_s")
         ]
         if shares:
-            out[side] = round(statistics.median(shares), 3)
+            out[side] = shares
     return out
+
+
+def _bandwidth_fractions(rounds: list[dict], bandwidths: list[float]) -> dict[str, float]:
+    """The median over the rounds of :func:`_bandwidth_fraction_rounds`."""
+    return {side: round(statistics.median(shares), 3) for side, shares in _bandwidth_fraction_rounds(rounds, bandwidths).items()}
 
 
 def _bandwidth_changed(bandwidths: list[float], tolerance: float = 1.2) -> bool:

@@ -24,6 +24,7 @@ def test_each_round_is_measured_against_its_own_bandwidth():
     rounds = [{"gencli": _round(40.0), "llama.cpp": _round(30.0)}, {"gencli": _round(20.0), "llama.cpp": _round(15.0)}]
     fractions = bench._bandwidth_fractions(rounds, [40.0, 20.0])
     assert fractions == {"gencli": pytest.approx(1.0), "llama.cpp": pytest.approx(0.75)}
+    assert bench._bandwidth_fraction_rounds(rounds, [40.0, 20.0])["llama.cpp"] == pytest.approx([0.75, 0.75])  # each round's own
     # against one figure for the whole run, the same speeds would read 0.75 (median of 1.0 and 0.5)
     assert bench._bandwidth_fractions(rounds, [40.0, 40.0])["gencli"] == pytest.approx(0.75)
 

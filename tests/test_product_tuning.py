@@ -17,7 +17,7 @@ needs_kernels = pytest.mark.usefixtures("quant_kernels_built")
 
 INTEL = {"int8_ahead": 4096, "int4_ahead": 4096, "dense_ahead": 8192, "bf16_ahead": 16384, "task_bytes": 65536, "tasks_per_thread": 0,
          "dense_rows": 4, "scale_prefetch": 0, "int8_rows": 4, "int4_rows": 2, "bf16_level": 2}
-AMD = {"int8_ahead": 16384, "int4_ahead": 8192, "dense_ahead": 0, "bf16_ahead": 8192, "task_bytes": 1 << 20, "tasks_per_thread": 4,
+AMD = {"int8_ahead": 16384, "int4_ahead": 8192, "dense_ahead": 0, "bf16_ahead": 8192, "task_bytes": 1 << 20, "tasks_per_thread": 2,
        "dense_rows": 1, "scale_prefetch": 1, "int8_rows": 1, "int4_rows": 1, "bf16_level": 1}
 # extremes: no prefetch at all; far prefetch with tiny tasks (every task a few rows, past every row's end)
 EXTREMES = [

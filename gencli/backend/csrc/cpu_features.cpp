@@ -75,7 +75,10 @@ bool cpu_is_amd() {
 //   line of them, as far ahead as the codes (1.8x none; 1.06-1.16x the first line of each row only, which
 //   left rows of 3072 columns at 55% of the speed of rows of 768); bf16 8 KB ahead into L1 (1.11-1.12x
 //   4 KB into L2 at one thread, GPT-2 and Llama; 0.99x and 1.08x at two; 16 KB 0.96-0.98x); tasks of
-//   1 MB, at least 4 a thread (fp32 1.05-1.08x 64 kB tasks; int4 unchanged).
+//   1 MB (fp32 1.05-1.08x 64 kB tasks; int4 unchanged), at least 2 a thread: with 4, two threads took
+//   twice as many chunks from the shared counter, whose cache line then crosses between the cores each
+//   time (int4 Llama shape at two threads 1.04-1.06x with 2, in both of the VM's bandwidth states; int8
+//   and bf16 1.01-1.04x; 1 a thread 0.97x 2 in the slower state).
 ProductTuning product_tuning_for(bool amd) {
   ProductTuning t;
   if (amd) {
@@ -85,7 +88,7 @@ ProductTuning product_tuning_for(bool amd) {
     t.bf16_ahead = 8192;
     t.bf16_level = 1;
     t.task_bytes = 1 << 20;
-    t.tasks_per_thread = 4;
+    t.tasks_per_thread = 2;
     t.dense_rows = 1;
     t.scale_prefetch = 1;
     t.int8_rows = 1;
