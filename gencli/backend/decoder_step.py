@@ -5,7 +5,9 @@ products (norms, views, rotary, the cache write, residual adds, the activation),
 of dispatch each, on caches the weight streams have just evicted: on GPT-2's shape with int8
 weights, about a third of a token's time. :class:`FusedDecoder` runs every layer of one step in
 ``csrc/decoder_step.cpp`` (the same products, :mod:`gencli.backend.quant_kernels`, and the same
-decode attention, no tensor created in between).
+decode attention, no tensor created in between). Where the model names them, the same call applies its
+final norm and computes RoPE's cos/sin rows from the positions (each otherwise a few tensor operations
+from Python a token, on cold caches).
 
 A model offers it by describing its layers (:class:`DecoderStackParts`, from
 :meth:`gencli.models.causal_lm.CausalLM.fused_decoder_parts`). It applies where every projection
