@@ -109,6 +109,39 @@ def test_a_left_padded_batch_decodes_each_sequence_as_the_layer_by_layer_path_do
     assert rel < 1e-5, rel
 
 
+@pytest.fixture
+def tuning():
+    saved, threads = kernels.tuning(), torch.get_num_threads()
+    yield kernels
+    kernels.set_tuning(saved)
+    torch.set_num_threads(threads)
+
+
+@needs_kernels
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize(("mode", "activations"), [("int8", "int8"), ("int4", "int8"), ("int4", "fp32"), ("float32", "fp32"), ("bfloat16", "fp32")])
+def test_a_team_of_threads_decodes_exactly_as_one_thread_does(family, mode, activations, tuning, monkeypatch):
+    """The step in one parallel region (a team: own task ranges and stealing, each thread's own
+    key/value heads, the activation shared out, the biases added by the task that computed the rows),
+    at 2 and 3 threads (heads and tasks not dividing evenly), equals the step on one thread and the
+    step with a parallel region for each product, bit for bit: each value is computed by the same code
+    whichever thread computes it."""
+    monkeypatch.setenv(quant_kernels.ENV_ACTIVATIONS, activations)
+    model = _model(family, mode)
+    ids = torch.randint(0, 96, (3, 10), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones(3, 10, dtype=torch.bool)
+    mask[1, :4] = False
+    torch.set_num_threads(1)
+    ref = _logits(model, ids, 6, fused=True, mask=mask)
+    assert isinstance(model.__dict__.get("_fused_decoder"), FusedDecoder)
+    for threads in (2, 3):
+        torch.set_num_threads(threads)
+        for team in (1, 0):
+            tuning.set_tuning({"step_team": team})
+            got = _logits(model, ids, 6, fused=True, mask=mask)
+            assert torch.equal(got, ref), (threads, team, (got - ref).abs().max().item())
+
+
 @needs_kernels
 def test_rotary_tables_given_by_the_model_or_computed_by_the_step_agree(monkeypatch):
     import dataclasses

@@ -1,6 +1,7 @@
 """The decoding products' per-CPU choices (csrc/cpu_features.{h,cpp}: ProductTuning): prefetch
 distances and the cache level bf16 rows are prefetched into, one stream a thread or several rows at
-once (fp32, int8, int4), int4's scale prefetch, the bytes a task.
+once (fp32, int8, int4), int4's scale prefetch, the bytes a task, the decoding step in one parallel
+region or one a product.
 They change the speed only: every product (fp32, bf16, int8 and int4, fp32 or int8 activations)
 under each CPU's choices and under extreme ones equals the plain reference, at 1 and 2 threads and
 on every instruction set this CPU has. The choice in use is the one made for this CPU's vendor."""
@@ -16,15 +17,15 @@ from gencli.backend.quantize import quantize_int4, quantize_int8
 needs_kernels = pytest.mark.usefixtures("quant_kernels_built")
 
 INTEL = {"int8_ahead": 4096, "int4_ahead": 4096, "dense_ahead": 8192, "bf16_ahead": 16384, "task_bytes": 65536, "tasks_per_thread": 0,
-         "dense_rows": 4, "scale_prefetch": 0, "int8_rows": 4, "int4_rows": 2, "bf16_level": 2}
+         "dense_rows": 4, "scale_prefetch": 0, "int8_rows": 4, "int4_rows": 2, "bf16_level": 2, "step_team": 1}
 AMD = {"int8_ahead": 16384, "int4_ahead": 8192, "dense_ahead": 0, "bf16_ahead": 8192, "task_bytes": 1 << 20, "tasks_per_thread": 2,
-       "dense_rows": 1, "scale_prefetch": 1, "int8_rows": 1, "int4_rows": 1, "bf16_level": 1}
+       "dense_rows": 1, "scale_prefetch": 1, "int8_rows": 1, "int4_rows": 1, "bf16_level": 1, "step_team": 1}
 # extremes: no prefetch at all; far prefetch with tiny tasks (every task a few rows, past every row's end)
 EXTREMES = [
     {"int8_ahead": 0, "int4_ahead": 0, "dense_ahead": 0, "bf16_ahead": 0, "task_bytes": 1, "tasks_per_thread": 0, "dense_rows": 4,
-     "scale_prefetch": 1, "int8_rows": 4, "int4_rows": 2, "bf16_level": 2},
+     "scale_prefetch": 1, "int8_rows": 4, "int4_rows": 2, "bf16_level": 2, "step_team": 0},
     {"int8_ahead": 65536, "int4_ahead": 65536, "dense_ahead": 65536, "bf16_ahead": 65536, "task_bytes": 512, "tasks_per_thread": 64,
-     "dense_rows": 1, "scale_prefetch": 1, "int8_rows": 1, "int4_rows": 1, "bf16_level": 1},
+     "dense_rows": 1, "scale_prefetch": 1, "int8_rows": 1, "int4_rows": 1, "bf16_level": 1, "step_team": 1},
 ]
 
 
@@ -63,6 +64,8 @@ def test_a_bad_choice_is_refused_and_changes_nothing(kernels):
         kernels.set_tuning({"int4_rows": 4})
     with pytest.raises(RuntimeError, match="bf16_level must be 1 or 2"):
         kernels.set_tuning({"bf16_level": 3})
+    with pytest.raises(RuntimeError, match="step_team must be 0 or 1"):
+        kernels.set_tuning({"step_team": 2})
     assert kernels.tuning() == before
     kernels.set_tuning({"task_bytes": 0})  # at least one byte: one row a task
     assert kernels.tuning()["task_bytes"] == 1

@@ -65,7 +65,8 @@ constexpr std::pair<const char*, int64_t gencli::ProductTuning::*> kTuningFields
     {"bf16_ahead", &gencli::ProductTuning::bf16_ahead},   {"task_bytes", &gencli::ProductTuning::task_bytes},
     {"tasks_per_thread", &gencli::ProductTuning::tasks_per_thread}, {"dense_rows", &gencli::ProductTuning::dense_rows},
     {"scale_prefetch", &gencli::ProductTuning::scale_prefetch}, {"int8_rows", &gencli::ProductTuning::int8_rows},
-    {"int4_rows", &gencli::ProductTuning::int4_rows}, {"bf16_level", &gencli::ProductTuning::bf16_level}};
+    {"int4_rows", &gencli::ProductTuning::int4_rows}, {"bf16_level", &gencli::ProductTuning::bf16_level},
+    {"step_team", &gencli::ProductTuning::step_team}};
 
 std::map<std::string, int64_t> tuning_dict(const gencli::ProductTuning& t) {
   std::map<std::string, int64_t> out;
@@ -86,6 +87,7 @@ gencli::ProductTuning tuned(gencli::ProductTuning t, const std::map<std::string,
     TORCH_CHECK(key != "int4_rows" || value == 1 || value == 2, "set_tuning: int4_rows must be 1 or 2");
     TORCH_CHECK(key != "bf16_level" || value == 1 || value == 2, "set_tuning: bf16_level must be 1 or 2");
     TORCH_CHECK(key != "scale_prefetch" || value <= 1, "set_tuning: scale_prefetch must be 0 or 1");
+    TORCH_CHECK(key != "step_team" || value <= 1, "set_tuning: step_team must be 0 or 1");
     t.*(it->second) = value;
   }
   t.task_bytes = std::max<int64_t>(t.task_bytes, 1);

@@ -79,6 +79,12 @@ bool cpu_is_amd() {
 //   twice as many chunks from the shared counter, whose cache line then crosses between the cores each
 //   time (int4 Llama shape at two threads 1.04-1.06x with 2, in both of the VM's bandwidth states; int8
 //   and bf16 1.01-1.04x; 1 a thread 0.97x 2 in the slower state).
+// - Both vendors: the decoding step in one parallel region of a team (step_team 1). On the AMD EPYC, each
+//   against a region for each product and attention in one process, Llama shape at 2 threads: int4 1.06x,
+//   int8 1.03x, bf16 and fp32 1.01x in the VM's slower memory state; int4 1.13x, int8 1.15x, bf16 1.04x,
+//   fp32 1.03x in its faster one (where a region's fork and join and its threads' cold start cost most);
+//   GPT-2 shape 1.00-1.05x. Tasks of 64 kB in the team 0.95-0.97x 1 MB; each thread prefetching the start
+//   of its next rows after a barrier 0.97-1.02x (not kept). Not measured on the Intel Xeon.
 ProductTuning product_tuning_for(bool amd) {
   ProductTuning t;
   if (amd) {

@@ -54,6 +54,7 @@ struct ProductTuning {
   int64_t scale_prefetch = 0;   // int4: prefetch the scales and zero points of the rows the codes' prefetch reaches (1) or not (0)
   int64_t int8_rows = 4;        // int8 rows multiplied together (int8 activations): 4 or 1
   int64_t int4_rows = 2;        // int4 rows multiplied together (int8 activations): 2 or 1
+  int64_t step_team = 1;        // the decoding step in one parallel region of a team of threads (1, team.h), or one a product (0)
 };
 bool cpu_is_amd();
 ProductTuning product_tuning_for(bool amd);

@@ -79,33 +79,36 @@ const bool* key_mask_flags(const OptionalTensor& key_mask, int64_t B, int64_t L,
   return keep.data_ptr<bool>();
 }
 
-void attend_one_query(const KVView& q, const KVView& k, const KVView& v, const bool* mp, int64_t B, int64_t H, int64_t Hkv, int64_t L,
-                      int64_t D, float sc, float* op) {
+void attend_heads(const KVView& q, const KVView& k, const KVView& v, const bool* mp, int64_t B, int64_t H, int64_t Hkv, int64_t L,
+                  int64_t D, float sc, float* op, int64_t begin, int64_t end) {
   const int64_t rep = H / Hkv;
   const Isa use = attention_isa();
-  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    thread_local AlignedVector<float> scores;
-    float* s = scratch(scores, L);
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / H, h = task % H, g = h / rep;
-      const float* qh = q.data + b * q.s_b + h * q.s_h;
-      const float* kh = k.data + b * k.s_b + g * k.s_h;
-      const float* vh = v.data + b * v.s_b + g * v.s_h;
-      const bool* mb = mp ? mp + b * L : nullptr;
-      // a row that may attend no key attends them all (as gencli's masks do: finite, and never used)
-      if (mb && std::none_of(mb, mb + L, [](bool x) { return x; })) mb = nullptr;
-      float* oh = op + (b * H + h) * D;
-      if (use == Isa::avx512 && D % 16 == 0) {
-        attn_avx512::head(qh, kh, k.s_l, vh, v.s_l, mb, L, D, sc, s, oh);
-        continue;
-      }
-      if (use != Isa::none && D % 8 == 0) {
-        attn_avx2::head(qh, kh, k.s_l, vh, v.s_l, mb, L, D, sc, s, oh);
-        continue;
-      }
-      head_scalar(qh, kh, k.s_l, vh, v.s_l, mb, L, D, sc, s, oh);
+  thread_local AlignedVector<float> scores;
+  float* s = scratch(scores, L);
+  for (int64_t task = begin; task < end; ++task) {
+    const int64_t b = task / H, h = task % H, g = h / rep;
+    const float* qh = q.data + b * q.s_b + h * q.s_h;
+    const float* kh = k.data + b * k.s_b + g * k.s_h;
+    const float* vh = v.data + b * v.s_b + g * v.s_h;
+    const bool* mb = mp ? mp + b * L : nullptr;
+    // a row that may attend no key attends them all (as gencli's masks do: finite, and never used)
+    if (mb && std::none_of(mb, mb + L, [](bool x) { return x; })) mb = nullptr;
+    float* oh = op + (b * H + h) * D;
+    if (use == Isa::avx512 && D % 16 == 0) {
+      attn_avx512::head(qh, kh, k.s_l, vh, v.s_l, mb, L, D, sc, s, oh);
+      continue;
     }
-  });
+    if (use != Isa::none && D % 8 == 0) {
+      attn_avx2::head(qh, kh, k.s_l, vh, v.s_l, mb, L, D, sc, s, oh);
+      continue;
+    }
+    head_scalar(qh, kh, k.s_l, vh, v.s_l, mb, L, D, sc, s, oh);
+  }
+}
+
+void attend_one_query(const KVView& q, const KVView& k, const KVView& v, const bool* mp, int64_t B, int64_t H, int64_t Hkv, int64_t L,
+                      int64_t D, float sc, float* op) {
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) { attend_heads(q, k, v, mp, B, H, Hkv, L, D, sc, op, begin, end); });
 }
 
 // q (B, H, 1, D), k and v (B, Hkv, L, D), float32, the last dimension contiguous (any other strides:

@@ -7,23 +7,29 @@
 // few microseconds of dispatch, and each running on caches the weight streams have just evicted. Here
 // a layer is: norm (LayerNorm or RMSNorm) -> the q/k/v products (one fused weight or three, int8,
 // int4, bf16 or fp32: quantized_products) -> rotary (half-split, per-row tables) -> keys/values written into the
-// cache -> attention of the new position over the cache (attend_one_query) -> output product ->
+// cache -> attention of the new position over the cache (attend_heads) -> output product ->
 // residual -> norm -> MLP (act(fc) or act(gate) * up) -> down product -> residual, with scratch
-// buffers reused from step to step. The products and the attention spread over torch's threads as
-// they do when called from Python; the rest (a few thousand floats a layer) runs on the calling thread.
+// buffers reused from step to step. At more than one of torch's threads the whole step is one parallel
+// region (team.h): every thread runs the rest (a few thousand floats a layer) on copies of its own, the
+// products' tasks and the attention's heads are shared out, and the threads meet at a barrier where the
+// next part needs the others' results (step_team 0: a parallel region for each product and attention).
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <immintrin.h>
+#include <omp.h>
 
 #include "cpu_features.h"
 #include "kernels.h"
 #include "ops.h"
+#include "team.h"
 
 namespace gencli {
 
@@ -190,74 +196,116 @@ void DecoderStack::step(at::Tensor x, const at::Tensor& keys, const at::Tensor& 
     cp = ct.data_ptr<float>();
     sp = st.data_ptr<float>();
   }
+  // the buffers the team shares (each product's results, written by the threads that computed them)
   const int64_t q_n = H_ * D_, kv_n = Hkv_ * D_;
-  thread_local AlignedVector<float> h_buf, qkv_buf, att_buf, proj_buf, mid_buf;
-  float* xp = x.data_ptr<float>();
+  int64_t mid_n = 0;
+  for (const Layer& l : layers_) mid_n = std::max<int64_t>(mid_n, l.mlp_in[0].N * static_cast<int64_t>(l.mlp_in.size()));
+  thread_local AlignedVector<float> qkv_buf, att_buf, proj_buf, mid_buf;
+  const Shared sh{x.data_ptr<float>(),          keys.data_ptr<float>(),       values.data_ptr<float>(),
+                  scratch(qkv_buf, B * (q_n + 2 * kv_n)), scratch(att_buf, B * q_n), scratch(proj_buf, B * hidden_),
+                  scratch(mid_buf, B * mid_n), cp, sp, mp,
+                  {keys.stride(0), keys.stride(1), keys.stride(2), keys.stride(3)},
+                  {values.stride(0), values.stride(1), values.stride(2), values.stride(3)}, B, length, int8_activations};
+  const int64_t threads = at::in_parallel_region() ? 1 : std::max<int64_t>(1, at::get_num_threads());
+  if (threads == 1 || !product_tuning().step_team) {  // one thread, or a parallel region for each product and attention
+    StepTeam team(1);
+    run_layers(sh, team, 0, threads == 1);
+    return;
+  }
+  std::optional<StepTeam> team;
+#pragma omp parallel num_threads(static_cast<int>(threads))
+  {
+#pragma omp single
+    team.emplace(omp_get_num_threads());
+    run_layers(sh, *team, omp_get_thread_num(), true);
+  }
+}
+
+// One thread's part of the step (every thread of the team runs this): the residual stream and the norms
+// on a copy of its own (the same values on every thread), each product's tasks through the team, the
+// attention of its own key/value heads (rotary, cache write and attention of their query heads), and its
+// share of the MLP's activation. Unseated (a team of one thread among torch's), the products and the
+// attention open parallel regions of their own instead.
+void DecoderStack::run_layers(const Shared& sh, StepTeam& team, int64_t me, bool seated) const {
+  TeamSeat& seat = team_seat();
+  if (seated) seat = {&team, me, 0};
+  const int64_t B = sh.B, L = sh.length + 1, T = team.size(), q_n = H_ * D_, kv_n = Hkv_ * D_, rep = H_ / Hkv_;
+  thread_local AlignedVector<float> x_buf, h_buf;
+  float* xs = scratch(x_buf, B * hidden_);
   float* h = scratch(h_buf, B * hidden_);
-  float* qkv = scratch(qkv_buf, B * (q_n + 2 * kv_n));
-  float* att = scratch(att_buf, B * q_n);
-  float* proj = scratch(proj_buf, B * hidden_);
-  float* keys_p = keys.data_ptr<float>();
-  float* values_p = values.data_ptr<float>();
-  for (int64_t li = 0; li < nl; ++li) {
+  std::copy(sh.x, sh.x + B * hidden_, xs);
+  const bool q8 = sh.int8_activations;
+  for (int64_t li = 0; li < num_layers(); ++li) {
     const Layer& l = layers_[li];
-    float* mid = scratch(mid_buf, B * l.mlp_in[0].N * static_cast<int64_t>(l.mlp_in.size()));
-    for (int64_t b = 0; b < B; ++b) normalize(l.norm1, xp + b * hidden_, h + b * hidden_, hidden_);
+    for (int64_t b = 0; b < B; ++b) normalize(l.norm1, xs + b * hidden_, h + b * hidden_, hidden_);
     // q, k, v: rows of q_n + 2 kv_n (one fused weight) or three blocks of B rows each
     float *q, *k, *v;
     int64_t q_s, k_s, v_s;  // row strides
     if (l.attn_in.size() == 1) {
-      float* outs[1] = {qkv};
-      quantized_products(h, B, hidden_, l.attn_in.data(), outs, 1, int8_activations);
-      q = qkv, k = qkv + q_n, v = qkv + q_n + kv_n;
+      float* outs[1] = {sh.qkv};
+      quantized_products(h, B, hidden_, l.attn_in.data(), outs, 1, q8);
+      q = sh.qkv, k = sh.qkv + q_n, v = sh.qkv + q_n + kv_n;
       q_s = k_s = v_s = q_n + 2 * kv_n;
     } else {
-      q = qkv, k = qkv + B * q_n, v = k + B * kv_n;
+      q = sh.qkv, k = sh.qkv + B * q_n, v = k + B * kv_n;
       float* outs[3] = {q, k, v};
-      quantized_products(h, B, hidden_, l.attn_in.data(), outs, 3, int8_activations);
+      quantized_products(h, B, hidden_, l.attn_in.data(), outs, 3, q8);
       q_s = q_n, k_s = v_s = kv_n;
     }
-    const int64_t cb = keys.stride(1), ch = keys.stride(2), cl = keys.stride(3);
-    const int64_t vb = values.stride(1), vh = values.stride(2), vl = values.stride(3);
-    float* kc = keys_p + li * keys.stride(0);
-    float* vc = values_p + li * values.stride(0);
-    for (int64_t b = 0; b < B; ++b) {
-      if (rotary_) {
-        rotate(q + b * q_s, H_, D_, cp + b * D_, sp + b * D_);
-        rotate(k + b * k_s, Hkv_, D_, cp + b * D_, sp + b * D_);
+    // this thread's key/value heads (b, g): their rotation, their cache rows, their query heads' attention
+    float* kc = sh.keys + li * sh.ks[0];
+    float* vc = sh.values + li * sh.vs[0];
+    const int64_t heads = B * Hkv_;
+    auto attend = [&](int64_t begin, int64_t end) {
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t b = item / Hkv_, g = item % Hkv_;
+        float* kh = k + b * k_s + g * D_;
+        const float* vh = v + b * v_s + g * D_;
+        if (rotary_) {
+          rotate(q + b * q_s + g * rep * D_, rep, D_, sh.cos + b * D_, sh.sin + b * D_);
+          rotate(kh, 1, D_, sh.cos + b * D_, sh.sin + b * D_);
+        }
+        std::copy(kh, kh + D_, kc + b * sh.ks[1] + g * sh.ks[2] + sh.length * sh.ks[3]);
+        std::copy(vh, vh + D_, vc + b * sh.vs[1] + g * sh.vs[2] + sh.length * sh.vs[3]);
+        attend_heads({q, q_s, D_, 0}, {kc, sh.ks[1], sh.ks[2], sh.ks[3]}, {vc, sh.vs[1], sh.vs[2], sh.vs[3]}, sh.mask, B, H_, Hkv_, L,
+                     D_, l.scale, sh.att, b * H_ + g * rep, b * H_ + (g + 1) * rep);
       }
-      for (int64_t g = 0; g < Hkv_; ++g) {
-        std::copy(k + b * k_s + g * D_, k + b * k_s + (g + 1) * D_, kc + b * cb + g * ch + length * cl);
-        std::copy(v + b * v_s + g * D_, v + b * v_s + (g + 1) * D_, vc + b * vb + g * vh + length * vl);
-      }
-    }
-    attend_one_query({q, q_s, D_, 0}, {kc, cb, ch, cl}, {vc, vb, vh, vl}, mp, B, H_, Hkv_, L, D_, l.scale, att);
+    };
+    if (seated)
+      attend(heads * me / T, heads * (me + 1) / T);
+    else
+      at::parallel_for(0, heads, 1, attend);
+    team.barrier();
     {
-      float* outs[1] = {proj};
-      quantized_products(att, B, q_n, &l.o_proj, outs, 1, int8_activations);
+      float* outs[1] = {sh.proj};
+      quantized_products(sh.att, B, q_n, &l.o_proj, outs, 1, q8);
     }
-    for (int64_t i = 0; i < B * hidden_; ++i) xp[i] += proj[i];
-    for (int64_t b = 0; b < B; ++b) normalize(l.norm2, xp + b * hidden_, h + b * hidden_, hidden_);
-    const int64_t n_mid = l.mlp_in[0].N;
-    if (l.mlp_in.size() == 1) {
-      float* outs[1] = {mid};
-      quantized_products(h, B, hidden_, l.mlp_in.data(), outs, 1, int8_activations);
-      activate(act_, mid, nullptr, B * n_mid);
-    } else {
-      float* outs[2] = {mid, mid + B * n_mid};
-      quantized_products(h, B, hidden_, l.mlp_in.data(), outs, 2, int8_activations);
-      activate(act_, mid, mid + B * n_mid, B * n_mid);
-    }
+    for (int64_t i = 0; i < B * hidden_; ++i) xs[i] += sh.proj[i];
+    for (int64_t b = 0; b < B; ++b) normalize(l.norm2, xs + b * hidden_, h + b * hidden_, hidden_);
+    const int64_t n_mid = l.mlp_in[0].N, n_act = B * n_mid;
+    const bool gated = l.mlp_in.size() == 2;
     {
-      float* outs[1] = {proj};
-      quantized_products(mid, B, n_mid, &l.mlp_out, outs, 1, int8_activations);
+      float* outs[2] = {sh.mid, sh.mid + n_act};
+      quantized_products(h, B, hidden_, l.mlp_in.data(), outs, static_cast<int64_t>(l.mlp_in.size()), q8);
     }
-    for (int64_t i = 0; i < B * hidden_; ++i) xp[i] += proj[i];
+    {  // this thread's share of the activation (whole cache lines)
+      const int64_t lines = (n_act + 15) / 16, a0 = std::min(n_act, lines * me / T * 16), a1 = std::min(n_act, lines * (me + 1) / T * 16);
+      activate(act_, sh.mid + a0, gated ? sh.mid + n_act + a0 : nullptr, a1 - a0);
+    }
+    team.barrier();
+    {
+      float* outs[1] = {sh.proj};
+      quantized_products(sh.mid, B, n_mid, &l.mlp_out, outs, 1, q8);
+    }
+    for (int64_t i = 0; i < B * hidden_; ++i) xs[i] += sh.proj[i];
   }
-  if (has_final_norm()) {
-    for (int64_t b = 0; b < B; ++b) normalize(final_norm_, xp + b * hidden_, h + b * hidden_, hidden_);
-    std::copy(h, h + B * hidden_, xp);
+  if (me == 0) {  // the result, from thread 0's copy
+    if (has_final_norm())
+      for (int64_t b = 0; b < B; ++b) normalize(final_norm_, xs + b * hidden_, sh.x + b * hidden_, hidden_);
+    else
+      std::copy(xs, xs + B * hidden_, sh.x);
   }
+  if (seated) seat = {};
 }
 
 void DecoderStack::set_final_norm(const NormSpec& spec) { final_norm_ = norm(spec); }

@@ -107,5 +107,8 @@ struct KVView {
 };
 void attend_one_query(const KVView& q, const KVView& k, const KVView& v, const bool* mask, int64_t B, int64_t H, int64_t Hkv,
                       int64_t L, int64_t D, float scale, float* out);
+// the same for the (sequence, head) pairs b * H + h in [begin, end) only, on the calling thread
+void attend_heads(const KVView& q, const KVView& k, const KVView& v, const bool* mask, int64_t B, int64_t H, int64_t Hkv, int64_t L,
+                  int64_t D, float scale, float* out, int64_t begin, int64_t end);
 
 }  // namespace gencli

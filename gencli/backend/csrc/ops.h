@@ -12,6 +12,7 @@
 
 namespace gencli {
 
+class StepTeam;
 using OptionalTensor = c10::optional<at::Tensor>;
 
 // The weight of a layer's tensors, checked: codes (N, K) int8 or (N, K/2) packed uint8; scale (and zero)
@@ -114,6 +115,18 @@ class DecoderStack {
     QuantWeight o_proj, mlp_out;
     float scale = 1.f;
   };
+
+  // what one step's threads share: x (the residual stream, written once at the end), the caches, the
+  // products' results, the RoPE rows, the mask, the caches' strides (layer, sequence, head, position)
+  struct Shared {
+    float *x, *keys, *values, *qkv, *att, *proj, *mid;
+    const float *cos, *sin;
+    const bool* mask;
+    int64_t ks[4], vs[4];
+    int64_t B, length;
+    bool int8_activations;
+  };
+  void run_layers(const Shared& shared, StepTeam& team, int64_t me, bool seated) const;
 
   NormSpec norm(const NormSpec& spec);
   QuantWeight linear(const LinearSpec& spec);

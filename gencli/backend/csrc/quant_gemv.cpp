@@ -29,6 +29,7 @@
 #include "cpu_features.h"
 #include "kernels.h"
 #include "ops.h"
+#include "team.h"
 
 namespace gencli {
 
@@ -137,11 +138,22 @@ void by_row_tiles(int64_t M, F&& tile) {
   }
 }
 
-// fn(c) for c in [0, count), the chunks taken in turn by torch's threads from a shared counter rather
-// than split in equal shares (at::parallel_for): on a shared machine one thread is often held up, and
-// with equal shares every product then waits for it.
+// the threads a product's tasks are spread over: the step's team inside a step, else torch's
+int64_t product_threads() {
+  const TeamSeat& seat = team_seat();
+  return seat.team ? seat.team->size() : at::get_num_threads();
+}
+
+// fn(c) for c in [0, count): inside a decoding step by its team (team.h), else the chunks taken in turn
+// by torch's threads from a shared counter rather than split in equal shares (at::parallel_for): on a
+// shared machine one thread is often held up, and with equal shares every product then waits for it.
 template <typename F>
 void parallel_chunks(int64_t count, F&& fn) {
+  TeamSeat& seat = team_seat();
+  if (seat.team) {  // inside a decoding step: every thread of the team is here, with the same tasks
+    seat.team->run(seat.me, seat.pass++, count, fn);
+    return;
+  }
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), count);
   if (threads <= 1 || at::in_parallel_region()) {
     for (int64_t c = 0; c < count; ++c) fn(c);
@@ -152,30 +164,31 @@ void parallel_chunks(int64_t count, F&& fn) {
   for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < count; c = next.fetch_add(1, std::memory_order_relaxed)) fn(c);
 }
 
-// tile(i, MT, m0, n0, n1) for every weight i of Ns (rows Ns[i]), tile of activation rows [m0, m0 + MT)
-// and range of weight rows [n0, n1): each weight's rows cut into chunks of about 64 kB of codes (a
+// tile(i, MT, m0, n0, n1) for every weight i of ws[0, count), tile of activation rows [m0, m0 + MT) and
+// range of weight rows [n0, n1): each weight's rows cut into chunks of about task_bytes of codes (a
 // multiple of 4 rows), all the weights' chunks in one parallel pass, each chunk read once per tile of up
-// to kMaxRows activation rows
+// to kMaxRows activation rows; the weight's bias then added to the chunk's results in outs[i] (M, N_i)
+// (on the thread that computed them)
 template <typename F>
-void for_tiles(int64_t M, const std::vector<int64_t>& Ns, int64_t row_bytes, F&& tile) {
+void for_tiles(int64_t M, const QuantWeight* ws, float* const* outs, int64_t count, int64_t row_bytes, F&& tile) {
   int64_t total = 0, rows = grain(row_bytes);
-  for (int64_t n : Ns) total += n;
+  for (int64_t i = 0; i < count; ++i) total += ws[i].N;
   // at least tasks_per_thread tasks a thread where the rows allow (large tasks must not leave a thread idle)
   const int64_t per_thread = product_tuning().tasks_per_thread;
-  if (per_thread > 0) rows = std::min(rows, std::max<int64_t>(1, total / (per_thread * std::max(1, at::get_num_threads()))));
+  if (per_thread > 0) rows = std::min(rows, std::max<int64_t>(1, total / (per_thread * std::max<int64_t>(1, product_threads()))));
   rows = (rows + 3) / 4 * 4;
-  std::vector<std::pair<int64_t, int64_t>> chunks;  // (weight, first row)
-  for (int64_t i = 0; i < static_cast<int64_t>(Ns.size()); ++i)
-    for (int64_t n0 = 0; n0 < Ns[i]; n0 += rows) chunks.emplace_back(i, n0);
+  thread_local std::vector<std::pair<int64_t, int64_t>> chunks;  // (weight, first row)
+  chunks.clear();
+  for (int64_t i = 0; i < count; ++i)
+    for (int64_t n0 = 0; n0 < ws[i].N; n0 += rows) chunks.emplace_back(i, n0);
+  const auto* cp = chunks.data();
   parallel_chunks(static_cast<int64_t>(chunks.size()), [&](int64_t c) {
-    const int64_t i = chunks[c].first, n0 = chunks[c].second, n1 = std::min(Ns[i], n0 + rows);
+    const int64_t i = cp[c].first, N = ws[i].N, n0 = cp[c].second, n1 = std::min(N, n0 + rows);
     by_row_tiles(M, [&](auto mt, int64_t m0) { tile(i, mt, m0, n0, n1); });
+    if (const float* b = ws[i].bias)
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = n0; n < n1; ++n) outs[i][m * N + n] += b[n];
   });
-}
-
-template <typename F>
-void for_tiles(int64_t M, int64_t N, int64_t row_bytes, F&& tile) {
-  for_tiles(M, std::vector<int64_t>{N}, row_bytes, [&](int64_t, auto mt, int64_t m0, int64_t n0, int64_t n1) { tile(mt, m0, n0, n1); });
 }
 
 // The products on raw pointers (decoder_step.cpp calls them too): x (M, K) float32 contiguous, each
@@ -185,7 +198,7 @@ void int8_product_f32(const float* xp, int64_t M, int64_t K, const QuantWeight& 
   const int8_t* wp = static_cast<const int8_t*>(w.codes);
   const uint16_t* sp = w.scale;
   const bool wide = active_isa() == Isa::avx512;
-  for_tiles(M, N, K, [&](auto mt, int64_t m0, int64_t n0, int64_t n1) {
+  for_tiles(M, &w, &op, 1, K, [&](int64_t, auto mt, int64_t m0, int64_t n0, int64_t n1) {
     constexpr int MT = decltype(mt)::value;
     if (wide)
       avx512::weight_tile<MT>(xp + m0 * K, K, wp, sp, op + m0 * N, N, n0, n1);
@@ -222,7 +235,7 @@ void dense_products(const float* xp, int64_t M, int64_t K, const QuantWeight* ws
   const float* xdp = f32 ? nullptr : deinterleaved(xp, M, K);  // bf16: read a column pair at a time
   std::vector<int64_t> Ns;
   for (int64_t i = 0; i < count; ++i) Ns.push_back(ws[i].N);
-  for_tiles(M, Ns, K * (f32 ? 4 : 2), [&](int64_t i, auto mt, int64_t m0, int64_t n0, int64_t n1) {
+  for_tiles(M, ws, outs, count, K * (f32 ? 4 : 2), [&](int64_t i, auto mt, int64_t m0, int64_t n0, int64_t n1) {
     constexpr int MT = decltype(mt)::value;
     const float* x = xp + m0 * K;
     float* op = outs[i] + m0 * Ns[i];
@@ -250,7 +263,7 @@ void int4_product_f32(const float* xp, int64_t M, int64_t K, const QuantWeight& 
   const uint16_t* sp = w.scale;
   const uint16_t* zp = w.zero;
   const bool wide = active_isa() == Isa::avx512;
-  for_tiles(M, N, K, [&](auto mt, int64_t m0, int64_t n0, int64_t n1) {
+  for_tiles(M, &w, &op, 1, K, [&](int64_t, auto mt, int64_t m0, int64_t n0, int64_t n1) {
     constexpr int MT = decltype(mt)::value;
     if (wide)
       avx512::int4_tile_g<MT>(G, xdp + m0 * K, xsp + m0 * gs, gs, K, wp, sp, zp, op + m0 * N, N, n0, n1);
@@ -310,7 +323,7 @@ void int8_products_q8(const float* x, int64_t M, int64_t K, const QuantWeight* w
   const float* xlp = a.lane_scales;
   std::vector<int64_t> Ns;
   for (int64_t i = 0; i < count; ++i) Ns.push_back(ws[i].N);
-  for_tiles(M, Ns, K, [&](int64_t i, auto mt, int64_t m0, int64_t n0, int64_t n1) {
+  for_tiles(M, ws, outs, count, K, [&](int64_t i, auto mt, int64_t m0, int64_t n0, int64_t n1) {
     constexpr int MT = decltype(mt)::value;
     const int8_t* wp = static_cast<const int8_t*>(ws[i].codes);
     const uint16_t* sp = ws[i].scale;
@@ -332,7 +345,7 @@ void int4_products_q8(const float* x, int64_t M, int64_t K, const QuantWeight* w
   const float* xlp = a.lane_scales;
   std::vector<int64_t> Ns;
   for (int64_t i = 0; i < count; ++i) Ns.push_back(ws[i].N);
-  for_tiles(M, Ns, K / 2, [&](int64_t i, auto mt, int64_t m0, int64_t n0, int64_t n1) {
+  for_tiles(M, ws, outs, count, K / 2, [&](int64_t i, auto mt, int64_t m0, int64_t n0, int64_t n1) {
     constexpr int MT = decltype(mt)::value;
     const uint8_t* wp = static_cast<const uint8_t*>(ws[i].codes);
     const uint16_t* sp = ws[i].scale;
@@ -423,13 +436,6 @@ void quantized_products(const float* x, int64_t M, int64_t K, const QuantWeight*
     } else {
       for (int64_t i = 0; i < count; ++i) int4_product_f32(x, M, K, ws[i], xsp, gs, outs[i]);
     }
-  }
-  for (int64_t i = 0; i < count; ++i) {  // the layer's bias, without a call of its own
-    const float* b = ws[i].bias;
-    if (!b) continue;
-    float* o = outs[i];
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t n = 0; n < ws[i].N; ++n) o[m * ws[i].N + n] += b[n];
   }
 }
 
