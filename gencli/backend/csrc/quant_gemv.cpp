@@ -17,6 +17,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -176,14 +177,18 @@ void for_tiles(int64_t M, const QuantWeight* ws, float* const* outs, int64_t cou
   // at least tasks_per_thread tasks a thread where the rows allow (large tasks must not leave a thread idle)
   const int64_t per_thread = product_tuning().tasks_per_thread;
   if (per_thread > 0) rows = std::min(rows, std::max<int64_t>(1, total / (per_thread * std::max<int64_t>(1, product_threads()))));
-  rows = (rows + 3) / 4 * 4;
-  thread_local std::vector<std::pair<int64_t, int64_t>> chunks;  // (weight, first row)
+  // each weight cut into as many tasks as rows allows, of equal size (a multiple of 4 rows): q, k and v of
+  // 1024 rows in tasks of up to 768 are 6 of 512, not 768 and 256 each (a team's own ranges, split by the
+  // count of tasks, would differ by a third)
+  thread_local std::vector<std::array<int64_t, 3>> chunks;  // (weight, first row, end row)
   chunks.clear();
-  for (int64_t i = 0; i < count; ++i)
-    for (int64_t n0 = 0; n0 < ws[i].N; n0 += rows) chunks.emplace_back(i, n0);
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t N = ws[i].N, pieces = (N + rows - 1) / rows, size = ((N + pieces - 1) / pieces + 3) / 4 * 4;
+    for (int64_t n0 = 0; n0 < N; n0 += size) chunks.push_back({i, n0, std::min(N, n0 + size)});
+  }
   const auto* cp = chunks.data();
   parallel_chunks(static_cast<int64_t>(chunks.size()), [&](int64_t c) {
-    const int64_t i = cp[c].first, N = ws[i].N, n0 = cp[c].second, n1 = std::min(N, n0 + rows);
+    const int64_t i = cp[c][0], N = ws[i].N, n0 = cp[c][1], n1 = cp[c][2];
     by_row_tiles(M, [&](auto mt, int64_t m0) { tile(i, mt, m0, n0, n1); });
     if (const float* b = ws[i].bias)
       for (int64_t m = 0; m < M; ++m)
