@@ -162,12 +162,18 @@ def main(argv: list[str] | None = None) -> None:
         passthrough = [a for a in argv if a not in ("--json",)]
         rounds, bandwidths = [], []
         for r in range(max(1, args.rounds)):
-            if measure_bandwidth:  # each round's own: a shared machine's memory speed can change within a run
-                bandwidths.append(measure_bandwidth())
             order = sides if r % 2 == 0 else sides[::-1]
-            rounds.append({side: run_side(side, passthrough, workdir) for side in order})
+            rounds.append({})
+            measured = {}
+            for side in order:
+                if measure_bandwidth:  # each side's own: a shared machine's memory speed can change within a round
+                    measured[side] = measure_bandwidth()
+                rounds[-1][side] = run_side(side, passthrough, workdir)
+            if measured:
+                bandwidths.append(measured)
     results = {side: _median_result([rnd[side] for rnd in rounds]) for side in sides}
-    bandwidth = statistics.median(bandwidths) if bandwidths else None
+    every = [bw for each in bandwidths for bw in each.values()]
+    bandwidth = statistics.median(every) if every else None
     for side, fraction in _bandwidth_fractions(rounds, bandwidths).items():  # decode speed as a share of what the memory allows
         results[side]["bandwidth_fraction"] = fraction
     report = {"case": args.case, "device": args.device, "dtype": args.dtype, "environment": environment(), "results": results, "ratios": {}}
@@ -203,8 +209,9 @@ def main(argv: list[str] | None = None) -> None:
         machine.append(f"kernel tuning {env.pop('kernel_tuning')}")
     env.pop("kernel_tuning", None)
     per_round = env.pop("read_bandwidth_rounds_gbs", None) or []
+    per_side = [bw for each in per_round for bw in each.values()]
     if env.get("read_bandwidth_gbs"):
-        each = f" (before each round: {', '.join(f'{b:g}' for b in per_round)})" if len(per_round) > 1 else ""
+        each = f" (median; {min(per_side):g}-{max(per_side):g} before the sides)" if len(per_side) > 1 else ""
         machine.append(f"read bandwidth {env.pop('read_bandwidth_gbs'):g} GB/s at {args.threads or 'default'} thread(s){each}")
     env.pop("read_bandwidth_gbs", None)
     print(f"device {args.device}, dtype {args.dtype}, " + ", ".join(f"{k} {v}" for k, v in env.items()))
@@ -239,11 +246,12 @@ def main(argv: list[str] | None = None) -> None:
             for key, (_, ratios) in per.items():
                 print(f"  {labels[pair, key]:<{lw}}" + " ".join(f"{x:.2f}" for x in ratios))
 
-    if _bandwidth_changed(per_round):
+    if _bandwidth_changed(per_side):
         print(
-            f"note: the memory's read bandwidth changed between rounds ({min(per_round):g} to {max(per_round):g} GB/s): "
-            "each round's bandwidth fraction uses its own, and only same-round ratios compare the sides"
+            f"note: the memory's read bandwidth changed within the run ({min(per_side):g} to {max(per_side):g} GB/s): "
+            "each side's bandwidth fraction in each round uses the bandwidth measured just before it, and only same-round ratios compare the sides"
         )
+        print("  bandwidth before each side, GB/s: " + "; ".join(f"{side} {' '.join(f'{each[side]:g}' for each in per_round)}" for side in sides))
         shares = report.get("bandwidth_fraction_rounds", {})
         print("  per-round bandwidth fractions: " + "; ".join(f"{side} {' '.join(f'{x:.2f}' for x in each)}" for side, each in shares.items()))
     for key, value in report.get("summary", {}).items():
@@ -263,30 +271,31 @@ def _round_ratios(rounds: list[dict], ours: str, theirs: str, keys) -> dict[str,
     return out
 
 
-def _bandwidth_fraction_rounds(rounds: list[dict], bandwidths: list[float]) -> dict[str, list[float]]:
+def _bandwidth_fraction_rounds(rounds: list[dict], bandwidths: list) -> dict[str, list[float]]:
     """Per side with a decode speed and the bytes a token reads: each round's share of the bandwidth
-    measured just before it (``bandwidths[r]`` for ``rounds[r]``)."""
+    measured just before it: ``bandwidths[r]`` for ``rounds[r]``, one figure for the round's sides or a
+    ``{side: GB/s}`` measured before each side."""
     from bench_cases._machine import bandwidth_fraction
 
     out = {}
     for side in rounds[0] if rounds and len(bandwidths) == len(rounds) else []:
-        shares = [
-            bandwidth_fraction(rnd[side]["weight_bytes_per_token"], rnd[side]["decode_tokens_per_s"], bw)
-            for rnd, bw in zip(rounds, bandwidths)
-            if bw and rnd[side].get("weight_bytes_per_token") and rnd[side].get("decode_tokens_per_s")
-        ]
+        shares = []
+        for rnd, bw in zip(rounds, bandwidths):
+            bw = bw.get(side) if isinstance(bw, dict) else bw
+            if bw and rnd[side].get("weight_bytes_per_token") and rnd[side].get("decode_tokens_per_s"):
+                shares.append(bandwidth_fraction(rnd[side]["weight_bytes_per_token"], rnd[side]["decode_tokens_per_s"], bw))
         if shares:
             out[side] = shares
     return out
 
 
-def _bandwidth_fractions(rounds: list[dict], bandwidths: list[float]) -> dict[str, float]:
+def _bandwidth_fractions(rounds: list[dict], bandwidths: list) -> dict[str, float]:
     """The median over the rounds of :func:`_bandwidth_fraction_rounds`."""
     return {side: round(statistics.median(shares), 3) for side, shares in _bandwidth_fraction_rounds(rounds, bandwidths).items()}
 
 
 def _bandwidth_changed(bandwidths: list[float], tolerance: float = 1.2) -> bool:
-    """Whether the rounds' measured bandwidths differ by more than ``tolerance`` (highest / lowest)."""
+    """Whether the run's measured bandwidths differ by more than ``tolerance`` (highest / lowest)."""
     return len(bandwidths) > 1 and min(bandwidths) > 0 and max(bandwidths) / min(bandwidths) > tolerance
 
 

@@ -1,6 +1,7 @@
-"""scripts/bench.py measures the memory's read bandwidth before every round and gives each round's
-decode speed as a share of that round's own figure: a shared machine's memory speed can change state
-within one run (a 2-core VM read 78 GB/s at two threads, then 44-46 ten minutes later)."""
+"""scripts/bench.py measures the memory's read bandwidth before every side of every round and gives
+each side's decode speed in a round as a share of the figure measured just before it: a shared
+machine's memory speed can change state within one run, even within a round (a 2-core VM read 78 GB/s
+at two threads, then 44-46 ten minutes later)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,16 @@ def test_each_round_is_measured_against_its_own_bandwidth():
     assert bench._bandwidth_fraction_rounds(rounds, [40.0, 20.0])["llama.cpp"] == pytest.approx([0.75, 0.75])  # each round's own
     # against one figure for the whole run, the same speeds would read 0.75 (median of 1.0 and 0.5)
     assert bench._bandwidth_fractions(rounds, [40.0, 40.0])["gencli"] == pytest.approx(0.75)
+
+
+def test_each_side_is_measured_against_the_bandwidth_just_before_it():
+    # within one round the memory went from 40 to 80 GB/s between the sides
+    rounds = [{"gencli": _round(36.0), "llama.cpp": _round(40.0)}, {"gencli": _round(72.0), "llama.cpp": _round(20.0)}]
+    per_side = [{"gencli": 40.0, "llama.cpp": 80.0}, {"gencli": 80.0, "llama.cpp": 40.0}]
+    assert bench._bandwidth_fraction_rounds(rounds, per_side) == {"gencli": pytest.approx([0.9, 0.9]), "llama.cpp": pytest.approx([0.5, 0.5])}
+    assert bench._bandwidth_fractions(rounds, per_side) == {"gencli": pytest.approx(0.9), "llama.cpp": pytest.approx(0.5)}
+    # a side not measured in a round has no share there
+    assert bench._bandwidth_fraction_rounds(rounds, [{"gencli": 40.0}, {"gencli": 80.0}]) == {"gencli": pytest.approx([0.9, 0.9])}
 
 
 def test_median_over_three_rounds_and_sides_without_a_decode_speed():
