@@ -134,12 +134,15 @@ def test_a_team_of_threads_decodes_exactly_as_one_thread_does(family, mode, acti
     torch.set_num_threads(1)
     ref = _logits(model, ids, 6, fused=True, mask=mask)
     assert isinstance(model.__dict__.get("_fused_decoder"), FusedDecoder)
+    one = ids[:1]  # one sequence: at 3 threads fewer key/value heads (2 for Llama) than threads
+    ref_one = _logits(model, one, 6, fused=True)
     for threads in (2, 3):
         torch.set_num_threads(threads)
         for team in (1, 0):
             tuning.set_tuning({"step_team": team})
             got = _logits(model, ids, 6, fused=True, mask=mask)
             assert torch.equal(got, ref), (threads, team, (got - ref).abs().max().item())
+            assert torch.equal(_logits(model, one, 6, fused=True), ref_one), (threads, team)
 
 
 @needs_kernels

@@ -256,7 +256,9 @@ void DecoderStack::run_layers(const Shared& sh, StepTeam& team, int64_t me, bool
     float* kc = sh.keys + li * sh.ks[0];
     float* vc = sh.values + li * sh.vs[0];
     const int64_t heads = B * Hkv_;
-    auto attend = [&](int64_t begin, int64_t end) {
+    // key/value heads (b, g) [begin, end): rotated, written into the cache, and (with_queries) the
+    // attention of their query heads
+    auto attend = [&](int64_t begin, int64_t end, bool with_queries) {
       for (int64_t item = begin; item < end; ++item) {
         const int64_t b = item / Hkv_, g = item % Hkv_;
         float* kh = k + b * k_s + g * D_;
@@ -267,14 +269,21 @@ void DecoderStack::run_layers(const Shared& sh, StepTeam& team, int64_t me, bool
         }
         std::copy(kh, kh + D_, kc + b * sh.ks[1] + g * sh.ks[2] + sh.length * sh.ks[3]);
         std::copy(vh, vh + D_, vc + b * sh.vs[1] + g * sh.vs[2] + sh.length * sh.vs[3]);
-        attend_heads({q, q_s, D_, 0}, {kc, sh.ks[1], sh.ks[2], sh.ks[3]}, {vc, sh.vs[1], sh.vs[2], sh.vs[3]}, sh.mask, B, H_, Hkv_, L,
-                     D_, l.scale, sh.att, b * H_ + g * rep, b * H_ + (g + 1) * rep);
+        if (with_queries)
+          attend_heads({q, q_s, D_, 0}, {kc, sh.ks[1], sh.ks[2], sh.ks[3]}, {vc, sh.vs[1], sh.vs[2], sh.vs[3]}, sh.mask, B, H_, Hkv_, L,
+                       D_, l.scale, sh.att, b * H_ + g * rep, b * H_ + (g + 1) * rep);
       }
     };
-    if (seated)
-      attend(heads * me / T, heads * (me + 1) / T);
-    else
-      at::parallel_for(0, heads, 1, attend);
+    if (!seated) {
+      at::parallel_for(0, heads, 1, [&](int64_t begin, int64_t end) { attend(begin, end, true); });
+    } else if (heads >= T) {  // each thread its own key/value heads and their queries: no barrier between
+      attend(heads * me / T, heads * (me + 1) / T, true);
+    } else {  // fewer key/value heads than threads (one sequence, grouped queries): the cache written, then the query heads shared out
+      attend(heads * me / T, heads * (me + 1) / T, false);
+      team.barrier();
+      attend_heads({q, q_s, D_, 0}, {kc, sh.ks[1], sh.ks[2], sh.ks[3]}, {vc, sh.vs[1], sh.vs[2], sh.vs[3]}, sh.mask, B, H_, Hkv_, L, D_,
+                   l.scale, sh.att, B * H_ * me / T, B * H_ * (me + 1) / T);
+    }
     team.barrier();
     {
       float* outs[1] = {sh.proj};
