@@ -252,7 +252,6 @@ void DecoderStack::run_layers(const Shared& sh, StepTeam& team, int64_t me, bool
       quantized_products(h, B, hidden_, l.attn_in.data(), outs, 3, q8);
       q_s = q_n, k_s = v_s = kv_n;
     }
-    // this thread's key/value heads (b, g): their rotation, their cache rows, their query heads' attention
     float* kc = sh.keys + li * sh.ks[0];
     float* vc = sh.values + li * sh.vs[0];
     const int64_t heads = B * Hkv_;
@@ -308,6 +307,7 @@ void DecoderStack::run_layers(const Shared& sh, StepTeam& team, int64_t me, bool
     }
     for (int64_t i = 0; i < B * hidden_; ++i) xs[i] += sh.proj[i];
   }
+  team.barrier();  // (every thread has read x: with no layers, the copies above)
   if (me == 0) {  // the result, from thread 0's copy
     if (has_final_norm())
       for (int64_t b = 0; b < B; ++b) normalize(final_norm_, xs + b * hidden_, sh.x + b * hidden_, hidden_);
