@@ -50,17 +50,16 @@ class StepTeam {
   // then the leftovers of the others' ranges, then waits for the team at the barrier.
   template <typename F>
   void run(int64_t me, int64_t pass, int64_t count, F&& fn) {
-    std::vector<Counter>& slot = counters_;
-    Counter* mine = slot.data() + (pass & 1) * threads_;
+    Counter* mine = counters_.data() + (pass & 1) * threads_;
     for (int64_t k = 0; k < threads_; ++k) {
       const int64_t t = (me + k) % threads_, begin = count * t / threads_, end = count * (t + 1) / threads_;
       for (int64_t c = begin + mine[t].next.fetch_add(1, std::memory_order_relaxed); c < end;
            c = begin + mine[t].next.fetch_add(1, std::memory_order_relaxed))
         fn(c);
     }
-    // the next-but-one pass reuses this pass's counters: each thread resets its own for the next pass,
-    // whose counters no thread touches before this pass's barrier
-    Counter* next = slot.data() + ((pass + 1) & 1) * threads_;
+    // the next pass's counters are the previous pass's (ended at its barrier, untouched until this one's):
+    // each thread resets its own
+    Counter* next = counters_.data() + ((pass + 1) & 1) * threads_;
     next[me].next.store(0, std::memory_order_relaxed);
     barrier();
   }
