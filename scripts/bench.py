@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Optional
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -166,13 +167,16 @@ def main(argv: list[str] | None = None) -> None:
             rounds.append({})
             measured = {}
             for side in order:
-                if measure_bandwidth:  # each side's own: a shared machine's memory speed can change within a round
-                    measured[side] = measure_bandwidth()
+                # each side's own, before and after it: a shared machine's memory speed can change within a
+                # round, even within a side (then the side's fraction is left out)
+                before = measure_bandwidth() if measure_bandwidth else None
                 rounds[-1][side] = run_side(side, passthrough, workdir)
+                if measure_bandwidth:
+                    measured[side] = [before, measure_bandwidth()]
             if measured:
                 bandwidths.append(measured)
     results = {side: _median_result([rnd[side] for rnd in rounds]) for side in sides}
-    every = [bw for each in bandwidths for bw in each.values()]
+    every = [bw for each in bandwidths for pair in each.values() for bw in pair]
     bandwidth = statistics.median(every) if every else None
     for side, fraction in _bandwidth_fractions(rounds, bandwidths).items():  # decode speed as a share of what the memory allows
         results[side]["bandwidth_fraction"] = fraction
@@ -209,9 +213,9 @@ def main(argv: list[str] | None = None) -> None:
         machine.append(f"kernel tuning {env.pop('kernel_tuning')}")
     env.pop("kernel_tuning", None)
     per_round = env.pop("read_bandwidth_rounds_gbs", None) or []
-    per_side = [bw for each in per_round for bw in each.values()]
+    per_side = [bw for each in per_round for pair in each.values() for bw in pair]
     if env.get("read_bandwidth_gbs"):
-        each = f" (median; {min(per_side):g}-{max(per_side):g} before the sides)" if len(per_side) > 1 else ""
+        each = f" (median; {min(per_side):g}-{max(per_side):g} before and after the sides)" if len(per_side) > 1 else ""
         machine.append(f"read bandwidth {env.pop('read_bandwidth_gbs'):g} GB/s at {args.threads or 'default'} thread(s){each}")
     env.pop("read_bandwidth_gbs", None)
     print(f"device {args.device}, dtype {args.dtype}, " + ", ".join(f"{k} {v}" for k, v in env.items()))
@@ -249,11 +253,27 @@ def main(argv: list[str] | None = None) -> None:
     if _bandwidth_changed(per_side):
         print(
             f"note: the memory's read bandwidth changed within the run ({min(per_side):g} to {max(per_side):g} GB/s): "
-            "each side's bandwidth fraction in each round uses the bandwidth measured just before it, and only same-round ratios compare the sides"
+            "each side's bandwidth fraction in each round uses the bandwidth measured just before and after it (none, '-', where "
+            "those two differ: the memory changed state during the side), and only same-round ratios compare the sides"
         )
-        print("  bandwidth before each side, GB/s: " + "; ".join(f"{side} {' '.join(f'{each[side]:g}' for each in per_round)}" for side in sides))
+        print(
+            "  bandwidth before/after each side, GB/s: "
+            + "; ".join(f"{side} {' '.join('/'.join(f'{x:g}' for x in each[side]) for each in per_round)}" for side in sides)
+        )
+        same = []
+        for pair, per in compared.items():
+            a, b = pair.split("/")
+            steady = _same_state(per_round, a, b)
+            if "decode_tokens_per_s" in per and len(steady) == len(per["decode_tokens_per_s"][1]):
+                kept = [f"{x:.2f}" for x, ok in zip(per["decode_tokens_per_s"][1], steady) if ok]
+                same.append(f"{pair} {' '.join(kept) or '-'}")
+        if same:
+            print("  decode tokens/s ratios of the rounds whose two sides ran in one memory state: " + "; ".join(same))
         shares = report.get("bandwidth_fraction_rounds", {})
-        print("  per-round bandwidth fractions: " + "; ".join(f"{side} {' '.join(f'{x:.2f}' for x in each)}" for side, each in shares.items()))
+        print(
+            "  per-round bandwidth fractions: "
+            + "; ".join(f"{side} {' '.join('-' if x is None else f'{x:.2f}' for x in each)}" for side, each in shares.items())
+        )
     for key, value in report.get("summary", {}).items():
         print(f"{key:<{width}}{_fmt(value):>14}")
     if report["load_average"]:
@@ -271,27 +291,56 @@ def _round_ratios(rounds: list[dict], ours: str, theirs: str, keys) -> dict[str,
     return out
 
 
-def _bandwidth_fraction_rounds(rounds: list[dict], bandwidths: list) -> dict[str, list[float]]:
+STEADY = 1.15  # a side's bandwidth before and after it within this factor: the memory kept its state
+
+
+def _steady_bandwidth(bw) -> Optional[float]:
+    """One figure a side's speed is a share of: a number as it is; ``[before, after]`` their mean, or
+    None where they differ by more than :data:`STEADY` (the state changed while the side ran)."""
+    if not isinstance(bw, (list, tuple)):
+        return bw
+    if not all(bw) or max(bw) / min(bw) > STEADY:
+        return None
+    return sum(bw) / len(bw)
+
+
+def _bandwidth_fraction_rounds(rounds: list[dict], bandwidths: list) -> dict[str, list[Optional[float]]]:
     """Per side with a decode speed and the bytes a token reads: each round's share of the bandwidth
-    measured just before it: ``bandwidths[r]`` for ``rounds[r]``, one figure for the round's sides or a
-    ``{side: GB/s}`` measured before each side."""
+    measured around it: ``bandwidths[r]`` for ``rounds[r]``, one figure for the round's sides or a
+    ``{side: GB/s or [before, after]}`` measured for each side (None in a round where the side's two
+    figures differ: see :func:`_steady_bandwidth`)."""
     from bench_cases._machine import bandwidth_fraction
 
     out = {}
     for side in rounds[0] if rounds and len(bandwidths) == len(rounds) else []:
-        shares = []
+        shares: list[Optional[float]] = []
         for rnd, bw in zip(rounds, bandwidths):
-            bw = bw.get(side) if isinstance(bw, dict) else bw
-            if bw and rnd[side].get("weight_bytes_per_token") and rnd[side].get("decode_tokens_per_s"):
-                shares.append(bandwidth_fraction(rnd[side]["weight_bytes_per_token"], rnd[side]["decode_tokens_per_s"], bw))
-        if shares:
+            measured = bw.get(side) if isinstance(bw, dict) else bw
+            if measured and rnd[side].get("weight_bytes_per_token") and rnd[side].get("decode_tokens_per_s"):
+                steady = _steady_bandwidth(measured)
+                shares.append(None if steady is None else bandwidth_fraction(rnd[side]["weight_bytes_per_token"], rnd[side]["decode_tokens_per_s"], steady))
+        if any(x is not None for x in shares):
             out[side] = shares
     return out
 
 
+def _same_state(bandwidths: list, a: str, b: str) -> list[bool]:
+    """Per round: whether sides ``a`` and ``b`` both ran in one state of the memory (each steady, their
+    bandwidths within :data:`STEADY` of each other)."""
+    out = []
+    for each in bandwidths:
+        x = _steady_bandwidth(each.get(a)) if isinstance(each, dict) else each
+        y = _steady_bandwidth(each.get(b)) if isinstance(each, dict) else each
+        out.append(bool(x and y and max(x, y) / min(x, y) <= STEADY))
+    return out
+
+
 def _bandwidth_fractions(rounds: list[dict], bandwidths: list) -> dict[str, float]:
-    """The median over the rounds of :func:`_bandwidth_fraction_rounds`."""
-    return {side: round(statistics.median(shares), 3) for side, shares in _bandwidth_fraction_rounds(rounds, bandwidths).items()}
+    """The median over the rounds of :func:`_bandwidth_fraction_rounds` (the rounds it has a share for)."""
+    return {
+        side: round(statistics.median([x for x in shares if x is not None]), 3)
+        for side, shares in _bandwidth_fraction_rounds(rounds, bandwidths).items()
+    }
 
 
 def _bandwidth_changed(bandwidths: list[float], tolerance: float = 1.2) -> bool:

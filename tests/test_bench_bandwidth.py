@@ -1,7 +1,8 @@
-"""scripts/bench.py measures the memory's read bandwidth before every side of every round and gives
-each side's decode speed in a round as a share of the figure measured just before it: a shared
-machine's memory speed can change state within one run, even within a round (a 2-core VM read 78 GB/s
-at two threads, then 44-46 ten minutes later)."""
+"""scripts/bench.py measures the memory's read bandwidth before and after every side of every round and
+gives each side's decode speed in a round as a share of the figures measured around it (none where the
+two differ: the memory changed state while the side ran): a shared machine's memory speed can change
+state within one run, even within a round (a 2-core VM read 78 GB/s at two threads, then 44-46 ten
+minutes later)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,32 @@ def test_each_side_is_measured_against_the_bandwidth_just_before_it():
     assert bench._bandwidth_fractions(rounds, per_side) == {"gencli": pytest.approx(0.9), "llama.cpp": pytest.approx(0.5)}
     # a side not measured in a round has no share there
     assert bench._bandwidth_fraction_rounds(rounds, [{"gencli": 40.0}, {"gencli": 80.0}]) == {"gencli": pytest.approx([0.9, 0.9])}
+
+
+def test_a_side_during_which_the_memory_changed_state_has_no_share_in_that_round():
+    # measured before and after each side: steady (within STEADY) -> their mean; a change -> no share
+    rounds = [{"gencli": _round(36.0), "llama.cpp": _round(40.0)}, {"gencli": _round(72.0), "llama.cpp": _round(20.0)}]
+    per_side = [{"gencli": [39.0, 41.0], "llama.cpp": [80.0, 45.0]}, {"gencli": [80.0, 80.0], "llama.cpp": [40.0, 40.0]}]
+    shares = bench._bandwidth_fraction_rounds(rounds, per_side)
+    assert shares["gencli"] == pytest.approx([0.9, 0.9])
+    assert shares["llama.cpp"][0] is None and shares["llama.cpp"][1] == pytest.approx(0.5)
+    assert bench._bandwidth_fractions(rounds, per_side) == {"gencli": pytest.approx(0.9), "llama.cpp": pytest.approx(0.5)}
+    # no steady round at all: no fraction for the side
+    never = [{"gencli": [40.0, 80.0]}, {"gencli": [80.0, 40.0]}]
+    assert bench._bandwidth_fractions(rounds, never) == {}
+    assert bench._steady_bandwidth([40.0, 40.0 * bench.STEADY]) == pytest.approx(40.0 * (1 + bench.STEADY) / 2)
+    assert bench._steady_bandwidth([40.0, 40.0 * bench.STEADY * 1.01]) is None
+
+
+def test_rounds_whose_two_sides_ran_in_one_state_are_told_apart():
+    per_side = [
+        {"gencli": [45.0, 46.0], "llama.cpp": [47.0, 45.0]},  # both in the slower state
+        {"gencli": [78.0, 79.0], "llama.cpp": [46.0, 45.0]},  # one in each
+        {"gencli": [78.0, 45.0], "llama.cpp": [77.0, 78.0]},  # gencli's changed while it ran
+        {"gencli": [78.0, 79.0], "llama.cpp": [77.0, 80.0]},  # both in the faster
+    ]
+    assert bench._same_state(per_side, "gencli", "llama.cpp") == [True, False, False, True]
+    assert bench._same_state([40.0, 80.0], "gencli", "llama.cpp") == [True, True]  # one figure a round: its sides together
 
 
 def test_median_over_three_rounds_and_sides_without_a_decode_speed():

@@ -231,3 +231,108 @@ def test_the_vector_activations_match_torch(isa, name):
         want = ref(x.double()) * (1 if multiplier is None else multiplier.double())
         assert torch.isfinite(got).all()
         assert torch.allclose(got.double(), want, rtol=2e-6, atol=1e-6), (got.double() - want).abs().max()
+
+
+def _token_steps(model, ids, steps, mask=None, greedy=True):
+    """As _logits, with each decoding step from the token ids to the logits in one native call
+    (CausalLM.fused_logits): (the logits (B, steps, V), the greedy choices (B, steps))."""
+    b, n = ids.shape
+    cache = model.new_cache(b, n)
+    first = n - steps
+    pos = (mask.long().cumsum(-1) - 1).clamp(min=0) if mask is not None else None
+    logits, chosen = [], []
+    with torch.inference_mode():
+        model(ids[:, :first], kv_cache=cache, position_ids=pos[:, :first] if pos is not None else None, attention_mask=mask, logits_to_keep=1)
+        for i in range(first, n):
+            done = model.fused_logits(ids[:, i : i + 1], position_ids=pos[:, i : i + 1] if pos is not None else None, attention_mask=mask,
+                                      kv_cache=cache, greedy=greedy)
+            assert done is not None
+            logits.append(done[0])
+            chosen.append(done[1])
+    return torch.stack(logits, 1), (torch.stack(chosen, 1) if greedy else None)
+
+
+@needs_kernels
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2"])
+@pytest.mark.parametrize(("mode", "activations"), [("int8", "int8"), ("int4", "int8"), ("int4", "fp32"), ("float32", "fp32"), ("bfloat16", "fp32")])
+def test_a_token_step_gives_the_fused_steps_logits_and_the_heads_bit_for_bit(family, mode, activations, tuning, monkeypatch):
+    """Token ids -> embeddings, every layer, the final norm and the LM head in one call (one parallel
+    region at 2 and 3 threads, a region a product, one thread): the logits of the fused step followed
+    by the head from Python, bit for bit (the same code computes each value), for one sequence from the
+    cache's length and for a left-padded batch at explicit positions; the greedy choices are
+    torch.argmax's of those logits."""
+    monkeypatch.setenv(quant_kernels.ENV_ACTIVATIONS, activations)
+    model = _model(family, mode)
+    ids = torch.randint(0, 96, (3, 10), generator=torch.Generator().manual_seed(6))
+    mask = torch.ones(3, 10, dtype=torch.bool)
+    mask[1, :4] = False
+    mask[2, :1] = False
+    ref = _logits(model, ids, 6, fused=True, mask=mask)[:, 1:]
+    ref_one = _logits(model, ids[:1], 6, fused=True)[:, 1:]
+    assert model.__dict__["_fused_decoder"].takes_ids
+    assert len(set(ref.argmax(-1).flatten().tolist())) > 3  # logits that vary: a sane fixture
+    for threads in (1, 2, 3):
+        torch.set_num_threads(threads)
+        for team in (1, 0):
+            tuning.set_tuning({"step_team": team})
+            got, chosen = _token_steps(model, ids, 6, mask=mask)
+            assert torch.equal(got, ref), (threads, team, (got - ref).abs().max().item())
+            assert torch.equal(chosen, got.argmax(-1))
+            got_one, chosen_one = _token_steps(model, ids[:1], 6)
+            assert torch.equal(got_one, ref_one), (threads, team)
+            assert torch.equal(chosen_one, got_one.argmax(-1))
+    got, none = _token_steps(model, ids, 6, mask=mask, greedy=False)
+    assert none is None and torch.equal(got, ref)
+
+
+@needs_kernels
+@pytest.mark.parametrize("parts", [1, 2, 3, 5])
+def test_the_token_steps_greedy_choice_is_torch_argmax_with_ties_infinities_and_nans(parts):
+    """Each thread's first largest of its slice of the row, then the first largest of those (16 at a
+    time where AVX-512 is on): torch.argmax's choice, the first of equal logits, a NaN before any number,
+    index 0 for a row of -inf, for rows not a multiple of 16 long."""
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 5, 16, 17, 33, 100, 1000):
+        for trial in range(20):
+            x = torch.randint(-3, 4, (4, n), generator=g).float()  # many ties
+            r = torch.rand(4, n, generator=g)
+            x[r < 0.02] = float("nan")
+            x[(r > 0.05) & (r < 0.1)] = float("inf")
+            x[(r > 0.1) & (r < 0.2)] = -float("inf")
+            if trial % 4 == 0:
+                x[0] = -float("inf")
+            if trial % 4 == 1:
+                x[1] = x[1].abs() * 0.0 * torch.where(r[1] < 0.5, -1.0, 1.0)  # 0.0 and -0.0 tie
+            assert torch.equal(kernels.greedy_choices(x, parts), x.argmax(-1)), (n, parts, x)
+
+
+@needs_kernels
+def test_a_token_step_refuses_ids_and_positions_outside_the_tables(monkeypatch):
+    model = _model("gpt2", "int8")
+    cache = model.new_cache(1, 40)
+    with torch.inference_mode():
+        model(torch.tensor([[1, 2]]), kv_cache=cache)
+        with pytest.raises(RuntimeError, match="token id 96 outside the vocabulary of 96"):
+            model.fused_logits(torch.tensor([[96]]), kv_cache=cache)
+        with pytest.raises(RuntimeError, match="position 32 outside the table of 32"):
+            model.fused_logits(torch.tensor([[3]]), position_ids=torch.tensor([[32]]), kv_cache=cache)
+        assert cache.length == 2  # nothing written
+        assert model.fused_logits(torch.tensor([[3]]), kv_cache=cache) is not None
+        assert cache.length == 3
+
+
+@needs_kernels
+def test_a_head_or_embedding_the_token_step_cannot_take_leaves_the_ids_to_python():
+    """A plain torch head (or one on another kind of weights than the kernels read), or an embedding
+    of another class: no token step (generate then runs the fused layers and the head from Python)."""
+    model = _model("llama", "int8")
+    model.lm_head = torch.nn.Linear(64, 96, bias=False)
+    cache = model.new_cache(1, 8)
+    with torch.inference_mode():
+        model(torch.tensor([[1, 2]]), kv_cache=cache)
+        assert model.fused_logits(torch.tensor([[3]]), kv_cache=cache) is None
+    assert not model.__dict__["_fused_decoder"].takes_ids
+    assert model.__dict__["_fused_decoder"].normalizes  # the layers still fused
+    gpt2 = _model("gpt2", "int4")
+    assert gpt2.fused_logits(torch.tensor([[3]]), kv_cache=None) is None
+    assert gpt2.fused_logits(torch.tensor([[3, 4]]), kv_cache=gpt2.new_cache(1, 8)) is None  # two positions: a prefill

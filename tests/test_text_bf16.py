@@ -102,8 +102,7 @@ def test_bf16_decoding_streams_bf16_weights_in_fp32_products(models, name, nativ
 
     assert "bfloat16 linear weights, float32 activations" in describe(tm)
     calls = []
-    real = FusedDecoder.__call__
-    monkeypatch.setattr(FusedDecoder, "__call__", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    _count_fused_steps(monkeypatch, calls)
     got = _tokens(tm)
     assert len(calls) == 15  # every decoding step after the prompt's, fused
     want = _tokens(_rounded_fp32(models / name))
@@ -243,8 +242,7 @@ def test_large_float32_models_stream_their_weights_and_decode_fused(models, name
     assert not notices and _linears(tm.model) == [n for n, m in tm.model.named_modules() if isinstance(m, StreamedLinear)]
     assert all(m.weight.dtype == torch.float32 and m.weight.is_contiguous() for m in tm.model.modules() if isinstance(m, StreamedLinear))
     calls = []
-    real = FusedDecoder.__call__
-    monkeypatch.setattr(FusedDecoder, "__call__", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    _count_fused_steps(monkeypatch, calls)
     assert _tokens(tm) == want
     assert len(calls) == 15
 
@@ -271,3 +269,50 @@ def test_auto_streams_the_weights_of_a_bf16_checkpoint_as_they_are(models, tmp_p
     assert _tokens(auto) == _tokens(plain)
     fp32_auto, _ = _load(models / "llama", dtype="auto")
     assert not any(isinstance(m, StreamedLinear) for m in fp32_auto.model.modules())
+
+
+def _count_fused_steps(monkeypatch, calls: list) -> None:
+    """Append to calls for every fused decoding step (the layers alone, or from the ids to the logits)."""
+    for name in ("__call__", "logits"):
+        real = getattr(FusedDecoder, name)
+        monkeypatch.setattr(FusedDecoder, name, lambda self, *a, _real=real, **k: calls.append(1) or _real(self, *a, **k))
+
+
+@pytest.mark.usefixtures("quant_kernels_built")
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+@pytest.mark.parametrize("quantize", ["int4", None])
+def test_generation_decodes_from_token_ids_to_choices_in_one_call_with_the_same_tokens(models, name, quantize, monkeypatch):
+    """On a CPU with gencli's kernels each decoding step goes from the ids to the logits (greedy: to the
+    choices) in one native call; the completions are those of the fused layers and the head from Python,
+    greedy, sampled with a seed, and with a repetition penalty (the logits returned to Python)."""
+    import dataclasses
+
+    from gencli.models.causal_lm import CausalLM
+    from gencli.pipelines.text.generate import GenerationSettings, generate
+    from gencli.pipelines.text.loading import load_text_model
+    from gencli.pipelines.text.sampling import SamplingParams
+
+    tm = load_text_model(models / name, device="cpu", dtype="float32" if quantize else "bfloat16", quantize=quantize)
+    greedy = GenerationSettings(max_new_tokens=12, sampling=SamplingParams(temperature=0.0), ignore_eos=True)
+    runs = [
+        greedy,
+        dataclasses.replace(greedy, sampling=SamplingParams(temperature=0.9, top_k=20), seed=3),
+        dataclasses.replace(greedy, sampling=SamplingParams(temperature=0.0, repetition_penalty=1.3)),
+    ]
+
+    def completions():
+        out = []
+        for s in runs:
+            gen = torch.Generator().manual_seed(s.seed) if s.seed is not None else None
+            out.append([c.token_ids for c in generate(tm, PROMPTS, s, generator=gen)])
+        return out
+
+    calls = []
+    real = CausalLM.fused_logits
+    monkeypatch.setattr(CausalLM, "fused_logits", lambda self, *a, **k: calls.append(k["greedy"]) or real(self, *a, **k))
+    got = completions()
+    assert calls == [True] * 11 + [False] * 22  # every decoding step; the argmax in the call where the tokens are plain greedy
+    monkeypatch.setattr(CausalLM, "fused_logits", lambda self, *a, **k: None)
+    want = completions()
+    assert got == want
+    assert got[0] != got[1]  # sampling matters: a sane fixture

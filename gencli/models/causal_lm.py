@@ -50,12 +50,42 @@ class CausalLM(nn.Module):
         Built on the first decoding step and kept until the model is moved or re-quantized."""
         if kv_cache is None or isinstance(kv_cache, StaticKVCache) or not FusedDecoder.applies(x, kv_cache):
             return None
+        return self._built_fused_decoder()
+
+    def _built_fused_decoder(self) -> Optional[FusedDecoder]:
         fused = self.__dict__.get("_fused_decoder", _UNSET)
         if fused is _UNSET:
             parts = self.fused_decoder_parts()
             fused = FusedDecoder.build(parts) if parts is not None else None
             self.__dict__["_fused_decoder"] = fused
         return fused
+
+    def fused_logits(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        position_ids: Optional[torch.Tensor] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        kv_cache: Optional[KVCache] = None,
+        greedy: bool = False,
+    ) -> Optional[tuple[torch.Tensor, Optional[torch.Tensor]]]:
+        """A decoding step of one new token a sequence, ``input_ids (B, 1)``, from the ids to the next
+        logits in one native call (embeddings, every layer, the final norm and the LM head: see
+        :meth:`FusedDecoder.logits`): ``(logits (B, V), the greedy choices (B,) where greedy)``; None where
+        it does not apply (then :meth:`hidden_states` and the head). Arguments as :meth:`hidden_states`'s."""
+        if (
+            not isinstance(kv_cache, KVCache)
+            or isinstance(kv_cache, StaticKVCache)
+            or input_ids.dim() != 2
+            or input_ids.shape[1] != 1
+            or input_ids.device.type != "cpu"
+            or kv_cache.keys.dtype != torch.float32
+        ):
+            return None
+        fused = self._built_fused_decoder()
+        if fused is None or not fused.takes_ids:
+            return None
+        return fused.logits(input_ids, kv_cache, self.key_mask(attention_mask, kv_cache, 1), position_ids, greedy)
 
     def forget_fused_decoder(self) -> None:
         """Drop the fused step (its layers were replaced or moved): the next decoding step rebuilds it."""

@@ -171,7 +171,11 @@ class GPT2LMHeadModel(CausalLM):
             DecoderLayerParts(b.ln_1, (b.attn.c_attn,), b.attn.c_proj, b.ln_2, (b.mlp.c_fc,), b.mlp.c_proj, b.attn.scale) for b in self.transformer.h
         )
         cfg = self.config
-        return DecoderStackParts(layers, cfg.n_head, cfg.n_head, self.head_dim, cfg.activation_function, rotary=False, final_norm=self.transformer.ln_f)
+        t = self.transformer
+        return DecoderStackParts(
+            layers, cfg.n_head, cfg.n_head, self.head_dim, cfg.activation_function, rotary=False, final_norm=t.ln_f,
+            embeddings=(t.wte, t.wpe), lm_head=self.lm_head,
+        )
 
 
 # transformers' checkpoints: the causal-mask buffers of old exports are dropped; the files saved from

@@ -256,6 +256,8 @@ class LlamaForCausalLM(CausalLM):
             rotary=True,
             final_norm=self.model.norm,
             rotary_emb=self.model.rotary_emb,
+            embeddings=(self.model.embed_tokens,),
+            lm_head=self.lm_head,
         )
 
 

@@ -178,6 +178,24 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("norm1"), py::arg("attn_in"), py::arg("o_proj"), py::arg("norm2"), py::arg("mlp_in"), py::arg("mlp_out"), py::arg("attn_scale"))
       .def("step", &gencli::DecoderStack::step, py::arg("x"), py::arg("keys"), py::arg("values"), py::arg("length"), py::arg("key_mask") = py::none(),
            py::arg("cos") = py::none(), py::arg("sin") = py::none(), py::arg("int8_activations") = true, py::arg("positions") = py::none())
+      .def("token_step", &gencli::DecoderStack::token_step,
+           "ids (B) int64 at positions (B) (None: length) through the embeddings, every layer, the final norm and the head: logits (B, V) "
+           "float32 written, next (B) int64 the greedy choices where given",
+           py::arg("ids"), py::arg("positions"), py::arg("keys"), py::arg("values"), py::arg("length"), py::arg("key_mask") = py::none(),
+           py::arg("int8_activations") = true, py::arg("logits"), py::arg("next") = py::none())
+      .def(
+          "set_embeddings",
+          [](gencli::DecoderStack& stack, const at::Tensor& tokens, const OptionalTensor& positions) {
+            stack.set_embeddings(tokens, positions.has_value() ? *positions : at::Tensor());
+          },
+          "the input embeddings: token rows (V, hidden) float32, position rows (P, hidden) added or None", py::arg("tokens"),
+          py::arg("positions") = py::none())
+      .def_property_readonly("has_embeddings", &gencli::DecoderStack::has_embeddings)
+      .def(
+          "set_head", [](gencli::DecoderStack& stack, const py::tuple& head) { stack.set_head(linear_spec(head)); },
+          "the LM head after the final norm, as add_layer's linear layers: token_step() then computes logits", py::arg("head"))
+      .def_property_readonly("has_head", &gencli::DecoderStack::has_head)
+      .def_property_readonly("vocab_size", &gencli::DecoderStack::vocab_size)
       .def("set_rotary", &gencli::DecoderStack::set_rotary,
            "RoPE's inverse frequencies (head_dim / 2) and attention factor: step() then takes positions instead of cos and sin",
            py::arg("inv_freq"), py::arg("attention_factor"))
@@ -187,6 +205,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "the model's norm after the last layer (weight, bias or None, eps, rms): step() then returns normalized states", py::arg("norm"))
       .def_property_readonly("has_final_norm", &gencli::DecoderStack::has_final_norm)
       .def_property_readonly("num_layers", &gencli::DecoderStack::num_layers);
+  m.def("greedy_choices", &gencli::greedy_choices,
+        "each row's greedy choice as the token step makes it with `parts` threads (torch.argmax's), for the tests", py::arg("logits"),
+        py::arg("parts"));
   m.def("activation", &gencli::activation, "act(x) (* up): the decoder step's activations ('gelu_tanh', 'silu', 'relu'), for the tests",
         py::arg("name"), py::arg("x"), py::arg("up") = py::none());
 

@@ -37,6 +37,31 @@ GENCLI_TARGET_AVX512
 namespace step_avx512 {
 #include "simd_avx512.inc"
 #include "activations.inc"
+
+// the index of the first largest of p[0, n) (n > 0) by whole vectors: the maximum, then its first place;
+// a NaN anywhere: -1 (the caller finds the first one)
+inline int64_t first_largest(const float* p, int64_t n) {
+  __m512 m = _mm512_set1_ps(-INFINITY);
+  __mmask16 unordered = 0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(p + i);
+    unordered |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    m = _mm512_max_ps(m, v);
+  }
+  float best = _mm512_reduce_max_ps(m);
+  for (int64_t j = i; j < n; ++j) {
+    if (p[j] != p[j]) return -1;
+    best = std::max(best, p[j]);
+  }
+  if (unordered) return -1;
+  const __m512 b = _mm512_set1_ps(best);
+  for (i = 0; i + 16 <= n; i += 16)
+    if (const __mmask16 hit = _mm512_cmp_ps_mask(_mm512_loadu_ps(p + i), b, _CMP_EQ_OQ)) return i + __builtin_ctz(hit);
+  for (; i < n; ++i)
+    if (p[i] == best) return i;
+  return 0;  // (unreachable: best is one of them)
+}
 }  // namespace step_avx512
 GENCLI_TARGET_END
 
@@ -111,7 +136,47 @@ void rotate(float* x, int64_t heads, int64_t D, const float* cos, const float* s
   }
 }
 
+// the index of the first largest of p[begin, end) (torch.argmax's choice: a NaN before any number,
+// the first of equal ones), or -1 for an empty range
+int64_t first_largest(const float* p, int64_t begin, int64_t end) {
+  if (begin >= end) return -1;
+  if (active_isa() == Isa::avx512) {
+    const int64_t pick = step_avx512::first_largest(p + begin, end - begin);
+    if (pick >= 0) return begin + pick;
+  }
+  int64_t pick = begin;
+  for (int64_t i = begin + 1; i < end && p[pick] == p[pick]; ++i)
+    if (p[i] > p[pick] || p[i] != p[i]) pick = i;
+  return pick;
+}
+
+// the first largest of a row of logits from the first largest of each of its T slices (in order; -1 for
+// an empty slice): a later slice's wins where it is larger, or a NaN after a number
+int64_t greedy_choice(const float* row, const int64_t* picks, int64_t T) {
+  int64_t pick = -1;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t c = picks[t];
+    if (c >= 0 && (pick < 0 || (row[pick] == row[pick] && (row[c] > row[pick] || row[c] != row[c])))) pick = c;
+  }
+  return pick;
+}
+
 }  // namespace
+
+at::Tensor greedy_choices(const at::Tensor& logits, int64_t parts) {
+  TORCH_CHECK(logits.scalar_type() == at::kFloat && logits.dim() == 2 && logits.device().is_cpu() && parts > 0,
+              "greedy_choices: float32 (B, V) logits, parts > 0");
+  const at::Tensor l = logits.contiguous();
+  const int64_t B = l.size(0), V = l.size(1);
+  at::Tensor out = at::empty({B}, at::kLong);
+  std::vector<int64_t> picks(parts);
+  for (int64_t b = 0; b < B; ++b) {
+    const float* row = l.data_ptr<float>() + b * V;
+    for (int64_t t = 0; t < parts; ++t) picks[t] = first_largest(row, V * t / parts, V * (t + 1) / parts);
+    out[b] = greedy_choice(row, picks.data(), parts);
+  }
+  return out;
+}
 
 at::Tensor activation(const std::string& name, const at::Tensor& x, const OptionalTensor& up) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu(), "activation: float32 CPU tensors");
@@ -160,7 +225,83 @@ void DecoderStack::step(at::Tensor x, const at::Tensor& keys, const at::Tensor& 
                         const OptionalTensor& cos, const OptionalTensor& sin, bool int8_activations, const OptionalTensor& positions) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.size(1) == hidden_ && x.is_contiguous() && x.device().is_cpu(),
               "decoder_step: x must be contiguous float32 (B, hidden)");
-  const int64_t B = x.size(0), L = length + 1, nl = num_layers();
+  Shared sh{};
+  sh.x = x.data_ptr<float>();
+  sh.B = x.size(0);
+  sh.length = length;
+  sh.int8_activations = int8_activations;
+  at::Tensor pt;
+  const int64_t* pp = nullptr;
+  if (rotary_ && !cos.has_value() && positions.has_value() && has_rotary_tables()) {  // the tables' rows, computed from these
+    pt = positions->to(at::kLong).contiguous();
+    TORCH_CHECK(pt.numel() == sh.B, "decoder_step: one position a sequence");
+    pp = pt.data_ptr<int64_t>();
+  }
+  launch(sh, keys, values, key_mask, cos, sin, pp);
+}
+
+void DecoderStack::token_step(const at::Tensor& ids, const OptionalTensor& positions, const at::Tensor& keys, const at::Tensor& values,
+                              int64_t length, const OptionalTensor& key_mask, bool int8_activations, at::Tensor logits, const OptionalTensor& next) {
+  TORCH_CHECK(has_embeddings() && has_final_norm() && has_head() && (!rotary_ || has_rotary_tables()),
+              "decoder_step: a token step needs the embeddings, the final norm, the head (and RoPE's frequencies)");
+  TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 1 && ids.device().is_cpu(), "decoder_step: ids must be int64 (B)");
+  const int64_t B = ids.size(0), V = head_.N;
+  TORCH_CHECK(logits.scalar_type() == at::kFloat && logits.dim() == 2 && logits.size(0) == B && logits.size(1) == V && logits.is_contiguous() &&
+                  logits.device().is_cpu(),
+              "decoder_step: logits must be contiguous float32 (B, vocab)");
+  const at::Tensor it = ids.contiguous();
+  at::Tensor pt;
+  thread_local std::vector<int64_t> at_length;
+  const int64_t* pp;
+  if (positions.has_value()) {
+    pt = positions->to(at::kLong).contiguous();
+    TORCH_CHECK(pt.numel() == B && pt.device().is_cpu(), "decoder_step: one position a sequence");
+    pp = pt.data_ptr<int64_t>();
+  } else {
+    at_length.assign(B, length);
+    pp = at_length.data();
+  }
+  at::Tensor nt;
+  if (next.has_value()) {
+    nt = *next;
+    TORCH_CHECK(nt.scalar_type() == at::kLong && nt.numel() == B && nt.is_contiguous() && nt.device().is_cpu(),
+                "decoder_step: next must be contiguous int64 (B)");
+  }
+  // the embeddings: token rows (+ position rows)
+  thread_local AlignedVector<float> x_buf;
+  float* x = scratch(x_buf, B * hidden_);
+  const int64_t* ip = it.data_ptr<int64_t>();
+  const float* tok = embed_tokens_.data_ptr<float>();
+  const float* pos = embed_positions_.defined() ? embed_positions_.data_ptr<float>() : nullptr;
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(ip[b] >= 0 && ip[b] < embed_tokens_.size(0), "decoder_step: token id ", ip[b], " outside the vocabulary of ", embed_tokens_.size(0));
+    const float* row = tok + ip[b] * hidden_;
+    float* xb = x + b * hidden_;
+    if (pos) {
+      TORCH_CHECK(pp[b] >= 0 && pp[b] < embed_positions_.size(0), "decoder_step: position ", pp[b], " outside the table of ", embed_positions_.size(0));
+      const float* prow = pos + pp[b] * hidden_;
+      for (int64_t i = 0; i < hidden_; ++i) xb[i] = row[i] + prow[i];
+    } else {
+      std::copy(row, row + hidden_, xb);
+    }
+  }
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  thread_local std::vector<int64_t> best_at;
+  best_at.assign(B * threads, -1);
+  Shared sh{};
+  sh.x = x;
+  sh.B = B;
+  sh.length = length;
+  sh.int8_activations = int8_activations;
+  sh.logits = logits.data_ptr<float>();
+  sh.next = nt.defined() ? nt.data_ptr<int64_t>() : nullptr;
+  sh.best_at = best_at.data();
+  launch(sh, keys, values, key_mask, {}, {}, pp);
+}
+
+void DecoderStack::launch(Shared sh, const at::Tensor& keys, const at::Tensor& values, const OptionalTensor& key_mask, const OptionalTensor& cos,
+                          const OptionalTensor& sin, const int64_t* pp) {
+  const int64_t B = sh.B, length = sh.length, L = length + 1, nl = num_layers();
   for (const at::Tensor* c : {&keys, &values})
     TORCH_CHECK(c->scalar_type() == at::kFloat && c->dim() == 5 && c->size(0) == nl && c->size(1) == B && c->size(2) == Hkv_ &&
                     c->size(4) == D_ && c->stride(4) == 1 && c->device().is_cpu(),
@@ -168,14 +309,10 @@ void DecoderStack::step(at::Tensor x, const at::Tensor& keys, const at::Tensor& 
   TORCH_CHECK(length >= 0 && L <= keys.size(3) && L <= values.size(3), "decoder_step: KV cache overflow: ", L, " positions needed, capacity ",
               keys.size(3));
   at::Tensor mask;
-  const bool* mp = key_mask_flags(key_mask, B, L, mask, "decoder_step");
-  const float *cp = nullptr, *sp = nullptr;
+  sh.mask = key_mask_flags(key_mask, B, L, mask, "decoder_step");
   at::Tensor ct, st;
   thread_local AlignedVector<float> rot_buf;
-  if (rotary_ && !cos.has_value() && positions.has_value() && has_rotary_tables()) {  // the tables' rows, computed here
-    const at::Tensor pt = positions->to(at::kLong).contiguous();
-    TORCH_CHECK(pt.numel() == B, "decoder_step: one position a sequence");
-    const int64_t* pp = pt.data_ptr<int64_t>();
+  if (rotary_ && pp) {  // the tables' rows, computed here
     const float* inv = inv_freq_.data_ptr<float>();
     float* rows = scratch(rot_buf, 2 * B * D_);
     const int64_t half = D_ / 2;
@@ -186,26 +323,31 @@ void DecoderStack::step(at::Tensor x, const at::Tensor& keys, const at::Tensor& 
         rows[b * D_ + i] = rows[b * D_ + half + i] = c;
         rows[(B + b) * D_ + i] = rows[(B + b) * D_ + half + i] = sn;
       }
-    cp = rows;
-    sp = rows + B * D_;
+    sh.cos = rows;
+    sh.sin = rows + B * D_;
   } else if (rotary_) {
     TORCH_CHECK(cos.has_value() && sin.has_value(), "decoder_step: this stack rotates queries and keys: cos and sin (or positions) needed");
     ct = cos->to(at::kFloat).contiguous();
     st = sin->to(at::kFloat).contiguous();
     TORCH_CHECK(ct.numel() == B * D_ && st.numel() == B * D_, "decoder_step: cos and sin must be (B, head dim)");
-    cp = ct.data_ptr<float>();
-    sp = st.data_ptr<float>();
+    sh.cos = ct.data_ptr<float>();
+    sh.sin = st.data_ptr<float>();
   }
   // the buffers the team shares (each product's results, written by the threads that computed them)
   const int64_t q_n = H_ * D_, kv_n = Hkv_ * D_;
   int64_t mid_n = 0;
   for (const Layer& l : layers_) mid_n = std::max<int64_t>(mid_n, l.mlp_in[0].N * static_cast<int64_t>(l.mlp_in.size()));
   thread_local AlignedVector<float> qkv_buf, att_buf, proj_buf, mid_buf;
-  const Shared sh{x.data_ptr<float>(),          keys.data_ptr<float>(),       values.data_ptr<float>(),
-                  scratch(qkv_buf, B * (q_n + 2 * kv_n)), scratch(att_buf, B * q_n), scratch(proj_buf, B * hidden_),
-                  scratch(mid_buf, B * mid_n), cp, sp, mp,
-                  {keys.stride(0), keys.stride(1), keys.stride(2), keys.stride(3)},
-                  {values.stride(0), values.stride(1), values.stride(2), values.stride(3)}, B, length, int8_activations};
+  sh.keys = keys.data_ptr<float>();
+  sh.values = values.data_ptr<float>();
+  sh.qkv = scratch(qkv_buf, B * (q_n + 2 * kv_n));
+  sh.att = scratch(att_buf, B * q_n);
+  sh.proj = scratch(proj_buf, B * hidden_);
+  sh.mid = scratch(mid_buf, B * mid_n);
+  for (int64_t i = 0; i < 4; ++i) {
+    sh.ks[i] = keys.stride(i);
+    sh.vs[i] = values.stride(i);
+  }
   const int64_t threads = at::in_parallel_region() ? 1 : std::max<int64_t>(1, at::get_num_threads());
   if (threads == 1 || !product_tuning().step_team) {  // one thread, or a parallel region for each product and attention
     StepTeam team(1);
@@ -308,7 +450,18 @@ void DecoderStack::run_layers(const Shared& sh, StepTeam& team, int64_t me, bool
     for (int64_t i = 0; i < B * hidden_; ++i) xs[i] += sh.proj[i];
   }
   team.barrier();  // (every thread has read x: with no layers, the copies above)
-  if (me == 0) {  // the result, from thread 0's copy
+  if (sh.logits) {  // a token step: the final norm on every thread's copy, the head's tasks shared out
+    for (int64_t b = 0; b < B; ++b) normalize(final_norm_, xs + b * hidden_, h + b * hidden_, hidden_);
+    float* outs[1] = {sh.logits};
+    quantized_products(h, B, hidden_, &head_, outs, 1, q8);
+    if (sh.next) {  // the greedy choices: each thread the first largest of its share of each row, then thread 0 of theirs
+      const int64_t V = head_.N;
+      for (int64_t b = 0; b < B; ++b) sh.best_at[b * T + me] = first_largest(sh.logits + b * V, V * me / T, V * (me + 1) / T);
+      team.barrier();
+      if (me == 0)
+        for (int64_t b = 0; b < B; ++b) sh.next[b] = greedy_choice(sh.logits + b * V, sh.best_at + b * T, T);
+    }
+  } else if (me == 0) {  // the result, from thread 0's copy
     if (has_final_norm())
       for (int64_t b = 0; b < B; ++b) normalize(final_norm_, xs + b * hidden_, sh.x + b * hidden_, hidden_);
     else
@@ -318,6 +471,22 @@ void DecoderStack::run_layers(const Shared& sh, StepTeam& team, int64_t me, bool
 }
 
 void DecoderStack::set_final_norm(const NormSpec& spec) { final_norm_ = norm(spec); }
+
+void DecoderStack::set_embeddings(const at::Tensor& tokens, const at::Tensor& positions) {
+  for (const at::Tensor* t : {&tokens, &positions})
+    TORCH_CHECK(!t->defined() || (t->scalar_type() == at::kFloat && t->dim() == 2 && t->size(1) == hidden_ && t->is_contiguous() &&
+                                  t->device().is_cpu() && t->size(0) > 0),
+                "decoder_step: embeddings must be contiguous float32 (rows, hidden)");
+  TORCH_CHECK(tokens.defined(), "decoder_step: the token embeddings are needed");
+  embed_tokens_ = tokens;
+  embed_positions_ = positions;
+}
+
+void DecoderStack::set_head(const LinearSpec& spec) {
+  QuantWeight w = linear(spec);
+  TORCH_CHECK(w.K == hidden_ && w.N > 0, "decoder_step: the head must take the hidden size");
+  head_ = w;
+}
 
 void DecoderStack::set_rotary(const at::Tensor& inv_freq, double attention_factor) {
   TORCH_CHECK(rotary_, "decoder_step: this stack does not rotate queries and keys");

@@ -59,6 +59,10 @@ bool use_attention_isa(const std::string& name);
 at::Tensor winograd_conv3x3(const at::Tensor& x, const at::Tensor& u, const OptionalTensor& bias, const OptionalTensor& residual,
                             int64_t chunk = 0, bool reference = false);
 
+// the greedy choice of each row of logits (B, V) as the token step makes it with `parts` threads (each the
+// first largest of its slice of the row, then the first largest of theirs): torch.argmax's, for the tests
+at::Tensor greedy_choices(const at::Tensor& logits, int64_t parts);
+
 // the MLP activations of the decoder step
 enum class Activation { gelu_tanh, silu, relu };
 
@@ -101,12 +105,30 @@ class DecoderStack {
   void set_rotary(const at::Tensor& inv_freq, double attention_factor);
   bool has_rotary_tables() const { return inv_freq_.defined(); }
 
+  // the input embeddings: token rows (V, hidden) float32, and position rows (P, hidden) added where the
+  // model has them (GPT-2), or undefined: token_step() then takes token ids
+  void set_embeddings(const at::Tensor& tokens, const at::Tensor& positions);
+  bool has_embeddings() const { return embed_tokens_.defined(); }
+
+  // the LM head after the final norm (a linear layer of any kind the layers take): token_step() then
+  // computes the logits
+  void set_head(const LinearSpec& head);
+  bool has_head() const { return head_.codes != nullptr; }
+  int64_t vocab_size() const { return head_.N; }
+
   // x (B, hidden) float32 contiguous, updated in place (the residual stream, or its final norm where the
   // stack has one); keys, values (layers, B, Hkv, capacity, D) float32,
   // the new position written at `length`; key_mask (B, length + 1) bool or None; cos, sin (B, D) or None, or
   // positions (B) where the stack has set_rotary's frequencies
   void step(at::Tensor x, const at::Tensor& keys, const at::Tensor& values, int64_t length, const OptionalTensor& key_mask,
             const OptionalTensor& cos, const OptionalTensor& sin, bool int8_activations, const OptionalTensor& positions = {});
+
+  // A whole decoding step from token ids to logits (set_embeddings, set_final_norm and set_head given):
+  // ids (B) int64 at positions (B) int64 (none: `length` for every row), the caches and mask as step()'s;
+  // logits (B, V) float32 contiguous written; next (B) int64, where given, the greedy choices
+  // (torch.argmax's: the first largest logit, the first NaN before any number)
+  void token_step(const at::Tensor& ids, const OptionalTensor& positions, const at::Tensor& keys, const at::Tensor& values, int64_t length,
+                  const OptionalTensor& key_mask, bool int8_activations, at::Tensor logits, const OptionalTensor& next);
 
  private:
   struct Layer {
@@ -117,7 +139,8 @@ class DecoderStack {
   };
 
   // what one step's threads share: x (the residual stream, written once at the end), the caches, the
-  // products' results, the RoPE rows, the mask, the caches' strides (layer, sequence, head, position)
+  // products' results, the RoPE rows, the mask, the caches' strides (layer, sequence, head, position);
+  // a token step's logits, greedy choices and the index of each thread's first largest logit a row (or null)
   struct Shared {
     float *x, *keys, *values, *qkv, *att, *proj, *mid;
     const float *cos, *sin;
@@ -125,7 +148,13 @@ class DecoderStack {
     int64_t ks[4], vs[4];
     int64_t B, length;
     bool int8_activations;
+    float* logits = nullptr;
+    int64_t* next = nullptr;
+    int64_t* best_at = nullptr;  // (B, threads)
   };
+  // the caches checked and the step run: the RoPE rows from cos/sin or from the positions pp (B)
+  void launch(Shared sh, const at::Tensor& keys, const at::Tensor& values, const OptionalTensor& key_mask, const OptionalTensor& cos,
+              const OptionalTensor& sin, const int64_t* pp);
   void run_layers(const Shared& shared, StepTeam& team, int64_t me, bool seated) const;
 
   NormSpec norm(const NormSpec& spec);
@@ -138,6 +167,8 @@ class DecoderStack {
   NormSpec final_norm_;  // weight undefined: none
   at::Tensor inv_freq_;  // float32 (D / 2), or undefined
   float rotary_factor_ = 1.f;
+  at::Tensor embed_tokens_, embed_positions_;  // float32 (V, hidden) and (P, hidden), or undefined
+  QuantWeight head_;                           // codes null: none
   std::vector<at::Tensor> keep_;  // every tensor the layers point into
 };
 

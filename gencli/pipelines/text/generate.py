@@ -303,11 +303,17 @@ def generate(
     if one_token is not None and compile_step:
         one_token = compiled(one_token, on_info)
     slot = torch.zeros(1, dtype=torch.long, device=device)  # the static step's cache position, written in place
+    plain_greedy = params.greedy and (seen is None or params.repetition_penalty == 1.0)  # the argmax of the raw logits
 
     def advance(ids: torch.Tensor, pos: Optional[torch.Tensor], seen_so_far: Optional[torch.Tensor]) -> torch.Tensor:
         """Run ``ids`` through the model (filling the cache) and choose the next token of each row."""
         if static and ids.shape[1] == 1:
             return next_tokens(one_token(ids, pos, slot), params, generator, seen_so_far)
+        if head is None and ids.shape[1] == 1:  # on a CPU, from the ids to the logits (greedy: to the choices) in one call
+            done = model.fused_logits(ids, position_ids=pos, attention_mask=attention_mask, kv_cache=cache, greedy=plain_greedy)
+            if done is not None:
+                logits, chosen = done
+                return chosen if chosen is not None else next_tokens(logits, params, generator, seen_so_far)
         where = torch.arange(ids.shape[1], device=device) if static else None  # the prompt: slots 0..L-1
         hidden = model.hidden_states(ids, position_ids=pos, attention_mask=attention_mask, kv_cache=cache, cache_position=where, logits_to_keep=1)[:, -1]
         if head is not None:
