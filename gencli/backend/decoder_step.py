@@ -10,7 +10,7 @@ final norm and computes RoPE's cos/sin rows from the positions (each otherwise a
 from Python a token, on cold caches). Where the parts name the embeddings and the LM head too,
 :meth:`FusedDecoder.logits` goes from the token ids to the logits (and the greedy choices) in one call:
 the table rows looked up, every layer, the final norm and the head's product in the same parallel
-region (on the 2-core AMD EPYC, 1.02-1.15x the tokens/s of the layers' step followed by the head and the
+region (on the 2-core AMD EPYC, 1.01-1.12x the tokens/s of the layers' step followed by the head and the
 argmax from Python).
 
 A model offers it by describing its layers (:class:`DecoderStackParts`, from
