@@ -287,10 +287,10 @@ def test_a_token_step_gives_the_fused_steps_logits_and_the_heads_bit_for_bit(fam
 
 @needs_kernels
 @pytest.mark.parametrize("parts", [1, 2, 3, 5])
-def test_the_token_steps_greedy_choice_is_torch_argmax_with_ties_infinities_and_nans(parts):
+def test_the_token_steps_greedy_choice_is_torch_argmax_with_ties_infinities_and_nans(isa, parts):
     """Each thread's first largest of its slice of the row, then the first largest of those (16 at a
-    time where AVX-512 is on): torch.argmax's choice, the first of equal logits, a NaN before any number,
-    index 0 for a row of -inf, for rows not a multiple of 16 long."""
+    time by AVX-512, plainly on AVX2): torch.argmax's choice, the first of equal logits, a NaN before any
+    number, index 0 for a row of -inf, for rows not a multiple of 16 long."""
     g = torch.Generator().manual_seed(0)
     for n in (1, 5, 16, 17, 33, 100, 1000):
         for trial in range(20):
