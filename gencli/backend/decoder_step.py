@@ -32,7 +32,7 @@ from typing import Any, Optional
 import torch
 import torch.nn as nn
 
-from gencli.backend.attention import KVCache
+from gencli.backend.attention import KVCache, StaticKVCache
 from gencli.backend.layers import LayerNorm, RMSNorm
 from gencli.backend.quant_kernels import cpu_kernels, int8_activations
 from gencli.backend.quantize import QuantizedLinear
@@ -114,6 +114,19 @@ def _kind(m: nn.Module) -> Optional[tuple[Any, ...]]:
     return None
 
 
+def _one_new_position(t: torch.Tensor, kv_cache: Any, dims: int) -> bool:
+    """``t`` holds one new position a sequence (``(B, 1, ...)`` of ``dims`` dimensions) on the CPU, over a
+    growing float32 :class:`KVCache` (a static one's slots are bound by the model, not the native step)."""
+    return (
+        isinstance(kv_cache, KVCache)
+        and not isinstance(kv_cache, StaticKVCache)
+        and t.dim() == dims
+        and t.shape[1] == 1
+        and t.device.type == "cpu"
+        and kv_cache.keys.dtype == torch.float32
+    )
+
+
 class FusedDecoder:
     """The native stack of one model's layers (built once; it references the layers' tensors)."""
 
@@ -169,14 +182,15 @@ class FusedDecoder:
     def applies(x: torch.Tensor, kv_cache: Any) -> bool:
         """Whether this step can take ``x (B, 1, hidden)`` with this cache."""
         return (
-            isinstance(kv_cache, KVCache)
-            and x.dim() == 3
-            and x.shape[1] == 1
-            and x.device.type == "cpu"
+            _one_new_position(x, kv_cache, 3)
             and x.dtype == torch.float32
-            and kv_cache.keys.dtype == torch.float32
             and not (torch.is_grad_enabled() and x.requires_grad)
         )
+
+    @staticmethod
+    def applies_to_ids(ids: torch.Tensor, kv_cache: Any) -> bool:
+        """Whether :meth:`logits` can take the token ids ``(B, 1)`` with this cache (and :attr:`takes_ids`)."""
+        return _one_new_position(ids, kv_cache, 2)
 
     def __call__(
         self,

@@ -48,9 +48,7 @@ class CausalLM(nn.Module):
         """The one-call decoding step for the embeddings ``x`` of one new position per sequence, where
         it applies (quantized layers on a CPU: see :mod:`gencli.backend.decoder_step`), else None.
         Built on the first decoding step and kept until the model is moved or re-quantized."""
-        if kv_cache is None or isinstance(kv_cache, StaticKVCache) or not FusedDecoder.applies(x, kv_cache):
-            return None
-        return self._built_fused_decoder()
+        return self._built_fused_decoder() if FusedDecoder.applies(x, kv_cache) else None
 
     def _built_fused_decoder(self) -> Optional[FusedDecoder]:
         fused = self.__dict__.get("_fused_decoder", _UNSET)
@@ -73,14 +71,7 @@ class CausalLM(nn.Module):
         logits in one native call (embeddings, every layer, the final norm and the LM head: see
         :meth:`FusedDecoder.logits`): ``(logits (B, V), the greedy choices (B,) where greedy)``; None where
         it does not apply (then :meth:`hidden_states` and the head). Arguments as :meth:`hidden_states`'s."""
-        if (
-            not isinstance(kv_cache, KVCache)
-            or isinstance(kv_cache, StaticKVCache)
-            or input_ids.dim() != 2
-            or input_ids.shape[1] != 1
-            or input_ids.device.type != "cpu"
-            or kv_cache.keys.dtype != torch.float32
-        ):
+        if not FusedDecoder.applies_to_ids(input_ids, kv_cache):
             return None
         fused = self._built_fused_decoder()
         if fused is None or not fused.takes_ids:

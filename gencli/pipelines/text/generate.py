@@ -303,7 +303,7 @@ def generate(
     if one_token is not None and compile_step:
         one_token = compiled(one_token, on_info)
     slot = torch.zeros(1, dtype=torch.long, device=device)  # the static step's cache position, written in place
-    plain_greedy = params.greedy and (seen is None or params.repetition_penalty == 1.0)  # the argmax of the raw logits
+    plain_greedy = params.greedy and params.repetition_penalty == 1.0  # the argmax of the raw logits
 
     def advance(ids: torch.Tensor, pos: Optional[torch.Tensor], seen_so_far: Optional[torch.Tensor]) -> torch.Tensor:
         """Run ``ids`` through the model (filling the cache) and choose the next token of each row."""
