@@ -11,7 +11,8 @@ from Python a token, on cold caches). Where the parts name the embeddings and th
 :meth:`FusedDecoder.logits` goes from the token ids to the logits (and the greedy choices) in one call:
 the table rows looked up, every layer, the final norm and the head's product in the same parallel
 region (on the 2-core AMD EPYC, 1.01-1.12x the tokens/s of the layers' step followed by the head and the
-argmax from Python).
+argmax from Python), and :meth:`FusedDecoder.greedy_steps` runs several plain greedy steps in one call,
+each step's choices the next one's ids (the Python between two tokens then runs once a burst).
 
 A model offers it by describing its layers (:class:`DecoderStackParts`, from
 :meth:`gencli.models.causal_lm.CausalLM.fused_decoder_parts`). It applies where every projection
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -181,11 +182,7 @@ class FusedDecoder:
     @staticmethod
     def applies(x: torch.Tensor, kv_cache: Any) -> bool:
         """Whether this step can take ``x (B, 1, hidden)`` with this cache."""
-        return (
-            _one_new_position(x, kv_cache, 3)
-            and x.dtype == torch.float32
-            and not (torch.is_grad_enabled() and x.requires_grad)
-        )
+        return _one_new_position(x, kv_cache, 3) and x.dtype == torch.float32 and not (torch.is_grad_enabled() and x.requires_grad)
 
     @staticmethod
     def applies_to_ids(ids: torch.Tensor, kv_cache: Any) -> bool:
@@ -239,6 +236,37 @@ class FusedDecoder:
         for layer in kv_cache.layers:
             layer.length += 1
         return logits, chosen
+
+    def greedy_steps(
+        self,
+        ids: torch.Tensor,
+        kv_cache: KVCache,
+        steps: int,
+        left: list[int],
+        stop_ids: Sequence[int] = (),
+        attention_mask: Optional[torch.Tensor] = None,
+        positions: Optional[torch.Tensor] = None,
+        last_position: int = 0,
+    ) -> torch.Tensor:
+        """Where :attr:`takes_ids`: up to ``steps`` greedy decoding steps in one call, each step's choices the
+        next step's ids (:meth:`logits` with ``greedy``, with no Python between the steps): ``ids (B, 1)``
+        the first step's tokens, at ``positions (B, 1)`` (each step one further, at most ``last_position``)
+        or the cache's length; ``left`` each row's budget of new tokens (0: finished); a row also finishes
+        when it chooses one of ``stop_ids``. Returns the choices ``(B, k)``, ``k`` the steps run (fewer than
+        ``steps`` where every row finished first); the cache holds their keys and values.
+        ``attention_mask (B, >= cached + steps)`` True for real tokens."""
+        b = ids.shape[0]
+        tokens = torch.empty((b, steps), dtype=torch.long)
+        mask = attention_mask if attention_mask is None or attention_mask.dtype == torch.bool else attention_mask.bool()
+        pos = positions.reshape(b) if positions is not None else None
+        stop = torch.tensor(list(stop_ids), dtype=torch.long)
+        budget = torch.tensor(left, dtype=torch.long)
+        k = self.native.greedy_steps(
+            ids.reshape(b), pos, kv_cache.keys, kv_cache.values, kv_cache.length, mask, int8_activations(), tokens, stop, budget, last_position
+        )
+        for layer in kv_cache.layers:
+            layer.length += k
+        return tokens[:, :k]
 
 
 __all__ = ["ACTIVATIONS", "DecoderLayerParts", "DecoderStackParts", "ENV_SWITCH", "FusedDecoder", "enabled"]

@@ -8,7 +8,7 @@ the prompt in one call (prefill), then one token per call (decode). Left-padded 
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -77,6 +77,29 @@ class CausalLM(nn.Module):
         if fused is None or not fused.takes_ids:
             return None
         return fused.logits(input_ids, kv_cache, self.key_mask(attention_mask, kv_cache, 1), position_ids, greedy)
+
+    def fused_greedy_steps(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        kv_cache: KVCache,
+        steps: int,
+        left: list[int],
+        stop_ids: Sequence[int] = (),
+        position_ids: Optional[torch.Tensor] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        last_position: int = 0,
+    ) -> Optional[torch.Tensor]:
+        """Up to ``steps`` plain greedy decoding steps in one native call (:meth:`FusedDecoder.greedy_steps`),
+        from the tokens ``input_ids (B, 1)``: the choices ``(B, k)``; None where :meth:`fused_logits` would not
+        apply. ``left``: each row's budget of new tokens; ``stop_ids`` end a row; ``position_ids (B, 1)`` move
+        one a step (at most ``last_position``); ``attention_mask (B, >= cached + steps)`` as :meth:`hidden_states`'s."""
+        if not FusedDecoder.applies_to_ids(input_ids, kv_cache):
+            return None
+        fused = self._built_fused_decoder()
+        if fused is None or not fused.takes_ids:
+            return None
+        return fused.greedy_steps(input_ids, kv_cache, steps, left, stop_ids, attention_mask, position_ids, last_position)
 
     def forget_fused_decoder(self) -> None:
         """Drop the fused step (its layers were replaced or moved): the next decoding step rebuilds it."""

@@ -183,6 +183,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "float32 written, next (B) int64 the greedy choices where given",
            py::arg("ids"), py::arg("positions"), py::arg("keys"), py::arg("values"), py::arg("length"), py::arg("key_mask") = py::none(),
            py::arg("int8_activations") = true, py::arg("logits"), py::arg("next") = py::none())
+      .def("greedy_steps", &gencli::DecoderStack::greedy_steps,
+           "up to tokens.size(1) greedy token steps in one call, each step's choices fed back as the next ids: tokens (B, steps) "
+           "written; a row finishes when its budget in left (B) runs out or it chooses one of stop_ids; returns the steps run",
+           py::arg("ids"), py::arg("positions"), py::arg("keys"), py::arg("values"), py::arg("length"), py::arg("key_mask"),
+           py::arg("int8_activations"), py::arg("tokens"), py::arg("stop_ids"), py::arg("left"), py::arg("last_position"))
       .def(
           "set_embeddings",
           [](gencli::DecoderStack& stack, const at::Tensor& tokens, const OptionalTensor& positions) {

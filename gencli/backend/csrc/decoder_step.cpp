@@ -240,10 +240,14 @@ void DecoderStack::step(at::Tensor x, const at::Tensor& keys, const at::Tensor& 
   launch(sh, keys, values, key_mask, cos, sin, pp);
 }
 
-void DecoderStack::token_step(const at::Tensor& ids, const OptionalTensor& positions, const at::Tensor& keys, const at::Tensor& values,
-                              int64_t length, const OptionalTensor& key_mask, bool int8_activations, at::Tensor logits, const OptionalTensor& next) {
+void DecoderStack::check_token_step() const {
   TORCH_CHECK(has_embeddings() && has_final_norm() && has_head() && (!rotary_ || has_rotary_tables()),
               "decoder_step: a token step needs the embeddings, the final norm, the head (and RoPE's frequencies)");
+}
+
+void DecoderStack::token_step(const at::Tensor& ids, const OptionalTensor& positions, const at::Tensor& keys, const at::Tensor& values,
+                              int64_t length, const OptionalTensor& key_mask, bool int8_activations, at::Tensor logits, const OptionalTensor& next) {
+  check_token_step();
   TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 1 && ids.device().is_cpu(), "decoder_step: ids must be int64 (B)");
   const int64_t B = ids.size(0), V = head_.N;
   TORCH_CHECK(logits.scalar_type() == at::kFloat && logits.dim() == 2 && logits.size(0) == B && logits.size(1) == V && logits.is_contiguous() &&
@@ -267,10 +271,63 @@ void DecoderStack::token_step(const at::Tensor& ids, const OptionalTensor& posit
     TORCH_CHECK(nt.scalar_type() == at::kLong && nt.numel() == B && nt.is_contiguous() && nt.device().is_cpu(),
                 "decoder_step: next must be contiguous int64 (B)");
   }
+  run_token(it.data_ptr<int64_t>(), pp, B, keys, values, length, key_mask, int8_activations, logits.data_ptr<float>(),
+            nt.defined() ? nt.data_ptr<int64_t>() : nullptr);
+}
+
+int64_t DecoderStack::greedy_steps(const at::Tensor& ids, const OptionalTensor& positions, const at::Tensor& keys, const at::Tensor& values,
+                                   int64_t length, const OptionalTensor& key_mask, bool int8_activations, at::Tensor tokens,
+                                   const at::Tensor& stop_ids, const at::Tensor& left, int64_t last_position) {
+  check_token_step();
+  TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 1 && ids.device().is_cpu(), "decoder_step: ids must be int64 (B)");
+  const int64_t B = ids.size(0), V = head_.N;
+  TORCH_CHECK(tokens.scalar_type() == at::kLong && tokens.dim() == 2 && tokens.size(0) == B && tokens.size(1) > 0 && tokens.is_contiguous() &&
+                  tokens.device().is_cpu(),
+              "decoder_step: tokens must be contiguous int64 (B, steps > 0)");
+  const int64_t S = tokens.size(1);
+  const at::Tensor st = stop_ids.to(at::kLong).contiguous(), lt = left.to(at::kLong).contiguous();
+  TORCH_CHECK(st.dim() == 1 && st.device().is_cpu(), "decoder_step: stop_ids must be int64 (n)");
+  TORCH_CHECK(lt.numel() == B && lt.device().is_cpu(), "decoder_step: one budget a sequence");
+  TORCH_CHECK(last_position >= 0, "decoder_step: last_position must be >= 0");
+  const at::Tensor it = ids.contiguous();
+  std::vector<int64_t> cur(it.data_ptr<int64_t>(), it.data_ptr<int64_t>() + B), pos(B, length), next(B);
+  std::vector<int64_t> budget(lt.data_ptr<int64_t>(), lt.data_ptr<int64_t>() + B);
+  if (positions.has_value()) {
+    const at::Tensor pt = positions->to(at::kLong).contiguous();
+    TORCH_CHECK(pt.numel() == B && pt.device().is_cpu(), "decoder_step: one position a sequence");
+    std::copy(pt.data_ptr<int64_t>(), pt.data_ptr<int64_t>() + B, pos.begin());
+  }
+  at::Tensor mask;
+  if (key_mask.has_value() && key_mask->defined()) {
+    mask = *key_mask;
+    TORCH_CHECK(mask.scalar_type() == at::kBool && mask.dim() == 2 && mask.size(0) == B && mask.size(1) >= length + S,
+                "decoder_step: key_mask must be bool (B, >= ", length + S, " keys)");
+  }
+  const int64_t* stop = st.data_ptr<int64_t>();
+  const int64_t n_stop = st.numel();
+  thread_local AlignedVector<float> logit_buf;
+  float* logits = scratch(logit_buf, B * V);
+  int64_t* out = tokens.data_ptr<int64_t>();
+  for (int64_t s = 0; s < S; ++s) {
+    const OptionalTensor km = mask.defined() ? OptionalTensor(mask.narrow(1, 0, length + s + 1)) : OptionalTensor();
+    run_token(cur.data(), pos.data(), B, keys, values, length + s, km, int8_activations, logits, next.data());
+    bool finished = true;
+    for (int64_t b = 0; b < B; ++b) {
+      out[b * S + s] = cur[b] = next[b];
+      if (budget[b] > 0) budget[b] = std::find(stop, stop + n_stop, next[b]) != stop + n_stop ? 0 : budget[b] - 1;
+      finished = finished && budget[b] == 0;
+      pos[b] = positions.has_value() ? std::min(pos[b] + 1, last_position) : length + s + 1;
+    }
+    if (finished) return s + 1;
+  }
+  return S;
+}
+
+void DecoderStack::run_token(const int64_t* ip, const int64_t* pp, int64_t B, const at::Tensor& keys, const at::Tensor& values, int64_t length,
+                             const OptionalTensor& key_mask, bool int8_activations, float* logits, int64_t* next) {
   // the embeddings: token rows (+ position rows)
   thread_local AlignedVector<float> x_buf;
   float* x = scratch(x_buf, B * hidden_);
-  const int64_t* ip = it.data_ptr<int64_t>();
   const float* tok = embed_tokens_.data_ptr<float>();
   const float* pos = embed_positions_.defined() ? embed_positions_.data_ptr<float>() : nullptr;
   for (int64_t b = 0; b < B; ++b) {
@@ -293,8 +350,8 @@ void DecoderStack::token_step(const at::Tensor& ids, const OptionalTensor& posit
   sh.B = B;
   sh.length = length;
   sh.int8_activations = int8_activations;
-  sh.logits = logits.data_ptr<float>();
-  sh.next = nt.defined() ? nt.data_ptr<int64_t>() : nullptr;
+  sh.logits = logits;
+  sh.next = next;
   sh.best_at = best_at.data();
   launch(sh, keys, values, key_mask, {}, {}, pp);
 }

@@ -130,6 +130,16 @@ class DecoderStack {
   void token_step(const at::Tensor& ids, const OptionalTensor& positions, const at::Tensor& keys, const at::Tensor& values, int64_t length,
                   const OptionalTensor& key_mask, bool int8_activations, at::Tensor logits, const OptionalTensor& next);
 
+  // Up to tokens.size(1) greedy decoding steps in one call, each step's choices the next step's ids (as token_step
+  // with next): ids (B) the first step's tokens, positions (B) (none: `length` on, every row), each step's
+  // positions one further (at most last_position); key_mask (B, >= length + steps) bool or none, each step
+  // reading its first length + 1 + step columns; tokens (B, steps) int64, column s written with step s's
+  // choices; left (B) each row's budget of new tokens (0: finished), ended early by a choice in stop_ids.
+  // Returns the number of steps run: fewer than asked where every row finished.
+  int64_t greedy_steps(const at::Tensor& ids, const OptionalTensor& positions, const at::Tensor& keys, const at::Tensor& values, int64_t length,
+                       const OptionalTensor& key_mask, bool int8_activations, at::Tensor tokens, const at::Tensor& stop_ids,
+                       const at::Tensor& left, int64_t last_position);
+
  private:
   struct Layer {
     NormSpec norm1, norm2;  // weight and bias float32 contiguous
@@ -156,6 +166,11 @@ class DecoderStack {
   void launch(Shared sh, const at::Tensor& keys, const at::Tensor& values, const OptionalTensor& key_mask, const OptionalTensor& cos,
               const OptionalTensor& sin, const int64_t* pp);
   void run_layers(const Shared& shared, StepTeam& team, int64_t me, bool seated) const;
+  // the embeddings of ids (B) at positions pp (B), the layers, the final norm and the head: logits (B, V), and
+  // the greedy choices into next (B) where not null
+  void run_token(const int64_t* ip, const int64_t* pp, int64_t B, const at::Tensor& keys, const at::Tensor& values, int64_t length,
+                 const OptionalTensor& key_mask, bool int8_activations, float* logits, int64_t* next);
+  void check_token_step() const;
 
   NormSpec norm(const NormSpec& spec);
   QuantWeight linear(const LinearSpec& spec);

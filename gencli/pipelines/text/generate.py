@@ -33,6 +33,9 @@ DEFAULT_MAX_NEW_TOKENS = 256
 SCREEN_MIN_HEAD_BYTES = 32 * 2**20
 SCREEN_MIN_STEPS = 128
 SCREEN_KIND: Optional[str] = None  # the head copy the screen reads: "int8", "bf16", None = the best exact one
+# plain greedy decoding on a CPU: steps a native call (see _Burst)
+BURST_SECONDS = 0.05
+BURST_TOKENS = 16
 
 
 def screen_for(tm: TextModel, params: SamplingParams, steps: int) -> Optional[ScreenedArgmax]:
@@ -328,6 +331,8 @@ def generate(
     t_prefill = time.perf_counter() - t0
     decode_steps = 0
     t1 = time.perf_counter()
+    burst = _Burst() if plain_greedy and head is None and not static else None
+    ahead: list[list[int]] = []  # the choices of the steps a burst ran, after the one being taken
     for step in range(steps):
         for i, row in enumerate(rows):
             piece = row.take(host[i], eos, settings.max_new_tokens)
@@ -335,9 +340,22 @@ def generate(
                 on_text(i, piece)
         if all(r.done for r in rows) or step == steps - 1:
             break
+        if ahead:
+            host = ahead.pop(0)
+            continue
         cur = longest + step
         # rows that already finished keep stepping; their positions must stay inside the table
         pos = (batch.next_pos.view(b, 1) + step).clamp_(max=tm.context_length - 1) if batch.padded else None
+        if burst is not None:
+            left = [0 if r.done else r.budget - len(r.c.token_ids) for r in rows]
+            block = burst.run(model, tokens.view(b, 1), cache, steps - 1 - step, left, eos, pos, attention_mask, tm.context_length - 1)
+            if block is not None:
+                decode_steps += block.shape[1]
+                tokens = block[:, -1]
+                ahead = block.t().tolist()
+                host = ahead.pop(0)
+                continue
+            burst = None
         if seen is not None:
             seen[:, cur] = tokens
         if static:
@@ -352,6 +370,35 @@ def generate(
             row.finish("length")
         row.c.timing = dict(timing)
     return [r.c for r in rows]
+
+
+class _Burst:
+    """Plain greedy decoding on a CPU, several steps in one native call (each step's choices fed back there:
+    :meth:`~gencli.models.causal_lm.CausalLM.fused_greedy_steps`): the Python between two tokens (the loop, the
+    detokenizer, the stop strings) then runs once a burst, on caches the weights' stream has not just
+    evicted. The first burst is one step; each next one lasts about :data:`BURST_SECONDS` at the pace
+    of the last (streamed text keeps arriving smoothly), at most :data:`BURST_TOKENS` steps (a stop string
+    inside a burst wastes the steps after it; the text and tokens are those of one step at a time)."""
+
+    def __init__(self) -> None:
+        self.size = 1
+
+    def run(self, model, ids, cache, most: int, left: list[int], eos: set[int], pos, attention_mask, last_position: int) -> Optional[torch.Tensor]:
+        t = time.perf_counter()
+        block = model.fused_greedy_steps(
+            ids,
+            kv_cache=cache,
+            steps=min(self.size, most),
+            left=left,
+            stop_ids=sorted(eos),
+            position_ids=pos,
+            attention_mask=attention_mask,
+            last_position=last_position,
+        )
+        if block is not None:
+            per_step = (time.perf_counter() - t) / block.shape[1]
+            self.size = max(1, min(BURST_TOKENS, int(BURST_SECONDS / per_step) if per_step > 0 else BURST_TOKENS))
+        return block
 
 
 def _timing(tm: TextModel, prompt_tokens: int, batch_size: int, t_prefill: float, t_decode: float, decode_steps: int) -> dict[str, Any]:
