@@ -7,6 +7,7 @@ busy machine, hence ``slow``) and skip where Ray is not installed. The bad-input
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -180,7 +181,8 @@ def test_generate_prompts_file_with_ray_is_the_single_process_output(tmp_path):
     distributed = run_cli(*args, "--ray", "--replicas", "2", env=ONE_THREAD)
     assert distributed.returncode == 0, distributed.stderr
     assert distributed.stdout == single.stdout
-    assert len(single.stdout.split("\n\n")) == 6
+    records = [json.loads(line) for line in run_cli(*args, "--json", env=ONE_THREAD).stdout.splitlines()]
+    assert len(records) == 5 and "".join(r["text"] + "\n\n" for r in records) == single.stdout
 
 
 @pytest.mark.slow

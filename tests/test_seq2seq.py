@@ -246,9 +246,10 @@ def test_bart_generation_config_forces_the_first_and_last_tokens(folders):
     assert all(g[0] == 0 and g[-1] == 2 and len(g) >= 5 for g in got)
 
 
-def test_seeded_sampling_draws_like_transformers(folders):
-    """Sampling draws from a CPU generator seeded like torch's global one: on a CPU, the same
-    seed gives transformers' tokens (top-k 50 and the temperature as transformers applies them)."""
+def test_seeded_sampling_is_reproducible_and_top_k_1_gives_transformers_greedy_tokens(folders):
+    """Sampling draws from a seeded CPU generator (one uniform number a row and step, over the
+    candidates the processors leave: transformers' distribution, tested in test_text_sampling): the same
+    seed gives the same tokens, another seed others; top-k 1 leaves one candidate, transformers' greedy token."""
     from gencli.backend.random import make_generator
     from gencli.pipelines.seq2seq.generate import generate, resolve_settings
 
@@ -256,11 +257,16 @@ def test_seeded_sampling_draws_like_transformers(folders):
     ref = _reference(folders["t5-v1.0"], "t5")
     encoded, input_ids, mask = _batch(sm, INPUTS)
     settings = resolve_settings(sm.generation_config, max_new_tokens=10, eos_ids=sm.eos_ids, temperature=0.8, top_p=0.9)
-    got = [o.token_ids for o in generate(sm, encoded, settings, generator=make_generator(7)[0])]
-    torch.manual_seed(7)
+
+    def run(seed, s=settings):
+        return [o.token_ids for o in generate(sm, encoded, s, generator=make_generator(seed)[0])]
+
+    assert run(7) == run(7)
+    assert run(7) != run(8)
+    one = resolve_settings(sm.generation_config, max_new_tokens=10, eos_ids=sm.eos_ids, temperature=0.8, top_k=1)
     with torch.no_grad():
-        want = ref.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=10, do_sample=True, temperature=0.8, top_p=0.9, top_k=50)
-    assert got == _generated(sm, want)
+        want = ref.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=10, do_sample=False)
+    assert run(7, one) == _generated(sm, want)
 
 
 def test_truncation_of_long_inputs(folders):

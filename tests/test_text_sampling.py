@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from gencli.errors import UserError
+from gencli.pipelines.text import sampling
 from gencli.pipelines.text.generate import resolve_settings
-from gencli.pipelines.text.sampling import SamplingParams, next_tokens, process_logits
+from gencli.pipelines.text.sampling import SamplingParams, candidates, draw, next_tokens, process_logits
 
 
 def _logits(seed=0, b=3, v=200):
@@ -51,6 +52,53 @@ def test_processors_match_transformers(params):
     finite = ~torch.isinf(expected)
     assert torch.allclose(ours[finite], expected[finite], atol=1e-5)
     assert (~torch.isinf(ours)).sum(-1).min() >= 1
+
+
+def _dense(probs, ids, v):
+    """The candidates' probabilities over the whole vocabulary (B, V)."""
+    return probs if ids is None else torch.zeros(probs.shape[0], v, dtype=probs.dtype).scatter(-1, ids, probs)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.7, top_k=20),
+        SamplingParams(temperature=1.3, top_p=0.8),
+        SamplingParams(temperature=1.0, min_p=0.1),
+        SamplingParams(temperature=0.5, top_k=50, top_p=0.9, min_p=0.05, repetition_penalty=1.3),
+        SamplingParams(temperature=0.8),
+        SamplingParams(temperature=3.0, top_p=0.95),  # flat: the nucleus passes the first candidates searched
+        SamplingParams(temperature=4.0, min_p=0.2),  # flat: min-p keeps more than them
+        SamplingParams(temperature=1.0, top_k=7, top_p=0.5),
+    ],
+)
+@pytest.mark.parametrize("v", [200, 5000])
+def test_the_candidates_carry_the_processed_distribution(params, v, monkeypatch):
+    """Sampling draws from the candidates only (top-k's survivors, a nucleus found among the most likely
+    tokens first): their probabilities are the softmax of the processed logits, every other token's 0."""
+    monkeypatch.setattr(sampling, "NUCLEUS_SEARCH", 64)
+    logits = _logits(b=3, v=v)
+    logits[0, :40] = logits[0, 40]  # ties at top-k's boundary
+    seen = torch.randint(0, v, (3, 30), generator=torch.Generator().manual_seed(1))
+    want = process_logits(logits, params, seen).softmax(-1)
+    probs, ids = candidates(logits, params, seen)
+    got = _dense(probs, ids, v)
+    assert torch.equal(got > 0, want > 0), (got > 0).sum(-1)
+    assert torch.allclose(got, want, atol=1e-6, rtol=1e-4)
+    assert probs.shape[-1] < v or params.top_k == 0
+
+
+def test_draws_follow_the_candidates_probabilities_and_never_choose_a_zero():
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.2, 0.3, 0.0], [0.1, 0.0, 0.0, 0.0, 0.0, 0.9]])
+    ids = torch.tensor([[10, 11, 12, 13, 14, 15], [20, 21, 22, 23, 24, 25]])
+    g = torch.Generator().manual_seed(0)
+    picks = torch.stack([draw(probs, ids, g) for _ in range(20000)])
+    for row, want in enumerate(probs):
+        freq = torch.stack([(picks[:, row] == i).double().mean() for i in ids[row]])
+        assert (freq - want.double()).abs().max() < 0.015, freq
+        assert (freq[want == 0] == 0).all()
+    ones = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
+    assert all(draw(ones, None, g).item() == 2 for _ in range(200))
 
 
 def test_greedy_and_seeded_sampling():

@@ -2,18 +2,18 @@
 
 The processors follow transformers' definitions and order (repetition penalty on the raw logits,
 then temperature, top-k, top-p, min-p), so a checkpoint's ``generation_config.json`` means the same
-here as there. Temperature 0 is greedy decoding. Random draws come from a seeded CPU generator
-(:mod:`gencli.backend.random`), so a seed gives the same tokens on every device.
+here as there. Temperature 0 is greedy decoding. Sampling draws one uniform number a row and step from
+a seeded CPU generator (:mod:`gencli.backend.random`), so a seed gives the same tokens on every device,
+over the candidates the processors leave (:func:`candidates`), not the whole vocabulary.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
-
-from gencli.backend.random import multinomial
 
 
 @dataclass
@@ -84,7 +84,69 @@ def process_logits(logits: torch.Tensor, params: SamplingParams, seen: Optional[
 
 def next_tokens(logits: torch.Tensor, params: SamplingParams, generator: Optional[torch.Generator], seen: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The next token of each row, ``(B,)``."""
-    processed = process_logits(logits, params, seen)
     if params.greedy:
-        return processed.argmax(dim=-1)
-    return multinomial(processed.softmax(dim=-1), generator).squeeze(-1)
+        return process_logits(logits, params, seen).argmax(dim=-1)
+    probs, ids = candidates(logits, params, seen)
+    return draw(probs, ids, generator).to(logits.device)
+
+
+# a nucleus (top-p) or min-p without top-k is looked for among this many of the most likely tokens first
+# (the whole vocabulary sorted only where they do not hold it)
+NUCLEUS_SEARCH = 1024
+
+
+def candidates(logits: torch.Tensor, params: SamplingParams, seen: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The distribution sampling draws from, as :func:`process_logits` followed by a softmax defines it,
+    over the tokens it can choose only: ``(probs (B, K) float32 on the CPU, their token ids (B, K), or
+    None where K is the whole vocabulary in order)``; tokens of another row's support have probability 0.
+
+    Sorting the vocabulary (top-p's rule) and drawing one exponential a token (torch.multinomial) cost
+    milliseconds a token for vocabularies of 50-130 k entries; here top-k's survivors (every logit equal
+    to the k-th stays, as in transformers) are the candidates, and a nucleus or min-p without top-k is
+    looked for among the :data:`NUCLEUS_SEARCH` most likely tokens, normalised over the whole vocabulary.
+    """
+    x = logits.float()
+    if seen is not None and params.repetition_penalty != 1.0:
+        x = apply_repetition_penalty(x, seen, params.repetition_penalty)
+    if params.temperature != 1.0:
+        x = x / params.temperature
+    v = x.shape[-1]
+    nucleus, min_p = params.top_p < 1.0, params.min_p > 0.0
+    if 0 < params.top_k < v:
+        kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
+        k = int((x >= kth).sum(-1).max())  # (ties with the k-th value stay)
+        vals, ids = torch.topk(x, k, dim=-1)
+        vals = vals.masked_fill(vals < kth, float("-inf"))
+        total = torch.logsumexp(vals, -1, keepdim=True)
+    elif nucleus or min_p:
+        total = torch.logsumexp(x, -1, keepdim=True)
+        vals, ids = torch.topk(x, min(v, NUCLEUS_SEARCH), dim=-1)
+        if vals.shape[-1] < v:
+            probs = (vals - total).exp()
+            held = torch.ones_like(total, dtype=torch.bool).squeeze(-1)
+            if nucleus:  # the nucleus ends inside the candidates
+                held &= probs.sum(-1) >= params.top_p
+            if min_p:  # every token past them is below min-p's threshold
+                held &= probs[..., -1] < probs[..., 0] * params.min_p
+            if not bool(held.all()):
+                vals, ids = torch.topk(x, v, dim=-1)
+    else:
+        return x.softmax(-1).cpu(), None  # plain temperature sampling: every token a candidate
+    if nucleus:  # keep a token while the tokens more likely than it hold less than top_p (the first always)
+        probs = (vals - total).exp()
+        before = probs.cumsum(-1) - probs
+        vals = vals.masked_fill(before >= params.top_p, float("-inf"))
+    if min_p:
+        vals = vals.masked_fill(vals - vals[..., :1] < math.log(params.min_p), float("-inf"))
+    return vals.softmax(-1).cpu(), ids.cpu()
+
+
+def draw(probs: torch.Tensor, ids: Optional[torch.Tensor], generator: Optional[torch.Generator]) -> torch.Tensor:
+    """One token a row from ``probs (B, K)`` over the token ids ``ids (B, K)`` (None: the vocabulary in
+    order): one uniform number a row from the CPU generator, the first candidate whose cumulative
+    probability passes it (candidates of probability 0 are never chosen)."""
+    cdf = probs.double().cumsum(-1)
+    u = torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64) * cdf[..., -1:]
+    last = probs.shape[-1] - 1 - (probs > 0).flip(-1).long().argmax(-1, keepdim=True)  # (u rounding up to the total)
+    pick = torch.minimum((cdf <= u).sum(-1, keepdim=True), last)
+    return (pick if ids is None else ids.gather(-1, pick)).squeeze(-1)
