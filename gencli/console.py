@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import sys
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Iterable, Iterator, Optional
@@ -25,8 +26,19 @@ Advance = Callable[..., None]  # advance(n=1, description=None): one step of a p
 
 # -- stdout: results -------------------------------------------------------------------------------
 def json_line(obj: Any) -> str:
-    """One JSON object as one line (UTF-8 kept as is), newline included."""
-    return json.dumps(obj, ensure_ascii=False) + "\n"
+    """One JSON object as one line (UTF-8 kept as is), newline included; a NaN or infinite float (a
+    model's NaN score) is written as null, so that every line is valid JSON."""
+    return json.dumps(_finite(obj), ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def emit_json(obj: Any, file: Optional[IO[str]] = None) -> None:

@@ -353,3 +353,17 @@ def test_generate_refuses_an_empty_stop_and_reports_blank_prompt_lines(tmp_path)
     r = _invoke("generate", "--prompts-file", prompts, "-n", "1", "--temperature", "0", "--threads", "1")
     assert r.exit_code == 0, r.stderr
     assert "warning: --prompts-file: skipped 2 blank line(s) (line 2, 4); 2 prompt(s) left" in r.stderr
+
+
+def test_json_lines_write_nan_and_infinite_floats_as_null():
+    """A model's NaN score must not make a --json line invalid JSON (json.loads would accept NaN;
+    strict parsers do not)."""
+    import json
+
+    from gencli.console import json_line
+
+    line = json_line({"score": float("nan"), "top": [{"p": float("inf")}, {"p": -float("inf")}, {"p": 0.5}], "ids": (1, 2), "t": "é"})
+    assert json.loads(line, parse_constant=lambda c: pytest.fail(f"non-standard {c}")) == {
+        "score": None, "top": [{"p": None}, {"p": None}, {"p": 0.5}], "ids": [1, 2], "t": "é"
+    }  # fmt: skip
+    assert line.endswith("\n") and "é" in line
