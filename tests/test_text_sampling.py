@@ -15,15 +15,15 @@ def _logits(seed=0, b=3, v=200):
     return torch.randn(b, v, generator=torch.Generator().manual_seed(seed)) * 3
 
 
-@pytest.mark.parametrize(
-    "params",
-    [
-        SamplingParams(temperature=0.7, top_k=20),
-        SamplingParams(temperature=1.3, top_p=0.8),
-        SamplingParams(temperature=1.0, min_p=0.1),
-        SamplingParams(temperature=0.5, top_k=50, top_p=0.9, min_p=0.05, repetition_penalty=1.3),
-    ],
-)
+SETTINGS = [
+    SamplingParams(temperature=0.7, top_k=20),
+    SamplingParams(temperature=1.3, top_p=0.8),
+    SamplingParams(temperature=1.0, min_p=0.1),
+    SamplingParams(temperature=0.5, top_k=50, top_p=0.9, min_p=0.05, repetition_penalty=1.3),
+]
+
+
+@pytest.mark.parametrize("params", SETTINGS)
 def test_processors_match_transformers(params):
     from transformers.generation.logits_process import (
         LogitsProcessorList,
@@ -62,10 +62,7 @@ def _dense(probs, ids, v):
 @pytest.mark.parametrize(
     "params",
     [
-        SamplingParams(temperature=0.7, top_k=20),
-        SamplingParams(temperature=1.3, top_p=0.8),
-        SamplingParams(temperature=1.0, min_p=0.1),
-        SamplingParams(temperature=0.5, top_k=50, top_p=0.9, min_p=0.05, repetition_penalty=1.3),
+        *SETTINGS,
         SamplingParams(temperature=0.8),
         SamplingParams(temperature=3.0, top_p=0.95),  # flat: the nucleus passes the first candidates searched
         SamplingParams(temperature=4.0, min_p=0.2),  # flat: min-p keeps more than them
