@@ -184,8 +184,10 @@ def plan_files(
 
 
 def forget_pending_outputs() -> None:
-    """The run is over (or failed): no planned output is pending any more."""
+    """The run is over (or failed): no planned output is pending any more, and the stdin it read is
+    forgotten (a next run in the same process reads its own)."""
     _PENDING.clear()
+    _STDIN_BYTES.clear()
 
 
 STDOUT = "-"
@@ -424,9 +426,33 @@ def atomic_folder(path: str | os.PathLike, force: bool = False, *, wrote: Callab
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def decode_text(data: bytes, name: str) -> str:
+    """``data`` as UTF-8 text (a leading byte-order mark dropped); text that is not UTF-8 is one
+    UserError naming ``name`` and where the first bad byte is."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{name} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
+
+
+def check_text(text: str, name: str) -> str:
+    """``text`` (an argument) back if it is valid Unicode; bytes that were not UTF-8 (decoded by
+    Python as lone surrogates) are one UserError naming ``name``."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UserError(f"{name} is not UTF-8 text (at character {exc.start + 1})") from None
+    return text
+
+
+def read_stdin_text() -> str:
+    """All of stdin as UTF-8 text (read once a run: every reader of ``-`` sees the same data)."""
+    return decode_text(read_input_bytes(STDOUT), "stdin")
+
+
 def read_stdin_lines() -> list[str]:
     """Non-empty, stripped lines from stdin (only ever called when the user passed ``-``)."""
-    return [line.strip() for line in sys.stdin if line.strip()]
+    return [line.strip() for line in read_stdin_text().splitlines() if line.strip()]
 
 
 _STDIN_BYTES: list[bytes] = []  # stdin read once, as bytes: every reader of ``-`` in a run sees the same data
@@ -437,7 +463,8 @@ def read_input_bytes(path: str | os.PathLike) -> bytes:
     file is one UserError naming it."""
     if is_stdout(path):
         if not _STDIN_BYTES:
-            _STDIN_BYTES.append(sys.stdin.buffer.read())
+            raw = getattr(sys.stdin, "buffer", None)  # None where stdin was replaced by a text stream
+            _STDIN_BYTES.append(raw.read() if raw is not None else sys.stdin.read().encode("utf-8", "surrogateescape"))
         return _STDIN_BYTES[0]
     p = Path(path)
     try:
@@ -455,24 +482,29 @@ def input_name(path: str | os.PathLike) -> str:
     return "stdin" if is_stdout(path) else os.fspath(path)
 
 
-def read_lines(path: str, *, what: str) -> tuple[list[str], str]:
-    """The lines of a one-item-per-line text file (``-`` = stdin), and how to name it in messages
-    (``stdin`` or ``'PATH'``). A missing, unreadable or non-UTF-8 file is one UserError naming
-    ``what`` (the option it came from)."""
+def read_text(path: str, *, what: str) -> tuple[str, str]:
+    """The UTF-8 text of an input file (``-`` = stdin), and how to name it in messages (``stdin``
+    or ``'PATH'``). A missing, unreadable or non-UTF-8 file is one UserError naming ``what`` (the
+    option it came from)."""
     if is_stdout(path):
-        return sys.stdin.read().splitlines(), "stdin"
+        return read_stdin_text(), "stdin"
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        data = p.read_bytes()
     except FileNotFoundError:
         raise UserError(f"cannot read {what} '{p}': it does not exist") from None
     except IsADirectoryError:
         raise UserError(f"cannot read {what} '{p}': it is a directory") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{what} '{p}' is not UTF-8 text") from None
     except OSError as exc:
         raise UserError(f"cannot read {what} '{p}': {exc.strerror or exc}") from None
-    return text.splitlines(), f"'{p}'"
+    return decode_text(data, f"{what} '{p}'"), f"'{p}'"
+
+
+def read_lines(path: str, *, what: str) -> tuple[list[str], str]:
+    """The lines of a one-item-per-line text file (``-`` = stdin), and how to name it in messages
+    (see :func:`read_text`)."""
+    text, name = read_text(path, what=what)
+    return text.splitlines(), name
 
 
 def expand_inputs(args: Sequence[str], *, recursive: bool = False, extensions: Iterable[str] | None = None) -> list[str]:

@@ -21,31 +21,23 @@ class Pooling(str, enum.Enum):
 
 def read_texts(texts: Optional[list[str]], texts_file: Optional[str]) -> list[str]:
     """The positional texts (``-`` = one text a line from stdin) and the lines of ``--texts-file``."""
-    from pathlib import Path
-
     from gencli.errors import UserError
-    from gencli.io import read_stdin_lines
+    from gencli.io import check_text, read_lines, read_stdin_lines
 
     out: list[str] = []
     stdin_used = False
-    for t in texts or []:
+    for i, t in enumerate(texts or []):
         if t == "-":
             if stdin_used:
                 raise UserError("stdin ('-') can be read only once")
             stdin_used = True
             out.extend(read_stdin_lines())
         else:
-            out.append(t)
+            out.append(check_text(t, f"text {i + 1}"))
     if texts_file is not None:
-        if texts_file == "-":
-            if stdin_used:
-                raise UserError("stdin ('-') can be read only once")
-            out.extend(read_stdin_lines())
-        else:
-            p = Path(texts_file)
-            if not p.is_file():
-                raise UserError(f"--texts-file '{texts_file}' does not exist")
-            out.extend(line.strip() for line in p.read_text(encoding="utf-8").splitlines() if line.strip())
+        if texts_file == "-" and stdin_used:
+            raise UserError("stdin ('-') can be read only once")
+        out.extend(line.strip() for line in read_lines(texts_file, what="--texts-file")[0] if line.strip())
     if not out:
         raise UserError("no text given: pass texts as arguments, '-' for one text a line on stdin, or --texts-file")
     return out

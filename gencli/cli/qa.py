@@ -36,23 +36,16 @@ def qa(
     the context. Without --model: bert-shapes-qa, which answers questions about a shapes-world caption
     (reliable on captions of one object only; a demonstration).
     """
-    from pathlib import Path
-
     from gencli.errors import UserError
+    from gencli.io import check_text, read_text
     from gencli.weights import resolve_model
 
     if (context is None) == (context_file is None):
         raise UserError("give the context with exactly one of --context TEXT and --context-file FILE")
     if context_file is not None:
-        if context_file == "-":
-            import sys
-
-            context = sys.stdin.read()
-        elif not Path(context_file).is_file():
-            raise UserError(f"--context-file '{context_file}' does not exist")
-        else:
-            context = Path(context_file).read_text(encoding="utf-8")
+        context = read_text(context_file, what="--context-file")[0]
     assert context is not None
+    check_text(context, "--context")
     if not context.strip():
         raise UserError("the context is empty")
     if context_file == "-" and (questions and "-" in questions or texts_file == "-"):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated, Optional
 
 import typer
@@ -209,8 +208,10 @@ def _read_inputs(texts: Optional[list[str]], prompts_file: Optional[str], report
 
         lines, where = read_lines(prompts_file, what="--prompts-file")
     else:
-        for t in texts or []:
-            lines.extend(sys.stdin.read().splitlines() if t == "-" else [t])
+        from gencli.io import check_text, read_stdin_text
+
+        for i, t in enumerate(texts or []):
+            lines.extend(read_stdin_text().splitlines() if t == "-" else [check_text(t, f"text {i + 1}")])
         where = "stdin" if "-" in (texts or []) else "the arguments"
     inputs = [line for line in lines if line.strip()]
     if not inputs:

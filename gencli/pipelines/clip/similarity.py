@@ -16,7 +16,9 @@ from gencli.pipelines.vision.images import ImageResult
 
 def parse_texts(texts: Optional[Sequence[str]], texts_file: Optional[str]) -> list[str]:
     """Texts from repeated ``--texts`` and/or ``--texts-file`` (one per line, ``-`` = stdin), blanks dropped."""
-    out = [t.strip() for t in (texts or []) if t.strip()]
+    from gencli.io import check_text
+
+    out = [check_text(t, "--texts").strip() for t in (texts or []) if t.strip()]
     if texts_file:
         out.extend(read_lines(texts_file, "--texts-file"))
     if not out:

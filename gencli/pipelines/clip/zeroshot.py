@@ -79,7 +79,9 @@ def parse_labels(labels: Optional[str], labels_file: Optional[str]) -> list[str]
     if labels and labels_file:
         raise UserError("give either --labels or --labels-file, not both")
     if labels:
-        out.extend(part.strip() for part in labels.split(","))
+        from gencli.io import check_text
+
+        out.extend(part.strip() for part in check_text(labels, "--labels").split(","))
     if labels_file:
         out.extend(read_lines(labels_file, "--labels-file"))
     out = [label for label in out if label]

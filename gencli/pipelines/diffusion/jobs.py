@@ -14,9 +14,9 @@ to make, and making them in batches. Torch is imported only by :func:`run_jobs` 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import string
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 from gencli.backend.seeds import check_seed
 from gencli.backend.seeds import parse_seeds as _parse_seeds
 from gencli.errors import UserError
-from gencli.io import format_name, plan_outputs
+from gencli.io import check_text, format_name, plan_outputs, read_stdin_text
 
 if TYPE_CHECKING:
     import numpy as np
@@ -51,6 +51,17 @@ class PromptSpec:
 
     prompt: str
     overrides: dict[str, Any] = field(default_factory=dict)
+    origin: str = ""  # where it was read ("'FILE' line N"), named by its errors
+
+    @contextlib.contextmanager
+    def located(self) -> Iterator[None]:
+        """Errors raised inside name the line the prompt came from."""
+        try:
+            yield
+        except UserError as exc:
+            if not self.origin:
+                raise
+            raise UserError(f"{self.origin}: {exc}") from None
 
 
 def read_prompts_file(path: str) -> list[PromptSpec]:
@@ -73,9 +84,17 @@ def read_prompts_file(path: str) -> list[PromptSpec]:
             unknown = sorted(set(obj) - set(PROMPT_KEYS) - {"prompt"})
             if unknown:
                 raise UserError(f"{where} line {number}: unknown key {unknown[0]!r} (known: prompt, {', '.join(PROMPT_KEYS)})")
-            specs.append(PromptSpec(obj.pop("prompt"), obj))
+            negative = obj.get("negative_prompt")
+            if negative is not None and not isinstance(negative, str):
+                raise UserError(f'{where} line {number}: "negative_prompt" must be a string (got {negative!r})')
+            spec = PromptSpec(obj.pop("prompt"), obj, f"{where} line {number}")
+            with spec.located():
+                check_text(spec.prompt, '"prompt"')
+                if negative is not None:
+                    check_text(negative, '"negative_prompt"')
+            specs.append(spec)
         else:
-            specs.append(PromptSpec(line.strip()))
+            specs.append(PromptSpec(line.strip(), origin=f"{where} line {number}"))
     if not specs:
         raise UserError(f"no prompts in {where}")
     return specs
@@ -128,31 +147,46 @@ def plan_jobs(
 
     if n is not None and n < 1:
         raise UserError(f"-n must be at least 1 (got {n})")
+    if negative_prompt is not None:
+        check_text(negative_prompt, "--negative-prompt")
     jobs: list[Job] = []
     for spec in specs:
-        o = spec.overrides
-        spec_seeds = o.get("seeds", seeds)
-        count = o.get("n", n)
-        if spec_seeds is not None:
-            listed = parse_seeds(spec_seeds)
-            if count is not None and count != len(listed):
-                raise UserError(f"-n {count} does not match the {len(listed)} seeds of --seeds")
-        else:
-            base = o.get("seed", seed)
-            if base is None:
-                base = new_seed()
-            check_seed(base, "--seed" if "seed" not in o else "a prompt's \"seed\"")
-            if not isinstance(count, int) or isinstance(count, bool):
-                count = 1 if count is None else count
-            if count < 1:
-                raise UserError(f"-n must be at least 1 (got {count})")
-            listed = [check_seed(base + k, f"--seed {base} with -n {count}: seed") for k in range(count)]
-        merged = {**flags, **{k: v for k, v in o.items() if k in SETTING_FLAGS}}
-        negative = o.get("negative_prompt", negative_prompt)
+        with spec.located():
+            listed = _spec_seeds(spec, seed=seed, seeds=seeds, n=n, new_seed=new_seed)
+        merged = {**flags, **{k: v for k, v in spec.overrides.items() if k in SETTING_FLAGS}}
+        negative = spec.overrides.get("negative_prompt", negative_prompt)
         for s in listed:
             jobs.append(Job(len(jobs), spec.prompt, negative, s, merged, Path()))
         if len(jobs) > MAX_IMAGES:
             raise UserError(f"at most {MAX_IMAGES} images per run")
+    return _name_outputs(jobs, out=out, default_out=default_out, force=force)
+
+
+def _spec_seeds(spec: PromptSpec, *, seed: Optional[int], seeds: Optional[str], n: Optional[int], new_seed: Callable[[], int]) -> list[int]:
+    """The seeds of one prompt's images: its own ``seeds``/``seed``/``n`` over the command's."""
+    o = spec.overrides
+    spec_seeds = o.get("seeds", seeds)
+    count = o.get("n", n)
+    if count is not None and (not isinstance(count, int) or isinstance(count, bool)):
+        raise UserError(f"-n must be a whole number (got {count!r})")
+    if spec_seeds is not None:
+        listed = parse_seeds(spec_seeds)
+        if count is not None and count != len(listed):
+            raise UserError(f"-n {count} does not match the {len(listed)} seeds of --seeds")
+        return listed
+    base = o.get("seed", seed)
+    if base is None:
+        base = new_seed()
+    check_seed(base, "--seed" if "seed" not in o else '"seed"')
+    count = 1 if count is None else count
+    if count < 1:
+        raise UserError(f"-n must be at least 1 (got {count})")
+    return [check_seed(base + k, f"--seed {base} with -n {count}: seed") for k in range(count)]
+
+
+def _name_outputs(jobs: list[Job], *, out: Optional[str], default_out: str, force: bool) -> list[Job]:
+    """Each job's output path from the ``-o`` pattern (or the default), checked: no two images share a
+    name, no existing file is replaced without ``force``."""
     pattern = out if out is not None else default_out
     check_out_pattern(pattern)
     if len(jobs) > 1 and "{i" not in pattern and "{seed" not in pattern:
@@ -211,10 +245,11 @@ def plan_run(
     elif prompt is None:
         raise UserError(f"no prompt: gencli {kind} PROMPT, or --prompts-file FILE ('' is an unconditional prompt)")
     else:
-        specs = [PromptSpec(sys.stdin.read().strip() if prompt == "-" else prompt)]
+        specs = [PromptSpec(read_stdin_text().strip() if prompt == "-" else check_text(prompt, "the prompt"))]
     check_job_flags(flags)
     for spec in specs:
-        check_job_flags({**flags, **{k: v for k, v in spec.overrides.items() if k in flags}})
+        with spec.located():
+            check_spec_flags(spec, flags, kind)
     if seed is not None:
         check_seed(seed)
     init = read_init_image(image, flags) if image is not None else None
@@ -261,6 +296,17 @@ def check_job_flags(job_flags: dict[str, Any]) -> None:
         if value is not None and (not isinstance(value, kinds[key]) or isinstance(value, bool)):
             raise UserError(f"{PROMPT_KEYS[key]} must be {'a string' if key == 'sampler' else 'a number'} (got {value!r})")
     check_settings(**{k: v for k, v in job_flags.items() if v is not None})
+
+
+def check_spec_flags(spec: PromptSpec, flags: dict[str, Any], kind: str) -> None:
+    """One prompt's settings over the command's ``flags``: only settings the command has (``strength``
+    is img2img's), of the right types and ranges."""
+    from gencli.pipelines.diffusion.pipeline import SETTING_FLAGS
+
+    foreign = sorted(k for k in spec.overrides if k in SETTING_FLAGS and k not in flags)
+    if foreign:
+        raise UserError(f"{foreign[0]!r} is not a setting of {kind} ({PROMPT_KEYS[foreign[0]]} is img2img's)")
+    check_job_flags({**flags, **{k: v for k, v in spec.overrides.items() if k in flags}})
 
 
 def batches(jobs: Sequence[Job], batch_size: int) -> Iterator[list[Job]]:
@@ -345,5 +391,5 @@ def model_calls(pipe: StableDiffusion, jobs: Sequence[Job], batch_size: int) -> 
 
 __all__ = [
     "parse_seeds", "RunPlan", "plan_run", "read_init_image", "read_mask", "PromptSpec", "read_prompts_file", "Job", "plan_jobs", "check_job_flags",
-    "batches", "run_jobs", "write_image", "model_calls",
+    "check_spec_flags", "batches", "run_jobs", "write_image", "model_calls",
 ]  # fmt: skip

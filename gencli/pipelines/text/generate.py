@@ -415,7 +415,7 @@ def _timing(tm: TextModel, prompt_tokens: int, batch_size: int, t_prefill: float
 def read_prompts(prompt: Optional[str], prompts_file: Optional[str], warn: Callable[[str], None]) -> list[str]:
     """The prompts of a run: ``prompt`` (``-`` = stdin, its last line end dropped) or the lines of
     ``prompts_file`` (``-`` = stdin; blank lines skipped, with a warning saying which)."""
-    from gencli.io import read_lines
+    from gencli.io import check_text, read_lines, read_stdin_text
 
     if prompt is not None and prompts_file is not None:
         raise UserError("give either a PROMPT or --prompts-file, not both")
@@ -432,12 +432,11 @@ def read_prompts(prompt: Optional[str], prompts_file: Optional[str], warn: Calla
             warn(f"--prompts-file: skipped {len(blank)} blank line(s) (line {shown}); {len(prompts)} prompt(s) left")
         return prompts
     if prompt == "-":
-        import sys
-
-        text = sys.stdin.read()
+        text = read_stdin_text()
         if text.endswith("\n"):
             text = text[:-1]  # the newline that echo/heredocs add
         prompt = text
+    check_text(prompt, "the prompt")
     if not prompt.strip():
         raise UserError("the prompt is empty")
     return [prompt]
