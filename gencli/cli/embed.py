@@ -19,6 +19,12 @@ class Pooling(str, enum.Enum):
     max = "max"
 
 
+class MatrixFormat(str, enum.Enum):
+    npy = "npy"
+    safetensors = "safetensors"
+    jsonl = "jsonl"
+
+
 def read_texts(texts: Optional[list[str]], texts_file: Optional[str]) -> list[str]:
     """The positional texts (``-`` = one text a line from stdin) and the lines of ``--texts-file``."""
     from gencli.errors import UserError
@@ -83,7 +89,12 @@ def embed(
     max_length: MaxLengthOpt = None,
     batch_size: Annotated[int, option("--batch-size", help="Texts (or images) per forward pass (texts batched by length; results stay in input order).")] = 32,
     out: Annotated[
-        Optional[str], option("--out", metavar="FILE", help="Write the matrix to FILE.npy, FILE.safetensors (tensor 'embeddings') or FILE.jsonl.")
+        Optional[str],
+        option("--out", metavar="FILE", help="Write the matrix to FILE.npy, FILE.safetensors (tensor 'embeddings') or FILE.jsonl; - = stdout (see --format)."),
+    ] = None,
+    fmt: Annotated[
+        Optional[MatrixFormat],
+        option("--format", help="The matrix format where --out's name does not say it: -, a pipe or a device (default: jsonl).", show_default=False),
     ] = None,
     force: Annotated[bool, option("--force", help="Overwrite an existing --out file.")] = False,
     *,
@@ -106,12 +117,7 @@ def embed(
     """
     from gencli.errors import UserError
 
-    if out is not None:
-        from gencli.io import ensure_writable
-        from gencli.pipelines.encoders.outputs import check_matrix_path
-
-        check_matrix_path(out)
-        ensure_writable(out, force)
+    matrix = _plan_matrix(out, fmt.value if fmt is not None else None, force, opts)
     if images:
         if texts_file is not None:
             raise UserError("--texts-file gives texts: it cannot be combined with --images")
@@ -119,13 +125,34 @@ def embed(
             raise UserError(f"{'--pooling' if pooling is not None else '--max-length'} applies to texts, not to --images")
         if query and out is not None:
             raise UserError("--query lists neighbours: it writes no matrix, so --out cannot go with it")
-        return _embed_images(texts or [], query or [], top_k, recursive, normalize, batch_size, out, force, opts)
+        return _embed_images(texts or [], query or [], top_k, recursive, normalize, batch_size, out, matrix, force, opts)
     if query:
         raise UserError("--query needs --images: the inputs it is compared with are images")
-    _embed_texts(read_texts(texts, texts_file), pooling, normalize, max_length, batch_size, out, force, opts)
+    _embed_texts(read_texts(texts, texts_file), pooling, normalize, max_length, batch_size, out, matrix, force, opts)
 
 
-def _embed_texts(text_list, pooling, normalize, max_length, batch_size, out, force, opts: RunOptions) -> None:
+def _plan_matrix(out: Optional[str], fmt: Optional[str], force: bool, opts: RunOptions) -> Optional[str]:
+    """Check --out and --format before any work; the matrix's format (None: no --out)."""
+    import sys
+
+    from gencli.errors import UserError
+    from gencli.io import is_stdout, plan_outputs, refuse_binary_terminal
+    from gencli.pipelines.encoders.outputs import matrix_format
+
+    if out is None:
+        if fmt is not None:
+            raise UserError("--format is the format of the --out matrix: give --out too (--json alone writes JSON lines)")
+        return None
+    if opts.json and (is_stdout(out) or out == "/dev/stdout"):
+        raise UserError("-o - writes the matrix to stdout, where --json writes its lines: give -o a file, or drop --json")
+    chosen = matrix_format(out, fmt)
+    if chosen != "jsonl" and (is_stdout(out) or out == "/dev/stdout"):
+        refuse_binary_terminal(sys.stdout, out)
+    plan_outputs([out], force)
+    return chosen
+
+
+def _embed_texts(text_list, pooling, normalize, max_length, batch_size, out, matrix, force, opts: RunOptions) -> None:
     from gencli.errors import UserError
     from gencli.pipelines.vision.embed import clip_text_embeddings, is_clip_checkpoint
     from gencli.weights import resolve_model
@@ -154,19 +181,19 @@ def _embed_texts(text_list, pooling, normalize, max_length, batch_size, out, for
             batch_size=batch_size,
             warn=report.warn,
         )
-    _write(vectors, text_list, "text", out, force, opts)
+    _write(vectors, text_list, "text", out, matrix, force, opts)
 
 
-def _write(vectors, names: list[str], key: str, out: Optional[str], force: bool, opts: RunOptions) -> None:
-    """The vectors to --out (the matrix), to stdout as JSON lines, or as one summary line each."""
+def _write(vectors, names: list[str], key: str, out: Optional[str], matrix: Optional[str], force: bool, opts: RunOptions) -> None:
+    """The vectors to --out (the matrix, in the format ``matrix``), to stdout as JSON lines, or as one summary line each."""
     from gencli.console import emit_json
 
     report = opts.report
     if out is not None:
         from gencli.pipelines.encoders.outputs import write_matrix
 
-        write_matrix(out, vectors, names, force=force, key=key)
-        report.log(f"wrote {vectors.shape[0]} x {vectors.shape[1]} embeddings to {out}")
+        write_matrix(out, vectors, names, force=force, key=key, fmt=matrix)
+        report.log(f"wrote {vectors.shape[0]} x {vectors.shape[1]} embeddings to {'stdout' if out == '-' else out} ({matrix})")
         if not report.json:
             return
     for name, vec in zip(names, vectors.tolist()):
@@ -182,7 +209,7 @@ def _summary(vec: list[float], name: str) -> str:
     return f"{len(vec)}-d  norm {norm:.4f}  [{head} ...]  {name}"
 
 
-def _embed_images(inputs, queries, top_k, recursive, normalize, batch_size, out, force, opts: RunOptions) -> None:
+def _embed_images(inputs, queries, top_k, recursive, normalize, batch_size, out, matrix, force, opts: RunOptions) -> None:
     import torch
 
     from gencli.console import emit_json
@@ -225,7 +252,7 @@ def _embed_images(inputs, queries, top_k, recursive, normalize, batch_size, out,
     if out is not None:
         if failed:
             raise UserError(f"{unreadable_inputs_error(failed, len(paths))}: --out not written (its rows would not match the inputs)")
-        _write(torch.stack(rows), names, "image", out, force, opts)
+        _write(torch.stack(rows), names, "image", out, matrix, force, opts)
     if listing and rows:
         _list_neighbours(queries, embedder.embed(query_images), names, torch.stack(rows), top_k, report)
     if failed:

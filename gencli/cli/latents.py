@@ -18,7 +18,7 @@ TILE_HELP = "Tiled encode/decode, blended across the seams (default: automatic a
 @command(app, "encode", seed_help="With --sample: the seed of the posterior sample (default: the posterior mean, no randomness).")
 def encode(
     images: Annotated[list[str], typer.Argument(metavar="IMAGE...", help="Image files or directories, or - for paths on stdin.", show_default=False)],
-    out: Annotated[Optional[str], option("--out", help="The latent file (one input only); - = stdout.")] = None,
+    out: Annotated[Optional[str], option("--out", help="The latent file, e.g. NAME.latent.safetensors (one input only); - = stdout.")] = None,
     out_dir: Annotated[Optional[str], typer.Option("--out-dir", help="Folder for NAME.latent.safetensors per input (default: the current folder).")] = None,
     sample: Annotated[bool, typer.Option("--sample", help="Draw from the posterior (seeded by --seed) instead of taking its mean.")] = False,
     tile: Annotated[Optional[bool], typer.Option("--tile/--no-tile", help=TILE_HELP)] = None,
@@ -41,6 +41,8 @@ def encode(
     from gencli.weights import resolve_model
 
     check_binary_stdout(opts, out)
+    if out is not None:
+        lat.check_latent_name(out)
     paths = image_paths(images)
     targets = plan_files([Path(p).stem + ".latent.safetensors" for p in paths], out=out, out_dir=out_dir, what="images", force=force)
     seed = (opts.seed if opts.seed is not None else new_seed()) if sample else None

@@ -27,7 +27,7 @@ def sample(
     n: Annotated[Optional[int], typer.Option("-n", "--num", help="Samples: seeds --seed, --seed+1, ... (default 16).", show_default=False)] = None,
     seeds: Annotated[Optional[str], typer.Option("--seeds", help="Exact seeds, e.g. 0-15,40 (each seed always the same image).")] = None,
     out: Annotated[
-        Optional[str], typer.Option("--out", "-o", help="The grid image (or GIF with --gif); - = stdout. Default: samples.png / samples.gif.")
+        Optional[str], typer.Option("--out", "-o", help="The grid image (or a .gif with --gif); - = stdout. Default: samples.png / samples.gif.")
     ] = None,
     out_dir: Annotated[Optional[str], typer.Option("--out-dir", help="Write one PNG per sample into this folder instead of a grid.")] = None,
     nrow: Annotated[Optional[int], typer.Option("--nrow", min=1, help="Images per grid row (default: about the square root).")] = None,
@@ -56,6 +56,7 @@ def sample(
     """
     from gencli.backend.random import new_seed
     from gencli.pipelines.generative import loading, sampling
+    from gencli.pipelines.generative.outputs import check_gif_name
     from gencli.pipelines.generative.plan import plan_samples, write_samples
     from gencli.weights import resolve_model
 
@@ -82,6 +83,8 @@ def sample(
         fam, n=n, seeds=seeds, seed=opts.seed, out=out, out_dir=out_dir, nrow=nrow, interpolate=interpolate, gif=gif, truncation=truncation,
         temperature=temperature, force=force, new_seed=new_seed,
     )  # fmt: skip
+    if plan.kind == "gif":
+        check_gif_name(plan.targets[0])
     loaded = loading.open_generative(resolve_model(opts.model, DEFAULTS[fam]), fam, **opts.load_options())
     opts.report.debug(f"sample: {loaded.path} on {loaded.placement.describe()}")
     if interpolate is not None:

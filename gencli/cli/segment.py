@@ -28,9 +28,10 @@ def _fraction(value: float) -> float:
 def output_targets(pattern: Optional[str], out_dir: Optional[Path], paths: list[str], what: str, option_name: str, force: bool) -> Optional[list[Path]]:
     """Where each input's ``what`` (mask, overlay) goes: ``pattern`` (one file, or a name with
     ``{stem}``/``{name}``/``{index}``) or ``out_dir``/STEM.png; None when neither is given. Every
-    target is checked before any work: distinct, not existing (without ``force``), in a folder that exists."""
+    target is checked before any work: distinct, named .png (``-``, a pipe or a device: any name),
+    not existing (without ``force``), in a folder that exists."""
     from gencli.errors import UserError
-    from gencli.io import ensure_writable
+    from gencli.io import ensure_writable, is_in_place
 
     if pattern is None and out_dir is None:
         return None
@@ -51,7 +52,7 @@ def output_targets(pattern: Optional[str], out_dir: Optional[Path], paths: list[
         if t in seen:
             raise UserError(f"'{seen[t]}' and '{p}' would both write the {what} '{t}': use a pattern with {{index}} or distinct names")
         seen[t] = p
-        if t.suffix.lower() != ".png":
+        if t.suffix.lower() != ".png" and not is_in_place(t):
             raise UserError(f"{option_name}: the {what} '{t}' is written as PNG: give it the .png suffix")
         if out_dir is not None and pattern is None and not out_dir.exists():
             if t.exists() and not force:
@@ -104,6 +105,7 @@ def segment(
     report = opts.report
     if out is not None and out_dir is not None:
         raise UserError("give -o/--out (a file or a {stem} pattern) or --out-dir, not both")
+    on_stdout = check_stdout_outputs(out, overlay, opts)
     paths = image_paths(images, recursive=recursive)  # bad inputs fail before the model loads
     masks = output_targets(out, out_dir, paths, "mask", "--out", force)
     overlays = output_targets(overlay, None, paths, "overlay", "--overlay", force)
@@ -134,14 +136,35 @@ def segment(
         return [m if isinstance(m, str) else (m, im if overlays else None) for m, im in zip(maps, ims)]
 
     results = predict_image_files(paths, predict, batch_size=batch_size)
-    n = write_segmentations(results, paths, seg.labels, masks, overlays, alpha, force, opts)
+    n = write_segmentations(results, paths, seg.labels, masks, overlays, alpha, force, opts, table_to_stderr=on_stdout)
     took = time.perf_counter() - loaded
     report.debug(f"{n} image(s) in {took:.2f}s ({n / took:.1f} images/s)" if took > 0 else f"{n} image(s)")
 
 
-def write_segmentations(results, paths: list[str], labels: dict[int, str], masks, overlays, alpha: float, force: bool, opts: RunOptions) -> int:
+def check_stdout_outputs(out: Optional[str], overlay: Optional[str], opts: RunOptions) -> bool:
+    """Whether the mask or the overlay goes to stdout (``-``, ``/dev/stdout``); refused before any
+    work: both there, with --json (whose lines stdout carries), or stdout a terminal."""
+    import sys
+
+    from gencli.errors import UserError
+    from gencli.io import is_stdout, refuse_binary_terminal
+
+    given = [(name, value) for name, value in (("-o/--out", out), ("--overlay", overlay)) if value is not None and (is_stdout(value) or value == "/dev/stdout")]
+    if len(given) > 1:
+        raise UserError("the mask and the overlay would both be written to stdout: give one of them a file")
+    if given and opts.json:
+        raise UserError(f"{given[0][0]} {given[0][1]} writes a PNG (binary) to stdout, where --json writes its lines: give it a file, or drop --json")
+    if given:
+        refuse_binary_terminal(sys.stdout, given[0][1])
+    return bool(given)
+
+
+def write_segmentations(
+    results, paths: list[str], labels: dict[int, str], masks, overlays, alpha: float, force: bool, opts: RunOptions, *, table_to_stderr: bool = False
+) -> int:
     """Write each image's mask/overlay as it comes, its JSON line (or keep its table rows), report
-    unreadable inputs; exit 2 at the end if any. Returns the number of images segmented."""
+    unreadable inputs; exit 2 at the end if any. Returns the number of images segmented. With
+    ``table_to_stderr`` (a PNG holds stdout) the table goes to stderr, unless --quiet."""
     import sys
 
     from gencli.console import emit_json, is_terminal, print_table
@@ -175,7 +198,10 @@ def write_segmentations(results, paths: list[str], labels: dict[int, str], masks
                     if key in record:
                         report.log(f"wrote {record[key]}")
             advance(1)
-    if rows:
+    if rows and table_to_stderr:
+        if not report.quiet:
+            print_table(segmentation_table(rows, repeat_image=not is_terminal(sys.stderr)), sys.stderr)
+    elif rows:
         print_table(segmentation_table(rows, repeat_image=not is_terminal(sys.stdout)))
     if failed:
         raise unreadable_inputs_error(failed, len(paths))

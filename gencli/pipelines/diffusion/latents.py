@@ -67,6 +67,28 @@ def encode_file(loaded: LoadedAutoencoder, path: str, *, tile: Optional[bool] = 
     return Encoded(z.float().cpu().contiguous(), size, resized)
 
 
+# Suffixes that name a file type other than a latent (safetensors) file, beside the image types.
+OTHER_TYPES = {".npy": "a NumPy array", ".npz": "NumPy arrays", ".json": "JSON", ".jsonl": "JSON lines", ".txt": "text", ".csv": "CSV",
+               ".pt": "a pickled torch file", ".pth": "a pickled torch file", ".ckpt": "a pickled checkpoint"}  # fmt: skip
+
+
+def check_latent_name(path: Union[str, Path]) -> Path:
+    """A latent file's output name: one whose suffix names another type (an image's ``.png``,
+    ``.npy``, ``.json`` ...) is one UserError naming the suffix to use; other names (``.safetensors``,
+    ComfyUI's ``.latent``, ``.bin``, none) are kept, and ``-``, a pipe or a device take any name."""
+    from PIL import Image
+
+    from gencli.io import is_in_place
+
+    suffix = Path(path).suffix.lower()
+    if not suffix or is_in_place(path):
+        return Path(path)
+    kind = "an image" if suffix in Image.registered_extensions() else OTHER_TYPES.get(suffix)
+    if kind is not None:
+        raise UserError(f"output '{path}': '{suffix}' names {kind}, but a latent file is safetensors: give it the .safetensors suffix (or .latent)")
+    return Path(path)
+
+
 def write_latents(path: Union[str, Path], latents: torch.Tensor, metadata: dict[str, Any], *, force: bool = False) -> Path:
     """Write unscaled latents ``(B, C, h, w)`` as a latent file through the output layer (a file
     atomically; ``-``, a pipe or a device in place)."""
@@ -152,6 +174,7 @@ __all__ = [
     "LatentFile",
     "load_latent_autoencoder",
     "encode_file",
+    "check_latent_name",
     "write_latents",
     "read_latents",
     "decode_latents",

@@ -9,12 +9,14 @@ per-class pixel counts.
   "background" is left as it is) and a legend of the classes present.
 - :func:`label_counts`: ``[{"id", "label", "pixels", "fraction"}]`` for the classes present, the
   largest first.
-- :func:`write_image`: a PNG through gencli's atomic writer (never half-written, no silent overwrite).
+- :func:`write_image`: a PNG through gencli's output layer (never half-written, no silent overwrite;
+  ``-``, a pipe or a device written in place).
 """
 
 from __future__ import annotations
 
 import functools
+import io
 from pathlib import Path
 from typing import Any
 
@@ -97,13 +99,19 @@ def overlay_image(image: Image.Image, ids: np.ndarray, labels: dict[int, str], a
     return canvas
 
 
+def png_bytes(image: Image.Image) -> bytes:
+    """``image`` encoded as a PNG, in memory (PIL's PNG writer seeks: a pipe cannot take it directly)."""
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()
+
+
 def write_image(path: str | Path, image: Image.Image, force: bool = False) -> Path:
-    """Write ``image`` as a PNG to ``path`` atomically (refusing an existing file without ``force``)."""
-    from gencli.io import atomic_path
+    """Write ``image`` as a PNG through the output layer: a file atomically (refusing an existing
+    one without ``force``), ``-``, a pipe or a device in place, never a terminal."""
+    from gencli.io import write_output
 
-    with atomic_path(path, force) as tmp:
-        image.save(tmp, format="PNG")
-    return Path(path)
+    return write_output(path, png_bytes(image), force)
 
 
-__all__ = ["palette", "mask_image", "label_counts", "overlay_image", "write_image"]
+__all__ = ["palette", "mask_image", "label_counts", "overlay_image", "png_bytes", "write_image"]
