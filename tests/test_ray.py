@@ -63,6 +63,9 @@ def test_without_ray_nothing_imports_ray(tmp_path):
     "extra, needles",
     [
         (["--ray", "--replicas", "0"], ["--replicas must be at least 1"]),
+        (["--ray", "--gpus-per-replica", "-1"], ["--gpus-per-replica must be a finite number, 0 or more (got -1)"]),
+        (["--ray", "--gpus-per-replica", "nan"], ["--gpus-per-replica must be a finite number, 0 or more (got nan)"]),
+        (["--ray", "--gpus-per-replica", "inf"], ["--gpus-per-replica must be a finite number, 0 or more (got inf)"]),
         (["--ray", "--backtest", "2"], ["--ray cannot honour --backtest"]),
         (["--ray", "--fit-steps", "3"], ["--ray cannot honour --fit-steps"]),
         (["--replicas", "2"], ["--replicas needs --ray"]),

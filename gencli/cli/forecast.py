@@ -77,9 +77,16 @@ def forecast(
         bool, option("--csv", help="CSV results (a forecast's default; with --backtest, per-series rows instead of the table).", rich_help_panel=_OUT)
     ] = False,
     plot: Annotated[
-        Optional[str], typer.Option("--plot", help="Write a fan chart (history, median, quantile bands) to this PNG/SVG/PDF.", rich_help_panel=_OUT)
+        Optional[str],
+        typer.Option(
+            "--plot",
+            help="Write a fan chart (history, median, quantile bands) to this PNG/SVG/PDF/JPG (by its suffix; -, a pipe or a device get a PNG).",
+            rich_help_panel=_OUT,
+        ),
     ] = None,
-    plot_max: Annotated[int, typer.Option("--plot-max", help="Series plotted at most (one panel each).", rich_help_panel=_OUT)] = 12,
+    plot_max: Annotated[
+        int, option("--plot-max", callback=at_least(1), metavar="INT", help="Series plotted at most (one panel each).", rich_help_panel=_OUT)
+    ] = 12,
     explain: Annotated[
         bool, typer.Option("--explain", help="Print variable-selection weights and attention over the history per series (stderr).", rich_help_panel=_OUT)
     ] = False,
@@ -116,9 +123,14 @@ def forecast(
             "--fit-steps", help="Fine-tune the model on your own history for N steps first, and report the gain on held-out data.", rich_help_panel=_EVAL
         ),
     ] = 0,
-    fit_lr: Annotated[float, typer.Option("--fit-lr", help="Learning rate for --fit-steps.", rich_help_panel=_EVAL)] = 3e-4,
+    fit_lr: Annotated[float, typer.Option("--fit-lr", help="Learning rate for --fit-steps (a finite number above 0).", rich_help_panel=_EVAL)] = 3e-4,
     save_model: Annotated[
-        Optional[str], typer.Option("--save-model", help="Save the fine-tuned model to this folder (config.json + model.safetensors).", rich_help_panel=_EVAL)
+        Optional[str],
+        typer.Option(
+            "--save-model",
+            help="Save the fine-tuned model to this new folder (config.json + model.safetensors; --force replaces one it saved before).",
+            rich_help_panel=_EVAL,
+        ),
     ] = None,
     *,
     opts: RunOptions,

@@ -49,8 +49,8 @@ def check_options(opts: RayOptions, *, out: Optional[str] = None) -> None:
         )
     if opts.replicas is not None and opts.replicas < 1:
         raise UserError(f"--replicas must be at least 1 (got {opts.replicas})")
-    if opts.gpus_per_replica is not None and opts.gpus_per_replica < 0:
-        raise UserError(f"--gpus-per-replica must be 0 or more (got {opts.gpus_per_replica:g})")
+    if opts.gpus_per_replica is not None and not 0 <= opts.gpus_per_replica < float("inf"):
+        raise UserError(f"--gpus-per-replica must be a finite number, 0 or more (got {opts.gpus_per_replica:g})")
     if opts.out_dir is not None:
         if out is not None:
             raise UserError("--out and --out-dir are exclusive: one file, or shards in a directory")

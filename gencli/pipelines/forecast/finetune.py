@@ -137,17 +137,20 @@ def fine_tune(
     return FineTuneReport(steps, n_windows, len(train), before, after if np.isfinite(after) else before, bool(kept), len(val))
 
 
-def save_finetuned(fc: Forecaster, out: Path, note: str) -> None:
-    """Write the fine-tuned model as a folder ``--model`` takes (config.json + model.safetensors)."""
+def save_finetuned(fc: Forecaster, out: Path, note: str, force: bool = False) -> None:
+    """Write the fine-tuned model as a folder ``--model`` takes (config.json + model.safetensors),
+    through the output layer (:func:`gencli.io.atomic_folder`): built beside ``out`` and renamed into
+    place, so ``out`` is whole or untouched; ``force`` replaces only a folder ``--save-model`` wrote."""
     import json
 
-    from gencli.io import atomic_write_bytes
+    from gencli.io import atomic_folder
+    from gencli.pipelines.forecast.request import saved_model_files
 
-    out.mkdir(parents=True, exist_ok=True)
-    save_model(fc.model, out / "model.safetensors", metadata={"architecture": ARCHITECTURE})
     cfg = fc.config.to_dict()
     cfg["extra"] = {**(cfg.get("extra") or {}), "fine_tuned": note}
-    atomic_write_bytes(out / "config.json", (json.dumps(cfg, indent=2) + "\n").encode(), force=True)
+    with atomic_folder(out, force, wrote=saved_model_files) as tmp:
+        save_model(fc.model, tmp / "model.safetensors", metadata={"architecture": ARCHITECTURE})
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
 
 
 __all__ = ["FineTuneReport", "fine_tune", "save_finetuned"]

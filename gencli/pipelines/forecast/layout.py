@@ -304,6 +304,23 @@ def to_datetimes(values, fmt: Optional[str], dayfirst: bool = False, utc: bool =
         return pd.to_datetime(values, errors="coerce", format=fmt, utc=utc)
 
 
+def check_time_format(fmt: Optional[str]) -> None:
+    """``--time-format`` checked before any data is read: a format pandas cannot use (an unknown
+    directive such as ``%Q``, a stray ``%``, ``%U`` without a weekday) or an empty one is one UserError
+    naming the option and the value. None (infer the format) passes."""
+    import pandas as pd
+
+    if fmt is None:
+        return
+    if not fmt.strip():
+        raise UserError("--time-format is empty: give the dates' strftime codes, e.g. '%d/%m/%Y' (or leave it out to infer them)")
+    try:
+        to_datetimes(pd.Series([], dtype=object), fmt, utc=True)  # pandas checks the format itself, even with no values
+    except ValueError as exc:
+        reason = str(exc).replace(f" in format '{fmt}'", "").rstrip(".")
+        raise UserError(f"--time-format '{fmt}' is not a date format: {reason} (use strftime codes, e.g. '%d/%m/%Y')") from None
+
+
 def infer_time_format(series, column: str, time_format: Optional[str] = None, dayfirst: Optional[bool] = None) -> tuple[Optional[str], bool, Any, str]:
     """How to read the dates of the time column ``series`` (a leading sample), decided once for the
     whole column: ``(format, dayfirst, time_zone, note)``.
@@ -324,6 +341,7 @@ def infer_time_format(series, column: str, time_format: Optional[str] = None, da
     if vals.empty:
         return time_format, bool(dayfirst), None, ""
     if time_format:
+        check_time_format(time_format)
         parsed = to_datetimes(vals, time_format, utc=True)
         if parsed.isna().all():
             raise UserError(f"--time-format '{time_format}' does not read the time column '{column}' (e.g. '{vals[0]}')")
@@ -453,4 +471,4 @@ def _infer_covariates(df, layout: Layout, numeric_rest: list[str], text_rest: li
         layout.notes.append(f"column '{c}' used as a {'past-only' if role == 'observed' else role} covariate (inferred)")
 
 
-__all__ = ["Layout", "infer_layout", "list_columns", "TIME_NAMES", "ID_NAMES", "TARGET_NAMES"]
+__all__ = ["Layout", "infer_layout", "check_time_format", "list_columns", "TIME_NAMES", "ID_NAMES", "TARGET_NAMES"]

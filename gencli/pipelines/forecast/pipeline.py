@@ -182,7 +182,7 @@ def _fine_tune(
         fit_report = fine_tune(fc, records, binding, horizon, req.fit_steps, context=context, lr=req.fit_lr, seed=req.seed or 0, progress=advance)
     report.say(f"{fit_report.line()} (seed {req.seed or 0})")
     if req.save_model and fit_report.kept:
-        save_finetuned(fc, Path(req.save_model), f"{req.fit_steps} steps on '{req.data}' (seed {req.seed or 0})")
+        save_finetuned(fc, Path(req.save_model), f"{req.fit_steps} steps on '{req.data}' (seed {req.seed or 0})", req.force)
         report.say(f"saved the fine-tuned model to {req.save_model}")
     elif req.save_model:
         report.say(f"nothing saved to {req.save_model}: fine-tuning did not improve the model")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import math
 from typing import Sequence
 
-from gencli.io import atomic_path
+from gencli.io import write_output
+from gencli.pipelines.forecast.request import NO_MATPLOTLIB, plot_format
 
 
 def _bands(levels: Sequence[float], grid_levels: Sequence[float]):
@@ -19,12 +21,21 @@ def _bands(levels: Sequence[float], grid_levels: Sequence[float]):
 
 
 def fan_chart(items: list[dict], levels: Sequence[float], path: str, force: bool = False) -> None:
+    """Draw the panels ``items`` (:func:`~gencli.pipelines.forecast.outputs.plot_item`) and write the
+    chart to ``path`` in the format its name says (:func:`~gencli.pipelines.forecast.request.plot_format`),
+    through the output layer: a file atomically, ``-``, a pipe or a device in place."""
+    write_output(path, chart_bytes(items, levels, plot_format(path) or "png"), force)
+
+
+def chart_bytes(items: list[dict], levels: Sequence[float], fmt: str) -> bytes:
+    """The fan chart of ``items`` rendered in memory as ``fmt`` (png, svg, pdf, jpeg): the image
+    writers seek, which a pipe cannot take."""
     try:
         import matplotlib
     except ImportError:
         from gencli.errors import UserError
 
-        raise UserError("--plot needs matplotlib: pip install 'gencli[plot]' (or pip install matplotlib)") from None
+        raise UserError(NO_MATPLOTLIB) from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -62,7 +73,9 @@ def fan_chart(items: list[dict], levels: Sequence[float], path: str, force: bool
     if items:
         axes.flat[0].legend(fontsize=8, loc="upper left")
     fig.tight_layout()
-    suffix = path.rsplit(".", 1)[-1].lower()
-    with atomic_path(path, force) as tmp:
-        fig.savefig(tmp, dpi=110, format="jpeg" if suffix == "jpg" else suffix)
-    plt.close(fig)
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, dpi=110, format=fmt)
+    finally:
+        plt.close(fig)
+    return buf.getvalue()

@@ -3,14 +3,22 @@ options) and the checks on it that run before any data is read or a model is loa
 
 from __future__ import annotations
 
+import importlib.util
+import math
+import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from gencli.errors import UserError
-from gencli.io import ensure_writable
+from gencli.io import ensure_folder_writable, is_in_place, is_stdout, plan_outputs, read_json, refuse_binary_terminal
 
-PLOT_SUFFIXES = (".png", ".svg", ".pdf", ".jpg", ".jpeg")
+# --plot's formats by suffix; a name without one of them is a PNG where it is written in place
+# (``-``, a pipe, a device), refused for a regular file
+PLOT_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf", ".jpg": "jpeg", ".jpeg": "jpeg"}
+SAVED_MODEL_FILES = ("config.json", "model.safetensors")  # what --save-model writes into its folder
+NO_MATPLOTLIB = "--plot needs matplotlib: pip install 'gencli[plot]' (or pip install matplotlib)"
 
 
 @dataclass
@@ -88,6 +96,8 @@ def parse_columns(text: Optional[str]) -> Optional[list[str]]:
 
 def check_request(req: ForecastRequest) -> None:
     """Fail fast on the arguments, before reading data or loading a model."""
+    from gencli.pipelines.forecast.layout import check_time_format
+
     if req.horizon is not None and req.horizon < 1:
         raise UserError(f"--horizon must be at least 1 (got {req.horizon})")
     if req.context is not None and req.context < 1:
@@ -96,22 +106,116 @@ def check_request(req: ForecastRequest) -> None:
         raise UserError(f"--backtest must be at least 1 window (got {req.backtest})")
     if req.fit_steps < 0:
         raise UserError(f"--fit-steps must be 0 or more (got {req.fit_steps})")
+    if not (math.isfinite(req.fit_lr) and req.fit_lr > 0):
+        raise UserError(f"--fit-lr must be a finite number above 0 (got {req.fit_lr:g})")
     if req.batch_size < 1:
         raise UserError("--batch-size must be at least 1")
+    if req.plot_max < 1:
+        raise UserError(f"--plot-max must be at least 1 (got {req.plot_max})")
     if req.csv and req.json:
         raise UserError("--csv and --json are exclusive: choose one output format")
+    check_time_format(req.time_format)
+    if req.save_model and req.fit_steps == 0:
+        raise UserError("--save-model saves a fine-tuned model: give --fit-steps too")
+    _check_backtest_outputs(req)
+    check_outputs(req)
 
-    for path in (req.out, req.plot, req.explain_out):
-        if path:
-            ensure_writable(path, req.force)
-    if req.plot and not req.plot.lower().endswith(PLOT_SUFFIXES):
-        raise UserError(f"--plot: '{req.plot}' should end in .png, .svg, .pdf or .jpg")
+
+def _check_backtest_outputs(req: ForecastRequest) -> None:
+    """``--backtest`` writes its score table only: an output only a forecast writes is refused, not
+    silently left unwritten."""
+    unwritten = [option for option, value in (("--plot", req.plot), ("--explain-out", req.explain_out), ("--save-model", req.save_model)) if value]
+    if req.backtest and unwritten:
+        them = "them" if len(unwritten) > 1 else "it"
+        raise UserError(
+            f"--backtest writes a score table, not forecasts: {' and '.join(unwritten)} would write nothing (drop {them}, or forecast without --backtest)"
+        )
+
+
+def plot_format(path: str) -> Optional[str]:
+    """The format ``--plot`` writes to ``path``, by its suffix (png, svg, pdf, jpeg); a name without
+    one of them is a PNG where it is written in place (``-``, a pipe, a device), else None."""
+    fmt = PLOT_FORMATS.get(os.path.splitext(path)[1].lower())
+    if fmt is None and is_in_place(path):
+        return "png"
+    return fmt
+
+
+def writes_to_stdout(path: Optional[str]) -> bool:
+    """Whether an output named ``path`` goes to stdout: ``-`` or ``/dev/stdout``."""
+    return path is not None and (is_stdout(path) or os.fspath(path) == "/dev/stdout")
+
+
+def output_files(req: ForecastRequest) -> list[tuple[str, str]]:
+    """The files a run writes besides the model folder, as (option, path)."""
+    named = (("-o/--out", req.out), ("--explain-out", req.explain_out), ("--plot", req.plot))
+    return [(option, path) for option, path in named if path]
+
+
+def check_outputs(req: ForecastRequest) -> None:
+    """Every output checked before any work: the plot's format, nothing else on stdout beside a
+    plot there (never a terminal), no two outputs the same file and none inside the ``--save-model``
+    folder, each file writable and planned (:func:`~gencli.io.plan_outputs`)."""
+    if req.plot and plot_format(req.plot) is None:
+        raise UserError(f"--plot: '{req.plot}' should end in .png, .svg, .pdf or .jpg (or be - for a PNG on stdout)")
+    if req.plot and importlib.util.find_spec("matplotlib") is None:
+        raise UserError(NO_MATPLOTLIB)
+    _check_stdout(req)
+    taken: dict[str, str] = {}
+    for option, path in output_files(req):
+        if not is_in_place(path):
+            _claim(taken, option, path)
     if req.save_model:
-        p = Path(req.save_model)
-        if p.exists() and (not p.is_dir() or any(p.iterdir())) and not req.force:
-            raise UserError(f"--save-model: '{p}' already exists (use --force to overwrite)")
-        if req.fit_steps == 0:
-            raise UserError("--save-model saves a fine-tuned model: give --fit-steps too")
+        _check_model_folder(req, taken)
+    plan_outputs([path for _, path in output_files(req)], req.force)  # each writable (ensure_writable), and pending
 
 
-__all__ = ["ForecastRequest", "parse_quantiles", "parse_columns", "check_request", "layout_options"]
+def _check_stdout(req: ForecastRequest) -> None:
+    """``--plot -`` and ``--explain-out -`` share stdout with nothing: the results go to stdout
+    unless ``-o FILE``; a PNG is never written to a terminal."""
+    results = req.out is None or writes_to_stdout(req.out)
+    on_stdout = [option for option, path in output_files(req) if writes_to_stdout(path) and option != "-o/--out"]
+    sharing = on_stdout + (["the results"] if results else [])
+    if on_stdout and len(sharing) > 1:
+        fix = f"give {on_stdout[0]} a file (or the results one with -o FILE)" if results else "give one of them a file"
+        raise UserError(f"{' and '.join(sharing)} would share stdout: {fix}")
+    if "--plot" in on_stdout:
+        refuse_binary_terminal(sys.stdout, req.plot)
+
+
+def _claim(taken: dict[str, str], option: str, path: str) -> None:
+    """Record that ``option`` writes ``path``; a file another option writes already is a UserError."""
+    key = os.path.realpath(path)
+    if key in taken:
+        raise UserError(f"{taken[key]} and {option} would both be written to '{path}': give each its own name")
+    taken[key] = option
+
+
+def _check_model_folder(req: ForecastRequest, taken: dict[str, str]) -> None:
+    """``--save-model``: a folder it may write (a new one, or with --force one an earlier
+    --save-model wrote) that no other output names or lies inside."""
+    try:
+        ensure_folder_writable(req.save_model, req.force, wrote=saved_model_files)
+    except UserError as exc:
+        raise UserError(f"--save-model: {exc}") from None
+    folder = os.path.realpath(req.save_model)
+    for key, option in taken.items():
+        if key == folder or Path(folder) in Path(key).parents:
+            where = "is" if key == folder else "is inside"
+            raise UserError(f"{option} {where} the --save-model folder '{req.save_model}': write it elsewhere")
+
+
+def saved_model_files(folder: Path) -> Optional[list[str]]:
+    """The files ``--save-model`` wrote in ``folder`` (what ``--force`` may replace), or None when
+    it is not a folder ``--save-model`` wrote (its config.json records the fine-tuning)."""
+    try:
+        config = read_json(folder / "config.json")
+    except UserError:  # missing, not JSON, not an object: not a folder --save-model wrote
+        return None
+    extra = config.get("extra")
+    if config.get("architecture") != "TemporalFusionTransformer" or not isinstance(extra, dict) or "fine_tuned" not in extra:
+        return None
+    return list(SAVED_MODEL_FILES)
+
+
+__all__ = ["ForecastRequest", "parse_quantiles", "parse_columns", "check_request", "check_outputs", "plot_format", "saved_model_files", "layout_options"]

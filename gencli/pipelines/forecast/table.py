@@ -167,7 +167,7 @@ def prepare_frame(df, layout: Layout):
         return df
     col = df[layout.time_col]
     if layout.time_kind == "datetime":
-        parsed = col if pd.api.types.is_datetime64_any_dtype(col) else to_datetimes(col, layout.time_format, layout.dayfirst, utc=layout.time_zone is not None)
+        parsed = col if pd.api.types.is_datetime64_any_dtype(col) else _parse_times(col, layout)
         if getattr(parsed.dt, "tz", None) is not None:  # wall time in the column's own offset (written back with it)
             parsed = parsed.dt.tz_convert(layout.time_zone).dt.tz_localize(None) if layout.time_zone is not None else parsed.dt.tz_localize(None)
         df[TIME_PARSED] = parsed.astype("datetime64[ns]")
@@ -180,6 +180,20 @@ def prepare_frame(df, layout: Layout):
     else:
         df[TIME_PARSED] = pd.to_numeric(col, errors="coerce")
     return df
+
+
+def _parse_times(col, layout: Layout):
+    """The time column as dates, in the format and offset the layout settled on its first rows;
+    offsets that appear only further down (rows without one read first) are one UserError."""
+    try:
+        return to_datetimes(col, layout.time_format, layout.dayfirst, utc=layout.time_zone is not None)
+    except ValueError as exc:
+        if "timezone" not in str(exc).lower():
+            raise
+        raise UserError(
+            f"the time column '{layout.time_col}' mixes timestamps with and without a UTC offset (the first rows read have none): "
+            "give every timestamp its offset, or none"
+        ) from None
 
 
 def _key(key) -> str:
