@@ -95,6 +95,11 @@ def test_fit_lr_must_be_finite_and_above_zero(data, value):
     refused(run(data, "--fit-steps", "2", "--fit-lr", value), "--fit-lr", f"(got {value})")
 
 
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_min_length_below_one_is_refused_not_taken_as_one(data, value):
+    refused(run(data, "--min-length", value), f"--min-length must be at least 1 observed value (got {value})")
+
+
 def test_the_request_checks_hold_without_the_command_line():
     """The Ray driver and library callers go through check_request, not the option callbacks."""
     from gencli.pipelines.forecast.request import ForecastRequest, check_request

@@ -110,6 +110,8 @@ def check_request(req: ForecastRequest) -> None:
         raise UserError(f"--fit-lr must be a finite number above 0 (got {req.fit_lr:g})")
     if req.batch_size < 1:
         raise UserError("--batch-size must be at least 1")
+    if req.min_length < 1:
+        raise UserError(f"--min-length must be at least 1 observed value (got {req.min_length})")
     if req.plot_max < 1:
         raise UserError(f"--plot-max must be at least 1 (got {req.plot_max})")
     if req.csv and req.json:
