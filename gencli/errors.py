@@ -11,6 +11,11 @@ class UserError(Exception):
     exit_code = 2
 
 
+class Reported(UserError):
+    """Bad input whose error line is on stderr already (an image command's one input, unreadable):
+    exit code 2 without another line. The message still says what failed, for code that catches it."""
+
+
 class CheckpointError(UserError):
     """A checkpoint that cannot be read or does not fit the model it claims to be."""
 

@@ -66,8 +66,8 @@ class QuantizationSpec:
 
     @classmethod
     def for_mode(cls, mode: str, group_size: Optional[int] = None) -> "QuantizationSpec":
-        if mode == "int4":
-            return cls(mode, group_size or DEFAULT_GROUP_SIZE)
+        if mode == "int4":  # (0 is not "the default": the check in __post_init__ refuses it)
+            return cls(mode, DEFAULT_GROUP_SIZE if group_size is None else group_size)
         return cls(mode, -1)
 
     @property

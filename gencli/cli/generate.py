@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from gencli.cli import app
-from gencli.cli.common import Quantize, RunOptions, at_least, command, option
+from gencli.cli.common import GroupSize, Quantize, RunOptions, at_least, command, option
 
 if TYPE_CHECKING:
     from gencli.pipelines.distributed.runtime import RayOptions
@@ -53,9 +53,7 @@ def generate(
         Optional[Quantize],
         typer.Option("--quantize", help="Weight-only quantization of the linear layers on loading (int8 per channel, int4 in groups).", show_default=False),
     ] = None,
-    group_size: Annotated[
-        Optional[int], typer.Option("--group-size", help="int4: input columns per scale (default 32).", show_default=False)
-    ] = None,
+    group_size: GroupSize = None,
     compile: Annotated[
         Optional[bool],
         typer.Option(
@@ -86,9 +84,14 @@ def generate(
     gencli generate --prompts-file prompts.txt --seed 7 --ray --replicas 4 --out-dir completions/
     """
     from gencli.errors import UserError
-    from gencli.pipelines.text.generate import check_flags, read_prompts
+    from gencli.pipelines.text.flags import check_decoding_flags
+    from gencli.pipelines.text.generate import read_prompts
+    from gencli.pipelines.text.quantization import check_quantization_flags
 
-    check_flags(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, stop=stop)
+    check_decoding_flags(
+        max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, stop=stop
+    )
+    check_quantization_flags(quantize.value if quantize else None, group_size)
     if system is not None and not chat:
         raise UserError("--system needs --chat")
     if distributed is not None and prompts_file is None:

@@ -15,7 +15,7 @@ import typer
 
 from gencli.cli.options import RunOptions
 from gencli.console import guarded_stdout, stderr
-from gencli.errors import Notice, Terminated, UserError
+from gencli.errors import Notice, Reported, Terminated, UserError
 
 
 def _terminate(signum: int, frame: Any) -> None:
@@ -60,7 +60,8 @@ def _notices_as_warnings(opts: RunOptions) -> Iterator[None]:
 def run_guarded(opts: RunOptions, body: Callable[[], Any]) -> Any:
     """Run a command body, mapping errors onto the exit-code contract.
 
-    UserError (a refused write too: disk full) -> one line on stderr, exit 2. Anything unexpected ->
+    UserError (a refused write too: disk full) -> one line on stderr, exit 2 (none more for
+    :class:`~gencli.errors.Reported`, whose line is out already). Anything unexpected ->
     one line (traceback with --debug), exit 1. Ctrl-C -> exit 130; SIGTERM -> 143 (SIGHUP -> 129),
     both after removing partial outputs. A closed stdout (``| head``) -> exit 0, once the output
     files the run was writing are finished (see :class:`gencli.console.StdoutGuard`).
@@ -78,7 +79,8 @@ def run_guarded(opts: RunOptions, body: Callable[[], Any]) -> Any:
     except UserError as exc:
         if opts.debug:
             traceback.print_exc()
-        opts.report.error(str(exc))
+        if not isinstance(exc, Reported):
+            opts.report.error(str(exc))
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         stderr.print("interrupted", markup=False)

@@ -155,6 +155,14 @@ class Quantize(str, enum.Enum):
     int4 = "int4"
 
 
+# ``--group-size`` of the commands that quantize (generate, quantize); the value is checked by
+# gencli.pipelines.text.quantization.check_quantization_flags (gencli.backend.quantize.INT4_GROUP_SIZES)
+GroupSize = Annotated[
+    Optional[int],
+    typer.Option("--group-size", help="int4 only: input columns per scale, 32 (default), 64, 128 or 256.", show_default=False),
+]
+
+
 def _check_device(value: str) -> str:
     if not DEVICE_PATTERN.match(value):
         raise typer.BadParameter(f"'{value}' is not one of auto, cpu, cuda, cuda:N, mps")

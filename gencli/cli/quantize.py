@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from gencli.cli import app
-from gencli.cli.common import Quantize, RunOptions, at_least, command, option
+from gencli.cli.common import GroupSize, Quantize, RunOptions, at_least, command, option
 from gencli.console import emit_json, human_bytes
 
 
@@ -16,7 +16,7 @@ def quantize(
     model: Annotated[str, typer.Argument(metavar="MODEL", help="A text model folder or .safetensors file, or an embedded default's name.", show_default=False)],
     out: Annotated[str, typer.Argument(metavar="OUT", help="The model folder to write.", show_default=False)],
     mode: Annotated[Quantize, typer.Option("--mode", help="int8 (per output channel) or int4 (in groups of --group-size).")] = Quantize.int8,
-    group_size: Annotated[Optional[int], typer.Option("--group-size", help="int4: input columns per scale (default 32).", show_default=False)] = None,
+    group_size: GroupSize = None,
     force: Annotated[bool, option("--force", help="Replace OUT if an earlier gencli quantize wrote it (never another folder).")] = False,
     threads: Annotated[
         Optional[int],
@@ -40,10 +40,11 @@ def quantize(
     """
     from pathlib import Path
 
-    from gencli.pipelines.text.quantization import describe_quantization
+    from gencli.pipelines.text.quantization import check_quantization_flags, describe_quantization
     from gencli.pipelines.text.quantized_folder import quantize_checkpoint
     from gencli.weights import resolve_model
 
+    check_quantization_flags(mode.value, group_size, mode_flag="--mode")
     report = opts.report
     with report.progress("quantizing"):
         result = quantize_checkpoint(

@@ -128,10 +128,9 @@ def _run(texts, options: DecodingOptions, opts: RunOptions, *, prefix: Optional[
 
     flags, prompts_file, batch_size = options.flags(), options.prompts_file, options.batch_size
     stream, truncate = options.stream, not options.no_truncate
-    from gencli.pipelines.seq2seq.generate import check_flags
+    from gencli.pipelines.text.flags import check_decoding_flags
 
-    check_flags(**{k: flags[k] for k in ("num_beams", "num_return_sequences", "max_new_tokens", "min_new_tokens", "no_repeat_ngram_size", "temperature",
-                                          "top_k", "top_p", "repetition_penalty")})  # fmt: skip
+    check_decoding_flags(**{k: v for k, v in flags.items() if k != "early_stopping"})
     if opts.model is None and default_model is None:
         raise UserError("no model: pass --model with a Marian (opus-mt) or T5 checkpoint folder (translate has no embedded default)")
     inputs = _read_inputs(texts, prompts_file, opts.report)

@@ -33,6 +33,7 @@ from gencli.backend.packed_linear import PackedLinear
 from gencli.errors import UserError
 from gencli.models.seq2seq import reorder_cache
 from gencli.pipelines.seq2seq.loading import Seq2SeqModel
+from gencli.pipelines.text.flags import check_decoding_flags, check_min_new_tokens
 from gencli.pipelines.text.sampling import SamplingParams, apply_repetition_penalty, next_tokens
 from gencli.tokenizers.stream import IncrementalDetokenizer
 
@@ -64,31 +65,6 @@ class Seq2SeqSettings:
         return self.num_beams > 1
 
 
-def check_flags(
-    *,
-    num_beams: Optional[int] = None,
-    num_return_sequences: Optional[int] = None,
-    max_new_tokens: Optional[int] = None,
-    min_new_tokens: Optional[int] = None,
-    no_repeat_ngram_size: Optional[int] = None,
-    **sampling: Any,
-) -> None:
-    """Reject out-of-range values before anything is loaded."""
-    from gencli.pipelines.text.generate import check_flags as check_sampling
-
-    check_sampling(max_new_tokens=max_new_tokens, **sampling)
-    if num_beams is not None and num_beams < 1:
-        raise UserError(f"--num-beams must be at least 1 (got {num_beams})")
-    if num_return_sequences is not None and num_return_sequences < 1:
-        raise UserError(f"--num-return-sequences must be at least 1 (got {num_return_sequences})")
-    if num_beams is not None and num_return_sequences is not None and num_return_sequences > num_beams:
-        raise UserError(f"--num-return-sequences ({num_return_sequences}) is more than --num-beams ({num_beams}): at most one sequence per beam")
-    if min_new_tokens is not None and min_new_tokens < 0:
-        raise UserError(f"--min-new-tokens must be >= 0 (got {min_new_tokens})")
-    if no_repeat_ngram_size is not None and no_repeat_ngram_size < 0:
-        raise UserError(f"--no-repeat-ngram-size must be >= 0 (0 = off), got {no_repeat_ngram_size}")
-
-
 def _first(*values: Any) -> Any:
     return next((v for v in values if v is not None), None)
 
@@ -117,15 +93,18 @@ def resolve_settings(
     the decoder start token (transformers' meaning for encoder-decoders), else 256."""
     from gencli.pipelines.text.generate import resolve_settings as resolve_sampling
 
-    check_flags(
+    check_decoding_flags(
         num_beams=num_beams, num_return_sequences=num_return_sequences, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens,
-        no_repeat_ngram_size=no_repeat_ngram_size, temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
+        length_penalty=length_penalty, no_repeat_ngram_size=no_repeat_ngram_size, temperature=temperature, top_k=top_k, top_p=top_p,
+        repetition_penalty=repetition_penalty,
     )  # fmt: skip
     if max_new_tokens is None:
         configured = gen_cfg.get("max_new_tokens")
         if configured is None and gen_cfg.get("max_length") is not None:
             configured = int(gen_cfg["max_length"]) - 1
         max_new_tokens = max(1, int(configured)) if configured is not None else DEFAULT_MAX_NEW_TOKENS
+        budget = "the generation config's budget of new tokens" if configured is not None else "the default budget of new tokens"
+        check_min_new_tokens(min_new_tokens, max_new_tokens, budget)
     base = resolve_sampling(gen_cfg, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
                             seed=seed, warn=warn)  # fmt: skip
     beams = int(_first(num_beams, gen_cfg.get("num_beams"), 1))

@@ -20,6 +20,7 @@ from gencli.backend.screened_argmax import ScreenedArgmax
 from gencli.backend.streamed_linear import StreamedLinear
 from gencli.errors import UserError
 from gencli.pipelines.text.decode_step import compiled, decode_step, static_capacity, wants_static
+from gencli.pipelines.text.flags import check_decoding_flags
 from gencli.pipelines.text.loading import TextModel
 from gencli.pipelines.text.sampling import SamplingParams, next_tokens
 from gencli.tokenizers.stream import IncrementalDetokenizer, StopStringMatcher
@@ -82,24 +83,6 @@ class GenerationSettings:
     static_cache: Optional[bool] = None  # the fixed-shape step without compiling it (None: when compiled)
 
 
-def check_flags(*, max_new_tokens=None, temperature=None, top_k=None, top_p=None, min_p=None, repetition_penalty=None, stop=()) -> None:
-    """Reject out-of-range values before anything is loaded."""
-    if any(s == "" for s in stop or ()):
-        raise UserError("--stop takes a non-empty string (an empty one would match before the first token)")
-    if max_new_tokens is not None and max_new_tokens < 1:
-        raise UserError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
-    if temperature is not None and not temperature >= 0:
-        raise UserError(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
-    if top_k is not None and top_k < 0:
-        raise UserError(f"--top-k must be >= 0 (0 = off), got {top_k}")
-    if top_p is not None and not (0 < top_p <= 1):
-        raise UserError(f"--top-p must be in (0, 1], got {top_p}")
-    if min_p is not None and not (0 <= min_p <= 1):
-        raise UserError(f"--min-p must be in [0, 1], got {min_p}")
-    if repetition_penalty is not None and not repetition_penalty > 0:
-        raise UserError(f"--repetition-penalty must be > 0 (1 = off), got {repetition_penalty}")
-
-
 def resolve_settings(
     gen_cfg: dict[str, Any],
     *,
@@ -120,7 +103,7 @@ def resolve_settings(
     otherwise decoding is greedy. A flag that only makes sense when sampling (--top-k/--top-p/--min-p)
     turns sampling on at temperature 1 unless --temperature is given.
     """
-    check_flags(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty)
+    check_decoding_flags(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty)
     do_sample = bool(gen_cfg.get("do_sample", False))
     if temperature is None:
         if do_sample:

@@ -8,15 +8,29 @@ from typing import Any, Optional
 from gencli.errors import UserError
 
 
+def check_quantization_flags(mode: Optional[str], group_size: Optional[int], mode_flag: str = "--quantize") -> None:
+    """``--quantize``/``--mode`` (named ``mode_flag``) and ``--group-size``, before anything is read:
+    the group size only with int4, and only one the int4 kernels take (never silently the default)."""
+    from gencli.backend.quantize import INT4_GROUP_SIZES, MODES
+
+    if mode is not None and mode not in MODES:
+        raise UserError(f"{mode_flag} must be one of {', '.join(MODES)} (got '{mode}')")
+    if group_size is None:
+        return
+    if mode != "int4":
+        why = " (int8 has one scale per output channel)" if mode == "int8" else ""
+        raise UserError(f"--group-size applies to {mode_flag} int4 only{why}")
+    if group_size not in INT4_GROUP_SIZES:
+        sizes = ", ".join(map(str, INT4_GROUP_SIZES))
+        raise UserError(f"--group-size must be one of {sizes} (the int4 group sizes the kernels take: input columns per scale), got {group_size}")
+
+
 def quantization_of(config: dict[str, Any], quantize: Optional[str], group_size: Optional[int]) -> tuple[bool, Any]:
     """``(stored, spec)``: the :class:`~gencli.backend.quantize.QuantizationSpec` the model runs
     with (None: not quantized) and whether the checkpoint already holds it."""
-    from gencli.backend.quantize import MODES, QuantizationSpec
+    from gencli.backend.quantize import QuantizationSpec
 
-    if quantize is not None and quantize not in MODES:
-        raise UserError(f"--quantize must be one of {', '.join(MODES)} (got '{quantize}')")
-    if group_size is not None and quantize != "int4":
-        raise UserError("--group-size applies to --quantize int4 only")
+    check_quantization_flags(quantize, group_size)
     entry = config.get("quantization_config")
     if entry is None:
         if quantize is None:

@@ -11,6 +11,7 @@ import torch
 
 from gencli.errors import UserError
 from gencli.pipelines.text.loading import load_text_model
+from gencli.pipelines.text.quantization import check_quantization_flags
 from gencli.tokenizers.text import read_json
 
 
@@ -40,10 +41,9 @@ def quantize_checkpoint(
     from gencli.checkpoints.loader import save_model
     from gencli.io import atomic_folder, ensure_folder_writable
 
+    check_quantization_flags(mode, group_size, mode_flag="--mode")
     out = Path(out)
     ensure_folder_writable(out, force, wrote=quantized_folder_files)
-    if group_size is not None and mode != "int4":
-        raise UserError("--group-size applies to --mode int4 only")
     src = open_source(path, allow_pickle=allow_pickle)
     if src.config is not None and "quantization_config" in src.config:
         raise UserError(f"'{path}' is quantized already")

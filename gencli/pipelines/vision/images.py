@@ -12,7 +12,7 @@ reference image preprocessing, and the per-file loop of the image commands.
   directories (``--recursive``) or ``-`` (paths on stdin, :func:`image_paths`); images read and
   predicted in batches; an unreadable file yields its error while the rest are processed. The
   commands render the results and exit 2 at the end if any input failed
-  (:func:`unreadable_inputs_error`).
+  (:func:`unreadable_inputs_error`: a count after the per-file lines, none for a single input).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, Callable, Generic, Iterator, Optional, Sequence, TypeVar
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from gencli.errors import UserError
+from gencli.errors import Reported, UserError
 from gencli.io import read_json
 
 IMAGE_EXTENSIONS = (
@@ -473,8 +473,11 @@ def result_record(result: ImageResult, key: str = "predictions") -> dict[str, An
 
 
 def unreadable_inputs_error(failed: Sequence[str], total: int) -> UserError:
-    """The error a command ends with (exit 2) when some of its ``total`` inputs could not be read."""
-    return UserError(f"{len(failed)} of {total} input(s) could not be read" + (f" (first: '{failed[0]}')" if len(failed) > 1 else ""))
+    """The error a command ends with (exit 2) when some of its ``total`` inputs could not be read:
+    the count, after the per-file lines. A single input's own line says it all: then the error is
+    :class:`~gencli.errors.Reported` (no second line)."""
+    message = f"{len(failed)} of {total} input(s) could not be read" + (f" (first: '{failed[0]}')" if len(failed) > 1 else "")
+    return Reported(message) if total == 1 else UserError(message)
 
 
 __all__ = [

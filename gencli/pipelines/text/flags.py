@@ -1,0 +1,97 @@
+"""The decoding flags of ``gencli generate``, ``text2text`` and ``translate``, checked in one place
+before anything is loaded: every number finite and in its range (:data:`RANGES`), else one line
+naming the flag and the value.
+
+The temperature and the repetition penalty divide (or multiply) fp32 logits: beyond
+:data:`SCALE_LIMITS` the logits overflow to infinity or round to zero and sampling draws from NaNs
+(a temperature of 1e-300 is 0 in fp32, 1e300 infinite). The length penalty is an exponent of a
+beam's length: beyond :data:`LENGTH_PENALTY_LIMIT` the long beams' scores overflow.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence, Union
+
+from gencli.errors import UserError
+
+SCALE_LIMITS = (1e-6, 1e6)  # temperature (besides 0 = greedy), repetition penalty
+LENGTH_PENALTY_LIMIT = 10.0
+
+Number = Union[int, float]
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric flag takes: from ``low`` (excluded with ``open_low``) to ``high``, and 0
+    too with ``zero`` (temperature 0 = greedy); ``text`` says so in the error line."""
+
+    text: str
+    low: float
+    high: float = math.inf
+    open_low: bool = False
+    zero: bool = False
+
+    def holds(self, value: Number) -> bool:
+        if not math.isfinite(value):
+            return False
+        if self.zero and value == 0:
+            return True
+        return (value > self.low if self.open_low else value >= self.low) and value <= self.high
+
+
+_LOW, _HIGH = SCALE_LIMITS
+RANGES: dict[str, Range] = {
+    "max_new_tokens": Range("at least 1", 1),
+    "min_new_tokens": Range(">= 0", 0),
+    "num_beams": Range("at least 1", 1),
+    "num_return_sequences": Range("at least 1", 1),
+    "no_repeat_ngram_size": Range(">= 0 (0 = off)", 0),
+    "top_k": Range(">= 0 (0 = off)", 0),
+    "temperature": Range(f"0 (greedy) or from {_LOW:g} to {_HIGH:g}", _LOW, _HIGH, zero=True),
+    "top_p": Range("in (0, 1] (1 = off)", 0, 1, open_low=True),
+    "min_p": Range("in [0, 1] (0 = off)", 0, 1),
+    "repetition_penalty": Range(f"from {_LOW:g} to {_HIGH:g} (1 = off)", _LOW, _HIGH),
+    "length_penalty": Range(f"from {-LENGTH_PENALTY_LIMIT:g} to {LENGTH_PENALTY_LIMIT:g} (> 0 favours longer outputs)", -LENGTH_PENALTY_LIMIT,
+                            LENGTH_PENALTY_LIMIT),
+}  # fmt: skip
+
+
+def flag_name(key: str) -> str:
+    """``top_p`` -> ``--top-p``."""
+    return "--" + key.replace("_", "-")
+
+
+def check_number(key: str, value: Optional[Number]) -> None:
+    """One decoding flag (``key`` as in :data:`RANGES`) against its range; None = not given."""
+    if value is None:
+        return
+    if not RANGES[key].holds(value):
+        raise UserError(f"{flag_name(key)} must be {RANGES[key].text}, got {value!r}")
+
+
+def check_decoding_flags(*, stop: Optional[Sequence[str]] = None, **values: Optional[Number]) -> None:
+    """Reject out-of-range decoding flags (the keys of :data:`RANGES`; None = not given) and
+    combinations that cannot hold, before anything is loaded."""
+    unknown = sorted(set(values) - set(RANGES))
+    if unknown:
+        raise TypeError(f"not a decoding flag: {', '.join(unknown)}")
+    if any(s == "" for s in stop or ()):
+        raise UserError("--stop takes a non-empty string (an empty one would match before the first token)")
+    for key, value in values.items():
+        check_number(key, value)
+    beams, returns = values.get("num_beams"), values.get("num_return_sequences")
+    if beams is not None and returns is not None and returns > beams:
+        raise UserError(f"--num-return-sequences ({returns}) is more than --num-beams ({beams}): at most one sequence per beam")
+    check_min_new_tokens(values.get("min_new_tokens"), values.get("max_new_tokens"))
+
+
+def check_min_new_tokens(min_new: Optional[int], max_new: Optional[int], budget: str = "--max-new-tokens") -> None:
+    """``--min-new-tokens`` above the budget of new tokens (``budget`` names where it comes from)
+    could never be honoured: an error, not an output that silently stops short."""
+    if min_new is not None and max_new is not None and min_new > max_new:
+        raise UserError(f"--min-new-tokens ({min_new}) is more than {budget} ({max_new}): lower it or raise --max-new-tokens")
+
+
+__all__ = ["LENGTH_PENALTY_LIMIT", "RANGES", "Range", "SCALE_LIMITS", "check_decoding_flags", "check_min_new_tokens", "check_number", "flag_name"]

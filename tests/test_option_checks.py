@@ -1,0 +1,183 @@
+"""Option checks of `quantize`, `generate` and `text2text`, and unreadable images: bad input is one
+`error:` line naming the option and the value, exit code 2, before any model loads (a model that
+does not exist proves it: its error would come first otherwise), and never silently a default."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import one_error_line, write_scene_folder
+from typer.testing import CliRunner
+
+from gencli.cli import app
+from gencli.errors import Reported, UserError
+
+MISSING = "/nonexistent/model"  # a model the checks must not get to
+
+
+def invoke(*args: object, input: str | None = None):
+    return CliRunner().invoke(app, [*map(str, args)], input=input)
+
+
+# -- quantize / generate --group-size ------------------------------------------------------------
+@pytest.mark.parametrize("size", ["0", "-1", "-32", "48", "512"])
+def test_quantize_refuses_an_int4_group_size_the_kernels_do_not_take(tmp_path, size):
+    out = tmp_path / "q"
+    line = one_error_line(invoke("quantize", "llama-pystdlib", out, "--mode", "int4", "--group-size", size), "--group-size", f"got {size}")
+    assert "32, 64, 128, 256" in line
+    assert not out.exists()
+
+
+def test_group_size_is_checked_before_anything_is_read(tmp_path):
+    one_error_line(invoke("quantize", MISSING, tmp_path / "q", "--mode", "int4", "--group-size", "0"), "--group-size", "got 0")
+    one_error_line(invoke("quantize", MISSING, tmp_path / "q", "--group-size", "32"), "--group-size applies to --mode int4 only", "int8")
+    one_error_line(invoke("generate", "x", "-m", MISSING, "--quantize", "int4", "--group-size", "0"), "--group-size", "got 0")
+    one_error_line(invoke("generate", "x", "-m", MISSING, "--quantize", "int8", "--group-size", "64"), "--group-size applies to --quantize int4 only")
+    one_error_line(invoke("generate", "x", "-m", MISSING, "--group-size", "0"), "--group-size applies to --quantize int4 only")
+
+
+def test_the_default_group_size_only_when_none_is_given():
+    from gencli.backend.quantize import DEFAULT_GROUP_SIZE, QuantizationSpec
+
+    assert QuantizationSpec.for_mode("int4").group_size == DEFAULT_GROUP_SIZE
+    assert QuantizationSpec.for_mode("int4", 64).group_size == 64
+    with pytest.raises(ValueError, match="got 0"):
+        QuantizationSpec.for_mode("int4", 0)
+
+
+# -- generate / text2text decoding flags ---------------------------------------------------------
+GENERATE_BAD = [
+    ("--temperature", "inf"),
+    ("--temperature", "nan"),
+    ("--temperature", "-1"),
+    ("--temperature", "1e-300"),  # 0 in fp32: a division by zero, not greedy decoding
+    ("--temperature", "1e300"),
+    ("--top-p", "nan"),
+    ("--top-p", "inf"),
+    ("--top-p", "0"),
+    ("--min-p", "nan"),
+    ("--min-p", "-inf"),
+    ("--min-p", "1.5"),
+    ("--repetition-penalty", "inf"),
+    ("--repetition-penalty", "nan"),
+    ("--repetition-penalty", "0"),
+    ("--repetition-penalty", "1e-300"),
+    ("--top-k", "-1"),
+    ("--max-new-tokens", "0"),
+]
+
+
+@pytest.mark.parametrize("flag, value", GENERATE_BAD)
+def test_generate_refuses_non_finite_and_out_of_range_numbers(flag, value):
+    line = one_error_line(invoke("generate", "x", "-m", MISSING, flag, value), flag)
+    assert line.endswith(f"got {float(value)!r}") or line.endswith(f"got {value}"), line
+
+
+TEXT2TEXT_BAD = [
+    *[(flag, value) for flag, value in GENERATE_BAD if flag != "--min-p"],  # (text2text has no --min-p)
+    ("--length-penalty", "nan"),
+    ("--length-penalty", "inf"),
+    ("--length-penalty", "-inf"),
+    ("--length-penalty", "1e300"),  # length ** 1e300 overflows: was an internal error
+    ("--length-penalty", "-11"),
+    ("--min-new-tokens", "-1"),
+    ("--num-beams", "0"),
+    ("--num-return-sequences", "0"),
+    ("--no-repeat-ngram-size", "-1"),
+]
+
+
+@pytest.mark.parametrize("command", ["text2text", "translate"])
+@pytest.mark.parametrize("flag, value", TEXT2TEXT_BAD)
+def test_text2text_refuses_non_finite_and_out_of_range_numbers(command, flag, value):
+    line = one_error_line(invoke(command, "x", "-m", MISSING, flag, value), flag)
+    assert line.endswith(f"got {float(value)!r}") or line.endswith(f"got {value}"), line
+
+
+def test_min_new_tokens_above_max_new_tokens_is_refused():
+    one_error_line(invoke("text2text", "x", "-m", MISSING, "--min-new-tokens", "50", "-n", "10"), "--min-new-tokens (50)", "--max-new-tokens (10)")
+    # against the generation config's budget (the checkpoint's own: known once it is read)
+    from gencli.pipelines.seq2seq.generate import resolve_settings
+
+    with pytest.raises(UserError, match=r"--min-new-tokens \(50\) is more than the generation config's budget of new tokens \(20\)"):
+        resolve_settings({"max_new_tokens": 20}, min_new_tokens=50)
+    with pytest.raises(UserError, match=r"the default budget of new tokens \(256\)"):
+        resolve_settings({}, min_new_tokens=300)
+    settings = resolve_settings({"max_new_tokens": 20}, min_new_tokens=20)  # equal: fine
+    assert (settings.min_new_tokens, settings.max_new_tokens) == (20, 20)
+
+
+def test_the_edges_of_the_ranges_still_pass():
+    from gencli.pipelines.seq2seq.generate import resolve_settings as resolve_seq2seq
+    from gencli.pipelines.text.flags import check_decoding_flags
+    from gencli.pipelines.text.generate import resolve_settings
+
+    check_decoding_flags(temperature=1e-6, top_p=1.0, min_p=0.0, repetition_penalty=1e6, top_k=0, length_penalty=-10.0, min_new_tokens=0)
+    check_decoding_flags(temperature=1e6, top_p=1e-9, min_p=1.0, repetition_penalty=1e-6, length_penalty=10.0, min_new_tokens=5, max_new_tokens=5)
+    assert resolve_settings({"do_sample": True, "temperature": 0.7}, temperature=0.0).sampling.greedy  # 0 = greedy, kept
+    assert resolve_seq2seq({}, num_beams=2, length_penalty=-2.0).length_penalty == -2.0  # < 0 favours shorter outputs
+
+
+def test_decoding_flags_are_checked_in_one_place():
+    from gencli.pipelines.text.flags import RANGES, check_decoding_flags
+
+    with pytest.raises(TypeError, match="not a decoding flag"):
+        check_decoding_flags(temprature=1.0)  # a typo is a bug of the caller, not a user's bad value
+    import gencli.cli.text2text as t2t
+
+    assert set(t2t._SETTING_NAMES) - {"early_stopping"} <= set(RANGES)  # every number text2text takes has a range
+
+
+def test_valid_settings_still_run():
+    r = invoke("text2text", "parse: a small red star", "-n", "4", "--min-new-tokens", "4", "--num-beams", "2", "--length-penalty", "-1.5")
+    assert r.exit_code == 0 and r.stdout.strip(), r.stderr
+    r = invoke("generate", "import os", "-n", "3", "--temperature", "0", "--ignore-eos")
+    assert r.exit_code == 0 and r.stdout.strip(), r.stderr
+
+
+# -- unreadable images -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    root = write_scene_folder(tmp_path_factory.mktemp("images"), [48])
+    (root / "bad.png").write_text("not an image")
+    whole = (root / "img0.png").read_bytes()
+    (root / "truncated.png").write_bytes(whole[: len(whole) // 2])
+    return root
+
+
+IMAGE_COMMANDS = [
+    ("classify", "{}"),
+    ("zeroshot", "{} -l circle,star"),
+    ("similarity", "-i {} --text circle"),
+    ("segment", "{}"),
+    ("embed", "--images {}"),
+    ("img2img", "{} x --steps 1"),
+]
+
+
+@pytest.mark.parametrize("name", ["bad.png", "truncated.png"])
+@pytest.mark.parametrize("command, args", IMAGE_COMMANDS, ids=[c for c, _ in IMAGE_COMMANDS])
+def test_a_single_unreadable_image_is_one_error_line(images, tmp_path, command, args, name):
+    path = images / name
+    line = one_error_line(invoke(command, *args.format(path).split()), name)
+    assert "could not be read" not in line  # the file's own line, not a count of one
+
+
+@pytest.mark.parametrize("fmt", [[], ["--json"]])
+def test_several_inputs_keep_a_line_per_file_then_the_count(images, fmt):
+    r = invoke("classify", images / "img0.png", images / "bad.png", images / "truncated.png", "-k", "1", *fmt)
+    assert r.exit_code == 2
+    lines = r.stderr.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == ["error"] * 3, r.stderr
+    assert "bad.png': not an image file PIL can read" in lines[0] and "truncated.png': cannot decode the image" in lines[1]
+    assert lines[2] == f"error: 2 of 3 input(s) could not be read (first: '{images / 'bad.png'}')"
+    assert "img0.png" in r.stdout
+    one = invoke("classify", images / "img0.png", images / "bad.png", "-k", "1")
+    assert one.exit_code == 2 and one.stderr.strip().splitlines()[-1] == "error: 1 of 2 input(s) could not be read"
+
+
+def test_the_count_is_reported_already_for_a_single_input():
+    from gencli.pipelines.vision.images import unreadable_inputs_error
+
+    single = unreadable_inputs_error(["a.png"], 1)
+    assert isinstance(single, Reported) and str(single) == "1 of 1 input(s) could not be read"
+    assert not isinstance(unreadable_inputs_error(["a.png"], 2), Reported)
