@@ -4,6 +4,8 @@ does not exist proves it: its error would come first otherwise), and never silen
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import one_error_line, write_scene_folder
 from typer.testing import CliRunner
@@ -150,16 +152,26 @@ IMAGE_COMMANDS = [
     ("similarity", "-i {} --text circle"),
     ("segment", "{}"),
     ("embed", "--images {}"),
+    ("embed", "--images {} -o e.npy"),
     ("img2img", "{} x --steps 1"),
 ]
 
 
 @pytest.mark.parametrize("name", ["bad.png", "truncated.png"])
-@pytest.mark.parametrize("command, args", IMAGE_COMMANDS, ids=[c for c, _ in IMAGE_COMMANDS])
-def test_a_single_unreadable_image_is_one_error_line(images, tmp_path, command, args, name):
+@pytest.mark.parametrize("command, args", IMAGE_COMMANDS, ids=[f"{c} {a.replace('{}', '').strip()}" for c, a in IMAGE_COMMANDS])
+def test_a_single_unreadable_image_is_one_error_line(images, tmp_path, monkeypatch, command, args, name):
+    monkeypatch.chdir(tmp_path)
     path = images / name
     line = one_error_line(invoke(command, *args.format(path).split()), name)
     assert "could not be read" not in line  # the file's own line, not a count of one
+    assert not (tmp_path / "e.npy").exists()
+
+
+def test_zeroshot_labels_repeat_and_add_up(images):
+    r = invoke("zeroshot", images / "img0.png", "-l", "circle", "-l", "star,square", "--json")
+    assert r.exit_code == 0, r.output
+    assert sorted(p["label"] for p in json.loads(r.stdout)["predictions"]) == ["circle", "square", "star"]
+    one_error_line(invoke("zeroshot", images / "img0.png", "-l", "circle", "-l", "circle"), "label 'circle' is given twice")
 
 
 @pytest.mark.parametrize("fmt", [[], ["--json"]])

@@ -250,8 +250,10 @@ def _embed_images(inputs, queries, top_k, recursive, normalize, batch_size, out,
                 vec = r.value.tolist()
                 emit_json({"image": r.path, "embedding": vec}) if report.json else typer.echo(_summary(vec, r.path))
     if out is not None:
-        if failed:
+        if failed and len(paths) > 1:
             raise UserError(f"{unreadable_inputs_error(failed, len(paths))}: --out not written (its rows would not match the inputs)")
+        if failed:
+            raise unreadable_inputs_error(failed, len(paths))  # the input's own line said it
         _write(torch.stack(rows), names, "image", out, matrix, force, opts)
     if listing and rows:
         _list_neighbours(queries, embedder.embed(query_images), names, torch.stack(rows), top_k, report)

@@ -17,7 +17,9 @@ if TYPE_CHECKING:
 @command(app, "zeroshot", ray=True, seed_help=DETERMINISTIC_SEED_HELP)
 def zeroshot(
     images: ImagesArg,
-    labels: Annotated[Optional[str], option("--labels", help='Comma-separated candidate labels, e.g. "cat,dog,bird".')] = None,
+    labels: Annotated[
+        Optional[list[str]], option("--labels", help='Comma-separated candidate labels, e.g. "cat,dog,bird" (repeatable: -l cat -l dog).')
+    ] = None,
     labels_file: Annotated[Optional[str], typer.Option("--labels-file", help="A file with one label per line (- = stdin).")] = None,
     template: Annotated[
         Optional[list[str]],
@@ -55,7 +57,7 @@ def zeroshot(
     fmt = output_format(report, csv)
     if labels_file == "-" and "-" in images:
         raise UserError("stdin cannot hold both the image paths and the labels: give --labels-file a file")
-    label_list = zs.parse_labels(labels, labels_file)
+    label_list = zs.parse_labels(",".join(labels) if labels else None, labels_file)
     if len(label_list) == 1:
         report.warn(f"one label ('{label_list[0]}'): every image scores 1.0, since the scores are shared out over the labels; give two or more")
     templates = zs.check_templates(template) if template else None
