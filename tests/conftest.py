@@ -102,6 +102,17 @@ def isa(request):
     kernels.use_isa(best)
 
 
+def shapes_png(path: Path, size: int = 32) -> Path:
+    """A red square on black, ``size`` pixels wide, saved as ``path`` (PNG by its name)."""
+    import numpy as np
+    from PIL import Image
+
+    x = np.zeros((size, size, 3), np.uint8)
+    x[size // 4 : 3 * size // 4, size // 4 : 3 * size // 4] = (200, 40, 40)
+    Image.fromarray(x).save(path)
+    return path
+
+
 def write_scene_folder(root: Path, sizes) -> Path:
     """Test-split shapes-world scenes as ``img0.png``, ``img1.png`` ... (one per size: an int or a
     (width, height) pair) and one more in ``sub/deep.jpg`` (found only with --recursive)."""

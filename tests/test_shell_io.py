@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import ROOT, shapes_png
 from PIL import Image
 
 G = f"{sys.executable} -m gencli"
@@ -33,13 +33,6 @@ def one_error_line(r: subprocess.CompletedProcess, needle: str) -> None:
     assert r.returncode == 2, (r.returncode, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
-
-
-def shapes_png(path: Path, size: int = 32) -> Path:
-    x = np.zeros((size, size, 3), np.uint8)
-    x[size // 4 : 3 * size // 4, size // 4 : 3 * size // 4] = (200, 40, 40)
-    Image.fromarray(x).save(path)
-    return path
 
 
 # -- seeds: one sample never depends on its neighbours ------------------------------------------------

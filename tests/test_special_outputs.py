@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from conftest import ROOT, one_error_line
+from conftest import ROOT, one_error_line, shapes_png
 from PIL import Image
 
 
@@ -44,13 +44,6 @@ def into_fifo(fifo: Path, *args: str, cwd: Path) -> tuple[subprocess.CompletedPr
 
 def is_fifo(path: Path) -> bool:
     return stat.S_ISFIFO(os.lstat(path).st_mode)
-
-
-def scene(path: Path, size: int = 48) -> Path:
-    x = np.zeros((size, size, 3), np.uint8)
-    x[size // 4 : 3 * size // 4, size // 4 : 3 * size // 4] = (200, 40, 40)
-    Image.fromarray(x).save(path)
-    return path
 
 
 # -- embed ----------------------------------------------------------------------------------------------
@@ -96,7 +89,7 @@ def test_embed_format_mistakes_are_one_line_and_write_nothing(tmp_path):
 
 # -- segment --------------------------------------------------------------------------------------------
 def test_segment_writes_masks_and_overlays_into_fifos(tmp_path):
-    scene(tmp_path / "scene.png")
+    shapes_png(tmp_path / "scene.png", 48)
     os.mkfifo(tmp_path / "mask.png")
     os.mkfifo(tmp_path / "overlay")  # a pipe's name need not end in .png
     r, data = into_fifo(tmp_path / "mask.png", "segment", "scene.png", "-o", "mask.png", cwd=tmp_path)
@@ -111,7 +104,7 @@ def test_segment_writes_masks_and_overlays_into_fifos(tmp_path):
 
 
 def test_segment_dash_writes_the_png_and_its_table_goes_to_stderr(tmp_path):
-    scene(tmp_path / "scene.png")
+    shapes_png(tmp_path / "scene.png", 48)
     r = gencli("segment", "scene.png", "-o", "-", cwd=tmp_path, text=False)
     assert r.returncode == 0, r.stderr
     assert np.asarray(Image.open(io.BytesIO(r.stdout))).shape == (48, 48)
@@ -124,7 +117,7 @@ def test_segment_dash_writes_the_png_and_its_table_goes_to_stderr(tmp_path):
 
 # -- a name never lies about its bytes -----------------------------------------------------------------
 def test_gif_and_latent_names_must_not_name_another_type(tmp_path):
-    scene(tmp_path / "scene.png", 32)
+    shapes_png(tmp_path / "scene.png", 32)
     one_error_line(gencli("sample", "gan", "--interpolate", "3", "--gif", "-o", "walk.png", cwd=tmp_path), "walk.png", ".gif")
     one_error_line(gencli("encode", "scene.png", "-o", "latent.png", cwd=tmp_path), "latent.png", ".safetensors")
     one_error_line(gencli("encode", "scene.png", "-o", "latent.npy", cwd=tmp_path), ".safetensors")
