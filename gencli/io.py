@@ -138,15 +138,15 @@ def make_output_dir(path: Path) -> Path:
     return path
 
 
-def format_name(pattern: str, **fields: Any) -> str:
-    """``pattern`` (an -o file-name pattern) with its placeholders filled; an unknown placeholder or
-    a format spec that does not fit (``{i:q}``) is one UserError naming the pattern."""
+def format_name(pattern: str, *, option: str = "-o/--out", **fields: Any) -> str:
+    """``pattern`` (a file-name pattern given to ``option``) with its placeholders filled; an unknown
+    placeholder or a format spec that does not fit (``{i:q}``) is one UserError naming the pattern."""
     try:
         return pattern.format(**fields)
     except KeyError as exc:
-        raise UserError(f"-o/--out {pattern!r}: unknown placeholder {{{exc.args[0]}}} (use {', '.join('{' + k + '}' for k in fields)})") from None
+        raise UserError(f"{option} {pattern!r}: unknown placeholder {{{exc.args[0]}}} (use {', '.join('{' + k + '}' for k in fields)})") from None
     except (ValueError, IndexError, TypeError) as exc:
-        raise UserError(f"-o/--out {pattern!r}: {exc} (use {', '.join('{' + k + '}' for k in fields)}; double a literal brace)") from None
+        raise UserError(f"{option} {pattern!r}: {exc} (use {', '.join('{' + k + '}' for k in fields)}; double a literal brace)") from None
 
 
 def plan_outputs(targets: Iterable[str | os.PathLike], force: bool = False, *, what: str = "outputs", new_folder: bool = False) -> list[Path]:
@@ -195,7 +195,7 @@ STDOUT = "-"
 # Error numbers that mean the environment refused a write (not a bug of ours): reported as
 # "cannot write FILE: REASON", exit 2.
 WRITE_ERRNOS = frozenset(
-    e for e in (errno.ENOSPC, getattr(errno, "EDQUOT", None), errno.EFBIG, errno.EROFS, errno.EIO, errno.EACCES, errno.EPERM) if e is not None
+    e for e in (errno.ENOSPC, getattr(errno, "EDQUOT", None), errno.EFBIG, errno.EROFS, errno.EIO, errno.EACCES, errno.EPERM, errno.EBUSY) if e is not None
 )
 
 
@@ -295,7 +295,12 @@ def atomic_path(path: str | os.PathLike, force: bool = False) -> Iterator[Path]:
             raise
         return
     final = _resolved(target)
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp" + final.suffix, dir=final.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp" + final.suffix, dir=final.parent)
+    except OSError as exc:
+        if is_write_failure(exc):
+            raise cannot_write(str(path), exc) from None
+        raise
     os.close(fd)
     tmp_path = Path(tmp)
     _IN_PROGRESS.append(final)
@@ -400,7 +405,12 @@ def atomic_folder(path: str | os.PathLike, force: bool = False, *, wrote: Callab
     ``path`` is untouched. A symlink to a folder is written through (its target is replaced)."""
     ensure_folder_writable(path, force, wrote=wrote)
     final = Path(os.path.realpath(path))
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    except OSError as exc:
+        if is_write_failure(exc):
+            raise cannot_write(str(path), exc) from None
+        raise
     try:
         yield tmp
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it owner-only

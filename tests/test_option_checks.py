@@ -193,3 +193,69 @@ def test_the_count_is_reported_already_for_a_single_input():
     single = unreadable_inputs_error(["a.png"], 1)
     assert isinstance(single, Reported) and str(single) == "1 of 1 input(s) could not be read"
     assert not isinstance(unreadable_inputs_error(["a.png"], 2), Reported)
+
+
+# -- found by a probe of every command: each was exit 1, a machine out of memory, or silently something else
+@pytest.mark.parametrize("command", ["fill-mask", "ner", "classify-text", "embed"])
+@pytest.mark.parametrize("size", ["0", "-1"])
+def test_text_encoder_batch_size_below_one_is_one_line(command, size):
+    one_error_line(invoke(command, "a [MASK] b", "-m", MISSING, "-b", size), "--batch-size", f"must be at least 1 (got {size})")
+
+
+@pytest.mark.parametrize("value", ["inf", "1e30", "nan", "0", "-1"])
+def test_vae_sample_temperature_is_finite_and_bounded(tmp_path, value):
+    one_error_line(invoke("sample", "vae", "--temperature", value, "-n", "1", "-o", tmp_path / "a.png"), "--temperature must be above 0 and at most 100")
+    assert not (tmp_path / "a.png").exists()
+
+
+@pytest.mark.parametrize("args", [["sample", "gan"], ["txt2img", "a", "--steps", "1"]], ids=["sample", "txt2img"])
+def test_seed_and_seeds_together_are_refused_not_one_ignored(tmp_path, args):
+    one_error_line(invoke(*args, "--seeds", "1", "--seed", "5", "-o", tmp_path / "x.png"), "give --seed", "or --seeds", "not both")
+
+
+def test_latents_too_large_to_decode_are_refused_before_they_are_read(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"latent_format_version_0": torch.zeros(0), "latent_tensor": torch.zeros(1, 4, 2048, 8)}, str(tmp_path / "huge.safetensors"))
+    one_error_line(invoke("decode", tmp_path / "huge.safetensors", "-o", tmp_path / "x.png"), "2048x8 (height x width)", "more than 4096 a side")
+    assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.parametrize("name", ["../outside", "sub/../../outside", "/abs/outside"])
+def test_a_lora_tag_names_no_file_outside_lora_dir(tmp_path, name):
+    from gencli.pipelines.diffusion.lora import find_lora
+
+    (tmp_path / "loras").mkdir()
+    (tmp_path / "outside.safetensors").write_bytes(b"x")
+    with pytest.raises(UserError, match="not a path out of it"):
+        find_lora(name if not name.startswith("/") else str(tmp_path / "outside"), tmp_path / "loras")
+
+
+def test_a_folder_write_the_file_system_refuses_is_one_line(tmp_path, monkeypatch):
+    import errno
+    import tempfile
+
+    from gencli.io import CannotWrite, atomic_folder, atomic_path
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", refuse)
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    with pytest.raises(CannotWrite, match="cannot write '.*q': Read-only file system"):
+        with atomic_folder(tmp_path / "q", wrote=lambda folder: None):
+            pass
+    with pytest.raises(CannotWrite, match="cannot write '.*f.txt': Read-only file system"):
+        with atomic_path(tmp_path / "f.txt"):
+            pass
+
+
+@pytest.mark.parametrize("pattern, needle", [("{stem}-{foo}.png", "unknown placeholder {foo}"), ("{index:q}.png", "Unknown format code 'q'")])
+def test_segment_output_patterns_fill_known_placeholders_only(images, tmp_path, monkeypatch, pattern, needle):
+    monkeypatch.chdir(tmp_path)
+    one_error_line(invoke("segment", images / "img0.png", "-o", pattern), f"--out '{pattern}'", needle)
+    one_error_line(invoke("segment", images / "img0.png", "--overlay", pattern), f"--overlay '{pattern}'", needle)
+    assert not list(tmp_path.glob("*.png"))
+    r = invoke("segment", images / "img0.png", "-o", "{stem}-{index:03d}.png", "--json")
+    assert r.exit_code == 0 and (tmp_path / "img0-000.png").is_file(), r.output

@@ -53,7 +53,7 @@ def choose_seeds(n: Any, seeds: Any, seed: Any, *, default_count: int, new_seed:
         if n is not None:
             raise UserError("give -n (seeds --seed, --seed+1, ...) or --seeds (the exact seeds), not both")
         if seed is not None:
-            check_seed(seed)  # checked though --seeds decides, as before
+            raise UserError("give --seed (the first of -n seeds) or --seeds (the exact seeds), not both")
         return parse_seeds(seeds, limit=limit)
     count = default_count if n is None else n
     if not 1 <= count <= limit:

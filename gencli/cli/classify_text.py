@@ -7,7 +7,7 @@ import enum
 from typing import Annotated, Optional
 
 from gencli.cli import app
-from gencli.cli.common import DETERMINISTIC_SEED_HELP, RunOptions, command, option
+from gencli.cli.common import DETERMINISTIC_SEED_HELP, RunOptions, at_least, command, option
 from gencli.cli.embed import MaxLengthOpt, TextsArg, TextsFileOpt, read_texts
 
 DEFAULT_MODEL = "bert-shapes-classify"  # the embedded default: names the shape in a shapes-world caption
@@ -46,7 +46,7 @@ def classify_text(
         option("--function", help="Override the scores: softmax, sigmoid or none (default: as transformers' pipeline decides from the head)."),
     ] = None,
     max_length: MaxLengthOpt = None,
-    batch_size: Annotated[int, option("--batch-size", help="Inputs per forward pass.")] = 8,
+    batch_size: Annotated[int, option("--batch-size", callback=at_least(1), help="Inputs per forward pass.")] = 8,
     *,
     opts: RunOptions,
 ) -> None:

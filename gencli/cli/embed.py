@@ -87,7 +87,9 @@ def embed(
         option("--normalize/--no-normalize", help="L2-normalise the vectors (default: as the model's folder says; CLIP: yes; ViT, SimCLR: no)."),
     ] = None,
     max_length: MaxLengthOpt = None,
-    batch_size: Annotated[int, option("--batch-size", help="Texts (or images) per forward pass (texts batched by length; results stay in input order).")] = 32,
+    batch_size: Annotated[
+        int, option("--batch-size", callback=at_least(1), help="Texts (or images) per forward pass (texts batched by length; results stay in input order).")
+    ] = 32,
     out: Annotated[
         Optional[str],
         option("--out", metavar="FILE", help="Write the matrix to FILE.npy, FILE.safetensors (tensor 'embeddings') or FILE.jsonl; - = stdout (see --format)."),

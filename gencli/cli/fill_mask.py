@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from gencli.cli import app
-from gencli.cli.common import DETERMINISTIC_SEED_HELP, RunOptions, command, option
+from gencli.cli.common import DETERMINISTIC_SEED_HELP, RunOptions, at_least, command, option
 from gencli.cli.embed import MaxLengthOpt, TextsArg, TextsFileOpt, read_texts
 
 DEFAULT_MODEL = "bert-pystdlib"  # the embedded default: a small BERT pretrained on the standard library's English
@@ -17,7 +17,7 @@ def fill_mask(
     texts_file: TextsFileOpt = None,
     top_k: Annotated[int, option("--top-k", help="Predictions per mask.")] = 5,
     max_length: MaxLengthOpt = None,
-    batch_size: Annotated[int, option("--batch-size", help="Texts per forward pass.")] = 8,
+    batch_size: Annotated[int, option("--batch-size", callback=at_least(1), help="Texts per forward pass.")] = 8,
     *,
     opts: RunOptions,
 ) -> None:

@@ -6,7 +6,7 @@ import enum
 from typing import Annotated
 
 from gencli.cli import app
-from gencli.cli.common import DETERMINISTIC_SEED_HELP, RunOptions, command, option
+from gencli.cli.common import DETERMINISTIC_SEED_HELP, RunOptions, at_least, command, option
 from gencli.cli.embed import MaxLengthOpt, TextsArg, TextsFileOpt, read_texts
 
 DEFAULT_MODEL = "bert-shapes-ner"  # the embedded default: tags shapes-world captions
@@ -28,7 +28,7 @@ def ner(
         Aggregation, option("--aggregation", help="How tokens become entities, as transformers' token-classification pipeline defines it.")
     ] = Aggregation.simple,
     max_length: MaxLengthOpt = None,
-    batch_size: Annotated[int, option("--batch-size", help="Texts per forward pass.")] = 8,
+    batch_size: Annotated[int, option("--batch-size", callback=at_least(1), help="Texts per forward pass.")] = 8,
     *,
     opts: RunOptions,
 ) -> None:

@@ -14,9 +14,12 @@ from gencli.cli.images import BatchSizeOpt, ImagesArg, RecursiveOpt
 PLACEHOLDERS = ("{stem}", "{name}", "{index}")
 
 
-def _expand(pattern: str, path: str, index: int) -> Path:
+def _expand(pattern: str, path: str, index: int, option: str) -> Path:
+    """``pattern`` filled for the input ``path`` (an unknown placeholder is one error, as in txt2img)."""
+    from gencli.io import format_name
+
     p = Path(path)
-    return Path(pattern.replace("{stem}", p.stem).replace("{name}", p.name).replace("{index}", str(index)))
+    return Path(format_name(pattern, option=option, stem=p.stem, name=p.name, index=index))
 
 
 def _fraction(value: float) -> float:
@@ -41,7 +44,7 @@ def output_targets(pattern: Optional[str], out_dir: Optional[Path], paths: list[
                 f"{option_name} names one file but there are {len(paths)} images: put {{stem}} in it (e.g. '{{stem}}-{what}.png')"
                 + (" or use --out-dir" if what == "mask" else "")
             )
-        targets = [_expand(pattern, p, i) for i, p in enumerate(paths)]
+        targets = [_expand(pattern, p, i, option_name) for i, p in enumerate(paths)]
     else:
         assert out_dir is not None
         if out_dir.exists() and not out_dir.is_dir():

@@ -147,6 +147,8 @@ def plan_jobs(
 
     if n is not None and n < 1:
         raise UserError(f"-n must be at least 1 (got {n})")
+    if seed is not None and seeds is not None:
+        raise UserError("give --seed (the first of -n seeds) or --seeds (the exact seeds), not both")
     if negative_prompt is not None:
         check_text(negative_prompt, "--negative-prompt")
     jobs: list[Job] = []

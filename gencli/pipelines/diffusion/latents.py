@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -116,6 +116,17 @@ def read_latents(path: Union[str, Path], loaded: LoadedAutoencoder) -> LatentFil
     return _read_latent_file(Path(path), loaded, input_name(path))
 
 
+def check_decoded_size(shape: Sequence[int], loaded: LoadedAutoencoder, name: str) -> None:
+    """Latents that would decode to more than ``MAX_SIDE`` pixels a side (txt2img's limit) are refused
+    before they are read: a 16384-pixel square would take tens of GB."""
+    from gencli.pipelines.diffusion.pipeline import MAX_SIDE
+
+    factor = 2 ** (len(loaded.model.config.block_out_channels) - 1)
+    height, width = shape[2] * factor, shape[3] * factor
+    if max(height, width) > MAX_SIDE:
+        raise UserError(f"'{name}': latents of {shape[2]}x{shape[3]} (height x width) decode to {height}x{width} pixels, more than {MAX_SIDE} a side")
+
+
 def _read_latent_file(p: Path, loaded: LoadedAutoencoder, name: str) -> LatentFile:
     from safetensors.torch import load_file
 
@@ -135,6 +146,7 @@ def _read_latent_file(p: Path, loaded: LoadedAutoencoder, name: str) -> LatentFi
         raise UserError(f"'{name}': the latents have no pixels (shape {list(info.shape)})")
     if not str(info.dtype).upper().startswith(("F", "BF")):
         raise CheckpointError(f"'{name}': '{LATENT_KEY}' holds {info.dtype} values, not floating point")
+    check_decoded_size(info.shape, loaded, name)
     z = load_file(str(p))[LATENT_KEY].float()
     if not bool(torch.isfinite(z).all()):
         bad = int((~torch.isfinite(z)).sum())

@@ -141,6 +141,8 @@ def find_lora(name: str, lora_dir: Optional[Path], *, allow_pickle: bool = False
         raise UserError(f"the prompt names <lora:{name}>: say where LoRA files are with --lora-dir")
     if not lora_dir.is_dir():
         raise UserError(f"--lora-dir '{lora_dir}' is not a folder")
+    if Path(name).is_absolute() or ".." in Path(name).parts:  # a prompt (a replayed PNG's too) reads no file outside the folder
+        raise UserError(f"<lora:{name}>: a LoRA is named by its file name in --lora-dir (a subfolder too), not a path out of it")
     suffixes = LORA_SUFFIXES + (PICKLE_SUFFIXES if allow_pickle else ())
     for suffix in suffixes:
         direct = lora_dir / f"{name}{suffix}"

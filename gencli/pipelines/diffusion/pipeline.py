@@ -31,7 +31,6 @@ with a notice, and an image that is still not finite is an error.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -61,6 +60,7 @@ GENERATION_CONFIG = "generation_config.json"
 REQUIRED_COMPONENTS = ("unet", "vae", "scheduler")
 TIMESTEP_SPACINGS = ("leading", "trailing", "linspace")  # diffusers' timestep_spacing values
 MAX_SIDE = 4096  # the largest width or height accepted (pixels)
+MAX_GUIDANCE = 100.0  # ComfyUI's bound too; far beyond it the guided noise overflows and the VAE decodes no image
 SIZE_MULTIPLE = 8
 
 # diffusers' defaults where neither a flag nor generation_config.json says otherwise
@@ -339,8 +339,8 @@ def check_settings(
     """Reject out-of-range values before anything is loaded (one line each, exit 2)."""
     if steps is not None and steps < 1:
         raise UserError(f"--steps must be at least 1 (got {steps})")
-    if guidance is not None and not (guidance >= 0 and math.isfinite(guidance)):
-        raise UserError(f"--guidance must be >= 0 (got {guidance})")
+    if guidance is not None and not 0 <= guidance <= MAX_GUIDANCE:
+        raise UserError(f"--guidance must be from 0 to {MAX_GUIDANCE:g} (got {guidance})")
     if guidance_rescale is not None and not 0 <= guidance_rescale <= 1:
         raise UserError(f"--guidance-rescale must be in [0, 1] (got {guidance_rescale})")
     for name, value in (("--width", width), ("--height", height)):

@@ -12,6 +12,7 @@ from gencli.errors import UserError
 from gencli.io import check_output_dir, make_output_dir, plan_files, plan_outputs
 
 DEFAULT_COUNT = 16
+MAX_TEMPERATURE = 100.0  # a VAE prior scaled further decodes to saturated noise (1e30: a black image)
 
 
 @dataclass
@@ -49,8 +50,8 @@ def plan_samples(
     chosen = choose_seeds(n, seeds, seed, default_count=DEFAULT_COUNT, new_seed=new_seed)
     if family == "gan" and not 0.0 < truncation <= 1.0:
         raise UserError(f"--truncation must lie in (0, 1], got {truncation}")
-    if family == "vae" and not temperature > 0.0:
-        raise UserError(f"--temperature must be positive, got {temperature}")
+    if family == "vae" and not 0.0 < temperature <= MAX_TEMPERATURE:
+        raise UserError(f"--temperature must be above 0 and at most {MAX_TEMPERATURE:g} (the prior's scale), got {temperature}")
     if family == "vae" and truncation != 1.0:
         raise UserError("--truncation is for GANs; a VAE's prior is scaled with --temperature")
     if family == "gan" and temperature != 1.0:
