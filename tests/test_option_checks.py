@@ -259,3 +259,62 @@ def test_segment_output_patterns_fill_known_placeholders_only(images, tmp_path, 
     assert not list(tmp_path.glob("*.png"))
     r = invoke("segment", images / "img0.png", "-o", "{stem}-{index:03d}.png", "--json")
     assert r.exit_code == 0 and (tmp_path / "img0-000.png").is_file(), r.output
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["sample", "gan", "--interpolate", "3", "-n", "7"], "-n does not apply"),
+        (["sample", "gan", "-n", "2", "--nrow", "2", "--out-dir", "od"], "--nrow lays out a grid: --out-dir"),
+        (["sample", "gan", "--interpolate", "3", "--gif", "--nrow", "2", "-o", "x.gif"], "--nrow lays out a grid: --gif"),
+        (["embed", "a red star", "-k", "3"], "--top-k needs --images"),
+        (["embed", "a red star", "-r"], "--recursive needs --images"),
+        (["translate", "-m", MISSING, "--source", "", "--target", "German", "x"], "--source is empty"),
+        (["translate", "-m", MISSING, "--source", "English", "--target", " ", "x"], "--target is empty"),
+    ],
+    ids=lambda a: " ".join(a) if isinstance(a, list) else None,
+)
+def test_options_that_would_do_nothing_are_refused(tmp_path, monkeypatch, args, needle):
+    monkeypatch.chdir(tmp_path)
+    one_error_line(invoke(*args), needle)
+    assert not list(tmp_path.iterdir())
+
+
+def test_embed_images_top_k_needs_query(images):
+    one_error_line(invoke("embed", "--images", images / "img0.png", "-k", "3"), "--top-k is the number of neighbours --query lists")
+
+
+def test_guidance_at_most_one_says_negative_prompt_and_rescale_do_nothing(tmp_path):
+    r = invoke("txt2img", "a red star", "--steps", "1", "--guidance", "1", "--negative-prompt", "blue", "--guidance-rescale", "0.5", "-o", tmp_path / "a.png")
+    assert r.exit_code == 0, r.output
+    warned = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
+    assert any("a negative prompt has no effect at guidance 1" in w for w in warned), r.stderr
+    assert any("--guidance-rescale has no effect at guidance 1" in w for w in warned), r.stderr
+    r = invoke("txt2img", "a red star", "--steps", "1", "--guidance", "5", "--negative-prompt", "blue", "-o", tmp_path / "b.png")
+    assert r.exit_code == 0 and "no effect" not in r.stderr, r.stderr
+
+
+def test_replay_names_the_a1111_settings_it_does_not_apply(tmp_path):
+    from PIL import Image, PngImagePlugin
+
+    assert invoke("txt2img", "a red star", "--steps", "1", "--seed", "1", "-o", tmp_path / "base.png").exit_code == 0
+    im = Image.open(tmp_path / "base.png")
+    info = PngImagePlugin.PngInfo()
+    info.add_text("parameters", im.text["parameters"] + ", Hires upscale: 2, Eta: 0.7")
+    im.save(tmp_path / "more.png", pnginfo=info)
+    r = invoke("replay", tmp_path / "more.png", "-o", tmp_path / "again.png")
+    assert r.exit_code == 0, r.output
+    assert "does not apply (Hires upscale: 2, Eta: 0.7)" in r.stderr
+    r = invoke("replay", tmp_path / "base.png", "-o", tmp_path / "plain.png")
+    assert r.exit_code == 0 and "does not apply" not in r.stderr
+
+
+def test_a_library_warning_is_one_warning_line_with_its_category(tmp_path):
+    from PIL import Image
+
+    Image.new("RGB", (9500, 9500)).save(tmp_path / "big.png")  # over PIL's decompression-bomb warning limit
+    r = invoke("classify", tmp_path / "big.png", "-k", "1")
+    assert r.exit_code == 0, r.output
+    warned = [line for line in r.stderr.splitlines() if "DecompressionBombWarning" in line]
+    assert len(warned) == 1 and warned[0].startswith("warning: Image size"), r.stderr
+    assert "warnings.warn" not in r.stderr and ".py:" not in r.stderr

@@ -79,7 +79,7 @@ def embed(
     texts_file: TextsFileOpt = None,
     images: ImagesFlag = False,
     query: QueryOpt = None,
-    top_k: Annotated[int, option("--top-k", callback=at_least(1), help="With --query: neighbours listed per query.")] = 5,
+    top_k: Annotated[Optional[int], option("--top-k", callback=at_least(1), help="With --query: neighbours listed per query (default 5).")] = None,
     recursive: Annotated[bool, option("--recursive", help="With --images: descend into sub-directories of directory inputs.")] = False,
     pooling: Annotated[Optional[Pooling], option("--pooling", help="Override the model's pooling of token states.")] = None,
     normalize: Annotated[
@@ -127,9 +127,12 @@ def embed(
             raise UserError(f"{'--pooling' if pooling is not None else '--max-length'} applies to texts, not to --images")
         if query and out is not None:
             raise UserError("--query lists neighbours: it writes no matrix, so --out cannot go with it")
-        return _embed_images(texts or [], query or [], top_k, recursive, normalize, batch_size, out, matrix, force, opts)
-    if query:
-        raise UserError("--query needs --images: the inputs it is compared with are images")
+        if top_k is not None and not query:
+            raise UserError("--top-k is the number of neighbours --query lists: give --query IMAGE too")
+        return _embed_images(texts or [], query or [], top_k or 5, recursive, normalize, batch_size, out, matrix, force, opts)
+    if query or top_k is not None or recursive:
+        given = "--query" if query else "--top-k" if top_k is not None else "--recursive"
+        raise UserError(f"{given} needs --images: it applies to image inputs, not texts")
     _embed_texts(read_texts(texts, texts_file), pooling, normalize, max_length, batch_size, out, matrix, force, opts)
 
 

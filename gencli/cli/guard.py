@@ -42,15 +42,19 @@ def _termination_as_exception() -> Iterator[None]:
 @contextlib.contextmanager
 def _notices_as_warnings(opts: RunOptions) -> Iterator[None]:
     """:class:`gencli.errors.Notice` warnings raised below the command line become ``warning:`` lines
-    (once each); other Python warnings are shown as Python shows them."""
+    (once each); another library's warning is one ``warning:`` line too (its first line and its
+    category), shown as Python shows it (file, line, source) only with --debug."""
     with warnings.catch_warnings():
         original = warnings.showwarning
 
         def show(message, category, filename, lineno, file=None, line=None):
             if issubclass(category, Notice):
                 opts.report.warn(str(message))
-            else:
+            elif opts.debug:
                 original(message, category, filename, lineno, file, line)
+            else:
+                first = next((part.strip() for part in str(message).splitlines() if part.strip()), "")
+                opts.report.warn(f"{first} ({category.__name__})")
 
         warnings.simplefilter("default", Notice)
         warnings.showwarning = show

@@ -115,6 +115,9 @@ def translate(
 
     if (source is None) != (target is None):
         raise UserError("--source and --target go together (T5: 'translate SOURCE to TARGET: ')")
+    for name, value in (("--source", source), ("--target", target)):
+        if value is not None and not value.strip():
+            raise UserError(f"{name} is empty: give a language name (e.g. English, German)")
     prefix = f"translate {source} to {target}: " if source is not None else None
     _run(texts, settings, opts, prefix=prefix, default_model=None)
 

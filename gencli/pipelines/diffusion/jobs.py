@@ -339,9 +339,16 @@ def run_jobs(
     every image an img2img of it, and ``mask`` (``(H, W)``, 1 = repaint) an inpainting."""
     from gencli.pipelines.diffusion.pipeline import BatchTiming, generate, resolve_settings
 
+    unused_told: set[str] = set()
     for group in batches(jobs, batch_size):
         settings = resolve_settings(pipe, **group[0].flags)
         negatives = [j.negative_prompt for j in group]
+        if on_notice is not None and not settings.classifier_free_guidance:
+            unused = [name for name, given in (("a negative prompt", any(negatives)), ("--guidance-rescale", settings.guidance_rescale > 0)) if given]
+            for name in unused:
+                if name not in unused_told:
+                    unused_told.add(name)
+                    on_notice(f"{name} has no effect at guidance {settings.guidance:g}: guidance <= 1 runs no unconditional pass (raise --guidance)")
         timing = BatchTiming()
         images = generate(
             pipe,

@@ -76,6 +76,14 @@ def plan_replay(
         raise UserError(f"'{name}' was inpainted: pass its source image with --init-image and its mask with --mask")
     if mask is not None and init_image is None:
         raise UserError("--mask needs --init-image (the image the mask applies to)")
+    unapplied = [key for key in params.extra if key in UNAPPLIED_KEYS]
+    if unapplied:
+        import warnings
+
+        from gencli.errors import Notice
+
+        shown = ", ".join(f"{k}: {params.extra[k]}" for k in unapplied)
+        warnings.warn(f"'{name}' records settings gencli does not apply ({shown}): the replay will differ from that image", Notice, stacklevel=2)
     chosen = check_seed(seed) if seed is not None else check_seed(params.seed, f"'{name}': the PNG's Seed")
     settings = dict(
         negative_prompt=params.negative_prompt or None, steps=params.steps, guidance=params.cfg_scale, guidance_rescale=params.guidance_rescale or None,
@@ -89,6 +97,14 @@ def plan_replay(
     except UserError as exc:
         raise from_the_png(name, exc) from None
     return Replay(params, settings, flags, model, params.model_hash)
+
+
+# A1111 settings that change the image and gencli does not implement: a replay says so
+UNAPPLIED_KEYS = frozenset({
+    "Hires upscale", "Hires steps", "Hires upscaler", "Hires resize", "Denoising strength 2", "Variation seed", "Variation seed strength",
+    "Seed resize from", "Eta", "Eta DDIM", "ENSD", "Refiner", "Refiner switch at", "Face restoration", "Sigma min", "Sigma max", "Sigma churn",
+    "Noise multiplier", "Token merging ratio", "ADetailer model", "ControlNet 0", "ControlNet",
+})  # fmt: skip
 
 
 def from_the_png(name: str, exc: UserError) -> UserError:

@@ -62,6 +62,10 @@ def plan_samples(
         raise UserError("--gif writes a latent walk: give --interpolate STEPS")
     if gif and out_dir is not None:
         raise UserError("--gif writes one file: use --out, not --out-dir")
+    if interpolate is not None and n is not None:
+        raise UserError("--interpolate walks from --seed S to S+1 (or the two --seeds): -n does not apply")
+    if nrow is not None and (out_dir is not None or gif):
+        raise UserError(f"--nrow lays out a grid: {'--out-dir writes one PNG per sample' if out_dir is not None else '--gif writes frames'}")
     folder = check_output_dir(out_dir)
     if interpolate is not None:
         if len(chosen) != 2:
