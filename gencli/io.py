@@ -56,6 +56,8 @@ def ensure_writable(path: str | os.PathLike, force: bool = False, *, new_folder:
     """
     if is_stdout(path):
         return Path(STDOUT)
+    if not os.fspath(path):
+        raise UserError("the output name is empty: give a file name")
     p = Path(path)
     if new_folder and not p.parent.exists():
         if len(os.fsencode(p.name)) > 255:
@@ -70,7 +72,7 @@ def ensure_writable(path: str | os.PathLike, force: bool = False, *, new_folder:
             raise UserError(f"output '{p}' already exists (use --force to overwrite)")
         parent = _resolved(p).parent
         if not parent.is_dir():
-            raise UserError(f"output directory '{parent}' does not exist")
+            raise UserError(f"output directory '{parent}' {'is a file, not a directory' if parent.exists() else 'does not exist'}")
     except OSError as exc:
         raise bad_name(p, exc) from None
     if not os.access(parent, os.W_OK):

@@ -318,3 +318,14 @@ def test_a_library_warning_is_one_warning_line_with_its_category(tmp_path):
     warned = [line for line in r.stderr.splitlines() if "DecompressionBombWarning" in line]
     assert len(warned) == 1 and warned[0].startswith("warning: Image size"), r.stderr
     assert "warnings.warn" not in r.stderr and ".py:" not in r.stderr
+
+
+def test_messages_say_what_is_wrong(images, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "exist.txt").write_text("x")
+    one_error_line(invoke("info", "llama-pystdlib", "-o", "exist.txt/x.txt"), "output directory 'exist.txt' is a file, not a directory")
+    one_error_line(invoke("info", "llama-pystdlib", "-o", ""), "the output name is empty")
+    one_error_line(invoke("encode", images / "img0.png", "-o", "-", "--json"), "-o - writes the latent file (binary)")
+    one_error_line(invoke("img2img", images, "a", "-o", "x.png"), "is a directory, not an image file")
+    assert invoke("sample", "gan", "-n", "1", "-o", "g.png").exit_code == 0
+    one_error_line(invoke("replay", "g.png"), "has no 'parameters' text to replay")

@@ -40,7 +40,7 @@ def encode(
     from gencli.pipelines.vision.images import image_paths
     from gencli.weights import resolve_model
 
-    check_binary_stdout(opts, out)
+    check_binary_stdout(opts, out, what="the latent file")
     if out is not None:
         lat.check_latent_name(out)
     paths = image_paths(images)

@@ -13,12 +13,12 @@ from gencli.console import Reporter, emit_json
 from gencli.errors import UserError
 
 
-def check_binary_stdout(opts: RunOptions, *outs: Optional[object]) -> None:
+def check_binary_stdout(opts: RunOptions, *outs: Optional[object], what: str = "the image") -> None:
     """A binary output on stdout (``-o -``, ``/dev/stdout``) cannot share it with --json lines: one line, before any work."""
     from gencli.io import is_stdout
 
     if opts.json and any(o is not None and (is_stdout(o) or str(o) == "/dev/stdout") for o in outs):
-        raise UserError("-o - writes the image (binary) to stdout, where --json writes its lines: give -o a file, or drop --json")
+        raise UserError(f"-o - writes {what} (binary) to stdout, where --json writes its lines: give -o a file, or drop --json")
 
 
 def report_written(opts: RunOptions, record: dict[str, Any]) -> None:

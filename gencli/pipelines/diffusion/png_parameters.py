@@ -182,7 +182,7 @@ def read_parameters(path: str | Path) -> ImageParameters:
     except (UnidentifiedImageError, OSError) as exc:
         raise UserError(f"'{path}' is not a readable image: {exc}") from None
     if not text:
-        raise UserError(f"'{path}' has no 'parameters' text: it was not written by gencli or another Stable Diffusion front end")
+        raise UserError(f"'{path}' has no 'parameters' text to replay (txt2img, img2img and sample ddpm write one, as other Stable Diffusion front ends do)")
     return ImageParameters.from_text(text)
 
 

@@ -102,7 +102,7 @@ def load_image(path: str | Path) -> Image.Image:
         if not source.exists():
             raise ImageReadError(name, "no such file")
         if source.is_dir():
-            raise ImageReadError(name, "is a directory (use --recursive, or pass the directory itself to read its images)")
+            raise ImageReadError(name, "is a directory, not an image file")
     try:
         with Image.open(source) as im:
             im.load()
