@@ -329,3 +329,19 @@ def test_messages_say_what_is_wrong(images, tmp_path, monkeypatch):
     one_error_line(invoke("img2img", images, "a", "-o", "x.png"), "is a directory, not an image file")
     assert invoke("sample", "gan", "-n", "1", "-o", "g.png").exit_code == 0
     one_error_line(invoke("replay", "g.png"), "has no 'parameters' text to replay")
+
+
+def test_more_options_that_would_do_nothing_are_refused(images, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    img = images / "img0.png"
+    one_error_line(invoke("segment", img, "--alpha", "0.3"), "--alpha is the opacity of the --overlay image")
+    one_error_line(invoke("reconstruct", img, "--out-dir", "rec", "--tile"), "--tile/--no-tile applies to AutoencoderKL models", "ConvVAE")
+    one_error_line(invoke("info", "llama-pystdlib", "--all", "--limit", "3"), "--all lists every tensor and --limit some")
+    one_error_line(invoke("similarity", "-i", img, "--text", "", "--text", "a star"), "--texts 1 is empty")
+    one_error_line(invoke("text2text", "a red star", "--length-penalty", "2"), "--length-penalty applies to beam search", "--num-beams 2")
+    one_error_line(invoke("text2text", "a red star", "--early-stopping"), "--early-stopping applies to beam search")
+    assert not list(tmp_path.iterdir())
+    r = invoke("segment", img, "--overlay", "o.png", "--alpha", "0.3", "--json")
+    assert r.exit_code == 0 and (tmp_path / "o.png").is_file(), r.output
+    r = invoke("text2text", "a red star", "--num-beams", "2", "--length-penalty", "2", "-n", "4", "--json")
+    assert r.exit_code == 0, r.output

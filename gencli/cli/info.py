@@ -21,7 +21,9 @@ def info(
         ),
     ],
     match: Annotated[Optional[str], typer.Option("--match", help="Only list tensors whose name matches this regular expression.")] = None,
-    limit: Annotated[int, typer.Option("--limit", callback=at_least(0), help="Tensors listed in the table (0 = none; --all for every one).")] = 40,
+    limit: Annotated[
+        Optional[int], typer.Option("--limit", callback=at_least(0), help="Tensors listed in the table (default 40; 0 = none; --all for every one).")
+    ] = None,
     all_: Annotated[bool, typer.Option("--all", help="List every tensor.")] = False,
     allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Read .bin/.pt/.ckpt checkpoints with torch.load(weights_only=True).")] = False,
     *,
@@ -32,6 +34,8 @@ def info(
     from gencli.errors import UserError
     from gencli.weights import resolve_model
 
+    if all_ and limit is not None:
+        raise UserError("--all lists every tensor and --limit some of them: give one")
     d = describe(resolve_model(path), allow_pickle=allow_pickle)
     if match:
         try:
@@ -43,7 +47,7 @@ def info(
         if opts.json:
             emit_json(d, fh)
         else:
-            _render(d, None if all_ else limit, fh)
+            _render(d, None if all_ else 40 if limit is None else limit, fh)
 
 
 def _render(d: dict, limit: Optional[int], file) -> None:

@@ -112,13 +112,17 @@ def reconstruct(
     into --out.
     """
     from gencli.console import emit_json, print_table
+    from gencli.errors import UserError
     from gencli.pipelines.generative import reconstruct as reconstruction
+    from gencli.pipelines.generative.loading import LoadedGenerative
     from gencli.pipelines.vision.images import image_paths
     from gencli.weights import resolve_model
 
     paths = image_paths(images)
     folder, targets = reconstruction.plan_reconstructions(paths, out_dir, force=force)
     model = reconstruction.load_any_vae(resolve_model(opts.model, DEFAULTS["vae"]), **opts.load_options())
+    if tile is not None and isinstance(model, LoadedGenerative):
+        raise UserError(f"--tile/--no-tile applies to AutoencoderKL models; '{model.path}' is a ConvVAE, which takes the whole image at its size")
     rows = []
     with opts.results() as results, opts.report.progress("reconstructing", total=len(paths)) as advance:
         for p, t in zip(paths, targets):

@@ -22,8 +22,8 @@ def _expand(pattern: str, path: str, index: int, option: str) -> Path:
     return Path(format_name(pattern, option=option, stem=p.stem, name=p.name, index=index))
 
 
-def _fraction(value: float) -> float:
-    if not 0.0 <= value <= 1.0:
+def _fraction(value: Optional[float]) -> Optional[float]:
+    if value is not None and not 0.0 <= value <= 1.0:
         raise typer.BadParameter(f"must be between 0 and 1 (got {value})")
     return value
 
@@ -81,7 +81,9 @@ def segment(
         Optional[str],
         typer.Option("--overlay", metavar="FILE.png", help="Write the image with the classes blended over it and a legend ({stem} etc. as for --out)."),
     ] = None,
-    alpha: Annotated[float, typer.Option("--alpha", metavar="0..1", callback=_fraction, help="Opacity of the class colours in --overlay.")] = 0.5,
+    alpha: Annotated[
+        Optional[float], typer.Option("--alpha", metavar="0..1", callback=_fraction, help="Opacity of the class colours in --overlay (default 0.5).")
+    ] = None,
     batch_size: BatchSizeOpt = 8,
     recursive: RecursiveOpt = False,
     force: Annotated[bool, option("--force", help="Overwrite existing masks and overlays.")] = False,
@@ -108,6 +110,8 @@ def segment(
     report = opts.report
     if out is not None and out_dir is not None:
         raise UserError("give -o/--out (a file or a {stem} pattern) or --out-dir, not both")
+    if alpha is not None and overlay is None:
+        raise UserError("--alpha is the opacity of the --overlay image: give --overlay too")
     on_stdout = check_stdout_outputs(out, overlay, opts)
     paths = image_paths(images, recursive=recursive)  # bad inputs fail before the model loads
     masks = output_targets(out, out_dir, paths, "mask", "--out", force)
@@ -139,7 +143,7 @@ def segment(
         return [m if isinstance(m, str) else (m, im if overlays else None) for m, im in zip(maps, ims)]
 
     results = predict_image_files(paths, predict, batch_size=batch_size)
-    n = write_segmentations(results, paths, seg.labels, masks, overlays, alpha, force, opts, table_to_stderr=on_stdout)
+    n = write_segmentations(results, paths, seg.labels, masks, overlays, 0.5 if alpha is None else alpha, force, opts, table_to_stderr=on_stdout)
     took = time.perf_counter() - loaded
     report.debug(f"{n} image(s) in {took:.2f}s ({n / took:.1f} images/s)" if took > 0 else f"{n} image(s)")
 

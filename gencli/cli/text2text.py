@@ -151,6 +151,9 @@ def _run(texts, options: DecodingOptions, opts: RunOptions, *, prefix: Optional[
         sm = load_seq2seq_model(path, **opts.load_options())
     report.debug(f"model: {describe(sm)}; loaded in {sm.load_seconds:.2f}s")
     settings = resolve_settings(sm.generation_config, **flags, eos_ids=sm.eos_ids, seed=opts.seed, warn=report.warn)
+    beam_only = [name for name, key in (("--length-penalty", "length_penalty"), ("--early-stopping", "early_stopping")) if flags.get(key) is not None]
+    if beam_only and not settings.beam_search:
+        raise UserError(f"{beam_only[0]} applies to beam search, which this run does not use (one beam): give --num-beams 2 or more")
     if stream and settings.beam_search:
         raise UserError(
             "--stream prints greedy or sampled text as it comes: beam search knows its best output only at the end (drop --stream or use --num-beams 1)"

@@ -18,7 +18,10 @@ def parse_texts(texts: Optional[Sequence[str]], texts_file: Optional[str]) -> li
     """Texts from repeated ``--texts`` and/or ``--texts-file`` (one per line, ``-`` = stdin), blanks dropped."""
     from gencli.io import check_text
 
-    out = [check_text(t, "--texts").strip() for t in (texts or []) if t.strip()]
+    for i, t in enumerate(texts or []):
+        if not check_text(t, "--texts").strip():
+            raise UserError(f"--texts {i + 1} is empty: every text is a column of the matrix")
+    out = [t.strip() for t in texts or []]
     if texts_file:
         out.extend(read_lines(texts_file, "--texts-file"))
     if not out:
