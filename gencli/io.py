@@ -147,7 +147,7 @@ def format_name(pattern: str, *, option: str = "-o/--out", **fields: Any) -> str
         return pattern.format(**fields)
     except KeyError as exc:
         raise UserError(f"{option} {pattern!r}: unknown placeholder {{{exc.args[0]}}} (use {', '.join('{' + k + '}' for k in fields)})") from None
-    except (ValueError, IndexError, TypeError) as exc:
+    except (ValueError, IndexError, TypeError, AttributeError) as exc:
         raise UserError(f"{option} {pattern!r}: {exc} (use {', '.join('{' + k + '}' for k in fields)}; double a literal brace)") from None
 
 

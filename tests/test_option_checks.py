@@ -217,8 +217,11 @@ def test_latents_too_large_to_decode_are_refused_before_they_are_read(tmp_path):
     import torch
     from safetensors.torch import save_file
 
-    save_file({"latent_format_version_0": torch.zeros(0), "latent_tensor": torch.zeros(1, 4, 2048, 8)}, str(tmp_path / "huge.safetensors"))
-    one_error_line(invoke("decode", tmp_path / "huge.safetensors", "-o", tmp_path / "x.png"), "2048x8 (height x width)", "more than 4096 a side")
+    save_file({"latent_format_version_0": torch.zeros(0), "latent_tensor": torch.zeros(1, 4, 2048, 8)}, str(tmp_path / "tall.safetensors"))
+    r = invoke("decode", tmp_path / "tall.safetensors", "--no-tile", "-o", tmp_path / "x.png")
+    one_error_line(r, "2048x8 (height x width)", "more than 4096 a side untiled")
+    save_file({"latent_format_version_0": torch.zeros(0), "latent_tensor": torch.zeros(1, 4, 8192, 8)}, str(tmp_path / "huge.safetensors"))
+    one_error_line(invoke("decode", tmp_path / "huge.safetensors", "-o", tmp_path / "x.png"), "8192x8 (height x width)", "more than 16384 a side")
     assert not (tmp_path / "x.png").exists()
 
 
@@ -345,3 +348,29 @@ def test_more_options_that_would_do_nothing_are_refused(images, tmp_path, monkey
     assert r.exit_code == 0 and (tmp_path / "o.png").is_file(), r.output
     r = invoke("text2text", "a red star", "--num-beams", "2", "--length-penalty", "2", "-n", "4", "--json")
     assert r.exit_code == 0, r.output
+
+
+def test_review_findings(images, tmp_path, monkeypatch):
+    """Found by reading the change: each was exit 1, a wrong refusal or a misleading line."""
+    monkeypatch.chdir(tmp_path)
+    big = "9" * 400  # an integer click accepts and math.isfinite cannot take
+    one_error_line(invoke("generate", "x", "-m", MISSING, "--top-k", big), "does not exist")  # checked without an OverflowError (exit 1)
+    one_error_line(invoke("segment", images / "img0.png", "-o", "{stem.x}.png"), "--out '{stem.x}.png'")
+    import shutil
+
+    for name in ("a.png", "b.png"):
+        shutil.copy(images / "img0.png", tmp_path / name)
+    r = invoke("segment", "a.png", "b.png", "-o", "m-{index:03d}.png", "--json")
+    assert r.exit_code == 0 and (tmp_path / "m-001.png").is_file(), r.output
+    bad = "caf\udce9"
+    one_error_line(invoke("generate", "x", "-m", MISSING, "--stop", bad), "--stop is not UTF-8 text")
+    one_error_line(invoke("generate", "x", "-m", MISSING, "--chat", "--system", bad), "--system is not UTF-8 text")
+    one_error_line(invoke("translate", "-m", MISSING, "--source", bad, "--target", "German", "x"), "--source is not UTF-8 text")
+    one_error_line(invoke("zeroshot", images / "img0.png", "-l", "a,b", "--template", f"{bad} {{}}"), "--template is not UTF-8 text")
+    one_error_line(invoke("sample", "ddpm", "-n", "2", "--nrow", "2", "--out-dir", "od"), "--nrow lays out a grid: --out-dir")
+    one_error_line(invoke("sample", "ddpm", "--seed", "1", "-n", "1", "--nrow", "2"), "--nrow lays out a grid: one seed")
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a star\n")
+    line = one_error_line(invoke("txt2img", "--prompts-file", prompts, "--seed", "4294967295", "-n", "2", "--steps", "1"), "--seed 4294967295 with -n 2")
+    assert "line 1" not in line  # the command's own flags, not the file's line
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == ["a.png", "b.png", "m-000.png", "m-001.png"]

@@ -94,6 +94,12 @@ def generate(
     check_quantization_flags(quantize.value if quantize else None, group_size)
     if system is not None and not chat:
         raise UserError("--system needs --chat")
+    from gencli.io import check_text
+
+    if system is not None:
+        check_text(system, "--system")
+    for s in stop or []:
+        check_text(s, "--stop")
     if distributed is not None and prompts_file is None:
         raise UserError("--ray needs --prompts-file (one prompt runs in this process)")
     prompts = read_prompts(prompt, prompts_file, opts.report.warn)

@@ -99,7 +99,7 @@ def decode(
     if out is not None:
         image_format(out)
     loaded = lat.load_latent_autoencoder(resolve_model(opts.model, DEFAULT_MODEL), **opts.load_options())
-    files = [lat.read_latents(p, loaded) for p in latents]  # every input is checked before any output
+    files = [lat.read_latents(p, loaded, tile=tile) for p in latents]  # every input is checked before any output
     names = [
         f"{lat.latent_stem(p)}.png" if len(f.latents) == 1 else f"{lat.latent_stem(p)}-{i}.png" for p, f in zip(latents, files) for i in range(len(f.latents))
     ]

@@ -11,8 +11,6 @@ from gencli.cli import app
 from gencli.cli.common import DETERMINISTIC_SEED_HELP, RunOptions, command, option
 from gencli.cli.images import BatchSizeOpt, ImagesArg, RecursiveOpt
 
-PLACEHOLDERS = ("{stem}", "{name}", "{index}")
-
 
 def _expand(pattern: str, path: str, index: int, option: str) -> Path:
     """``pattern`` filled for the input ``path`` (an unknown placeholder is one error, as in txt2img)."""
@@ -20,6 +18,17 @@ def _expand(pattern: str, path: str, index: int, option: str) -> Path:
 
     p = Path(path)
     return Path(format_name(pattern, option=option, stem=p.stem, name=p.name, index=index))
+
+
+def _has_placeholder(pattern: str) -> bool:
+    """Whether ``pattern`` has a replacement field (``{stem}``, ``{index:03d}`` ...); a malformed one
+    counts, so that filling it reports the mistake."""
+    import string
+
+    try:
+        return any(field is not None for _, field, _, _ in string.Formatter().parse(pattern))
+    except ValueError:
+        return True
 
 
 def _fraction(value: Optional[float]) -> Optional[float]:
@@ -39,7 +48,7 @@ def output_targets(pattern: Optional[str], out_dir: Optional[Path], paths: list[
     if pattern is None and out_dir is None:
         return None
     if pattern is not None:
-        if len(paths) > 1 and not any(ph in pattern for ph in PLACEHOLDERS):
+        if len(paths) > 1 and not _has_placeholder(pattern):
             raise UserError(
                 f"{option_name} names one file but there are {len(paths)} images: put {{stem}} in it (e.g. '{{stem}}-{what}.png')"
                 + (" or use --out-dir" if what == "mask" else "")

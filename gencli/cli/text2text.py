@@ -112,11 +112,12 @@ def translate(
     gencli translate -m ./t5-small --source English --target German "The house is wonderful."
     """
     from gencli.errors import UserError
+    from gencli.io import check_text
 
     if (source is None) != (target is None):
         raise UserError("--source and --target go together (T5: 'translate SOURCE to TARGET: ')")
     for name, value in (("--source", source), ("--target", target)):
-        if value is not None and not value.strip():
+        if value is not None and not check_text(value, name).strip():
             raise UserError(f"{name} is empty: give a language name (e.g. English, German)")
     prefix = f"translate {source} to {target}: " if source is not None else None
     _run(texts, settings, opts, prefix=prefix, default_model=None)

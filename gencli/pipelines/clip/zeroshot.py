@@ -121,7 +121,9 @@ def default_templates(path: Path) -> list[str]:
 
 def check_templates(templates: Optional[Sequence[str]]) -> list[str]:
     """The prompt templates (default: CLIP's "a photo of a {}."); each must contain ``{}``."""
-    templates = list(templates or [DEFAULT_TEMPLATE])
+    from gencli.io import check_text
+
+    templates = [check_text(t, "--template") for t in templates or [DEFAULT_TEMPLATE]]
     for t in templates:
         if PLACEHOLDER not in t:
             raise UserError(f"template {t!r} has no {PLACEHOLDER} where the label goes (e.g. \"a photo of a {PLACEHOLDER}.\")")

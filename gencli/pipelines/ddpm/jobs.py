@@ -70,11 +70,14 @@ def plan_outputs(req: DDPMRequest, new_seed: Callable[[], int]) -> SamplePlan:
     seeds = choose_seeds(req.n, req.seeds, req.seed, default_count=16, new_seed=new_seed)
     if req.out is not None and req.out_dir is not None:
         raise UserError("give -o/--out (a grid or a file pattern) or --out-dir (one PNG per sample), not both")
+    pattern = str(req.out) if req.out is not None else "samples.png"
+    fields = _placeholders(pattern)
+    if req.nrow is not None and (req.out_dir is not None or fields or len(seeds) == 1):
+        why = "--out-dir writes" if req.out_dir is not None else "a {i}/{seed} pattern writes" if fields else "one seed makes"
+        raise UserError(f"--nrow lays out a grid: {why} one PNG per sample")
     if req.out_dir is not None:  # one PNG per seed, named after it
         names = [f"{FAMILY}-seed{s}.png" for s in seeds]
         return SamplePlan(seeds, files=plan_files(names, out_dir=req.out_dir, what="images", force=req.force))
-    pattern = str(req.out) if req.out is not None else "samples.png"
-    fields = _placeholders(pattern)
     bad = [f for f in fields if f not in ("i", "seed") and not f.startswith(("i:", "seed:"))]
     if bad:
         raise UserError(f"-o/--out {pattern!r}: unknown placeholder {{{bad[0]}}} (use {{i}} and {{seed}})")

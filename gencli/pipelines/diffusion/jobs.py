@@ -151,6 +151,8 @@ def plan_jobs(
         raise UserError("give --seed (the first of -n seeds) or --seeds (the exact seeds), not both")
     if negative_prompt is not None:
         check_text(negative_prompt, "--negative-prompt")
+    if seed is not None or seeds is not None:  # the command's own seeds, checked once and named by their flags
+        _spec_seeds(PromptSpec(""), seed=seed, seeds=seeds, n=n, new_seed=new_seed)
     jobs: list[Job] = []
     for spec in specs:
         with spec.located():
@@ -344,7 +346,8 @@ def run_jobs(
         settings = resolve_settings(pipe, **group[0].flags)
         negatives = [j.negative_prompt for j in group]
         if on_notice is not None and not settings.classifier_free_guidance:
-            unused = [name for name, given in (("a negative prompt", any(negatives)), ("--guidance-rescale", settings.guidance_rescale > 0)) if given]
+            given = {"a negative prompt": any(negatives), "--guidance-rescale": bool(group[0].flags.get("guidance_rescale"))}  # asked for, not a config's
+            unused = [name for name, asked in given.items() if asked]
             for name in unused:
                 if name not in unused_told:
                     unused_told.add(name)

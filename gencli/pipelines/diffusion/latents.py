@@ -98,10 +98,11 @@ def write_latents(path: Union[str, Path], latents: torch.Tensor, metadata: dict[
     return write_output(path, save(tensors, metadata={METADATA_KEY: json.dumps(metadata, sort_keys=True)}), force=force)
 
 
-def read_latents(path: Union[str, Path], loaded: LoadedAutoencoder) -> LatentFile:
+def read_latents(path: Union[str, Path], loaded: LoadedAutoencoder, *, tile: Optional[bool] = None) -> LatentFile:
     """A latent file's unscaled latents for ``loaded`` (scaled ones are unscaled with its config);
     ``-`` reads the file from stdin. A file that is not one, whose latents the model cannot take,
-    that holds no latent, an empty map or a NaN/infinite value is a one-line error (never a black image)."""
+    that holds no latent, an empty map or a NaN/infinite value is a one-line error (never a black image),
+    as are latents too large to decode (:func:`check_decoded_size`, with the decode's ``tile``)."""
     if is_stdout(path):
         import tempfile
 
@@ -110,24 +111,30 @@ def read_latents(path: Union[str, Path], loaded: LoadedAutoencoder) -> LatentFil
             tmp = Path(folder) / "stdin.latent.safetensors"
             tmp.write_bytes(data)
             try:
-                return _read_latent_file(tmp, loaded, "stdin")
+                return _read_latent_file(tmp, loaded, "stdin", tile)
             except UserError as exc:
                 raise type(exc)(str(exc).replace(str(tmp), "stdin")) from None
-    return _read_latent_file(Path(path), loaded, input_name(path))
+    return _read_latent_file(Path(path), loaded, input_name(path), tile)
 
 
-def check_decoded_size(shape: Sequence[int], loaded: LoadedAutoencoder, name: str) -> None:
-    """Latents that would decode to more than ``MAX_SIDE`` pixels a side (txt2img's limit) are refused
-    before they are read: a 16384-pixel square would take tens of GB."""
+MAX_TILED_SIDE = 16384  # a tiled decode's memory is its tiles': only the image itself grows (16384^2 RGB: 0.8 GB)
+
+
+def check_decoded_size(shape: Sequence[int], loaded: LoadedAutoencoder, name: str, tile: Optional[bool] = None) -> None:
+    """Latents that would decode to more pixels a side than a decode can hold are refused before
+    they are read: ``MAX_SIDE`` (txt2img's limit) with ``--no-tile``, whose memory grows with the
+    image (a 16384-pixel square would take tens of GB), else ``MAX_TILED_SIDE``."""
     from gencli.pipelines.diffusion.pipeline import MAX_SIDE
 
-    factor = 2 ** (len(loaded.model.config.block_out_channels) - 1)
+    limit = MAX_SIDE if tile is False else MAX_TILED_SIDE
+    factor = loaded.model.config.downsampling
     height, width = shape[2] * factor, shape[3] * factor
-    if max(height, width) > MAX_SIDE:
-        raise UserError(f"'{name}': latents of {shape[2]}x{shape[3]} (height x width) decode to {height}x{width} pixels, more than {MAX_SIDE} a side")
+    if max(height, width) > limit:
+        hint = " untiled (drop --no-tile)" if tile is False and max(height, width) <= MAX_TILED_SIDE else ""
+        raise UserError(f"'{name}': latents of {shape[2]}x{shape[3]} (height x width) decode to {height}x{width} pixels, more than {limit} a side{hint}")
 
 
-def _read_latent_file(p: Path, loaded: LoadedAutoencoder, name: str) -> LatentFile:
+def _read_latent_file(p: Path, loaded: LoadedAutoencoder, name: str, tile: Optional[bool] = None) -> LatentFile:
     from safetensors.torch import load_file
 
     if not p.is_file():
@@ -146,7 +153,7 @@ def _read_latent_file(p: Path, loaded: LoadedAutoencoder, name: str) -> LatentFi
         raise UserError(f"'{name}': the latents have no pixels (shape {list(info.shape)})")
     if not str(info.dtype).upper().startswith(("F", "BF")):
         raise CheckpointError(f"'{name}': '{LATENT_KEY}' holds {info.dtype} values, not floating point")
-    check_decoded_size(info.shape, loaded, name)
+    check_decoded_size(info.shape, loaded, name, tile)
     z = load_file(str(p))[LATENT_KEY].float()
     if not bool(torch.isfinite(z).all()):
         bad = int((~torch.isfinite(z)).sum())

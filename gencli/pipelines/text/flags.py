@@ -34,7 +34,7 @@ class Range:
     zero: bool = False
 
     def holds(self, value: Number) -> bool:
-        if not math.isfinite(value):
+        if isinstance(value, float) and not math.isfinite(value):  # (an int of any size compares as it is)
             return False
         if self.zero and value == 0:
             return True
