@@ -100,6 +100,12 @@ def _name_max(folder: Path) -> int:
 DESCRIPTOR_NAMES = ("/dev/stdout", "/dev/stderr", "/dev/fd/", "/proc/self/fd/")
 
 
+def names_stdout(path: str | os.PathLike | None) -> bool:
+    """Whether an output named ``path`` is this process's stdout: ``-``, ``/dev/stdout`` or
+    descriptor 1's name (``/dev/fd/1``, ``/proc/self/fd/1``)."""
+    return path is not None and (is_stdout(path) or os.fspath(path) in ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"))
+
+
 def is_in_place(path: str | os.PathLike) -> bool:
     """An output written where it is, never through a temporary file and a rename: ``-``, a
     descriptor's name (``/dev/stdout``, ``/dev/fd/1``), a character device or a FIFO."""
@@ -328,7 +334,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", force: bool = False, *
     """``open()`` for writing through :func:`atomic_path`; ``-`` and ``/dev/stdout`` write to
     ``sys.stdout`` (its binary buffer for a binary ``mode``), which stays open. Binary data is
     refused on a terminal (one line: redirect it or name a file)."""
-    if is_stdout(path) or os.fspath(path) == "/dev/stdout":
+    if names_stdout(path):
         if "b" in mode:
             refuse_binary_terminal(sys.stdout, path)
         sys.stdout.flush()

@@ -374,3 +374,12 @@ def test_review_findings(images, tmp_path, monkeypatch):
     line = one_error_line(invoke("txt2img", "--prompts-file", prompts, "--seed", "4294967295", "-n", "2", "--steps", "1"), "--seed 4294967295 with -n 2")
     assert "line 1" not in line  # the command's own flags, not the file's line
     assert sorted(p.name for p in tmp_path.glob("*.png")) == ["a.png", "b.png", "m-000.png", "m-001.png"]
+
+
+def test_every_name_of_stdout_is_one_with_json(images):
+    from gencli.io import names_stdout
+
+    assert all(names_stdout(n) for n in ("-", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"))
+    assert not any(names_stdout(n) for n in (None, "/dev/fd/2", "/dev/stderr", "out.png", "-x"))
+    for args in (["embed", "a", "-o", "/dev/fd/1"], ["encode", images / "img0.png", "-o", "/dev/fd/1"], ["segment", images / "img0.png", "-o", "/dev/fd/1"]):
+        one_error_line(invoke(*args, "--json"), "--json")

@@ -141,17 +141,17 @@ def _plan_matrix(out: Optional[str], fmt: Optional[str], force: bool, opts: RunO
     import sys
 
     from gencli.errors import UserError
-    from gencli.io import is_stdout, plan_outputs, refuse_binary_terminal
+    from gencli.io import names_stdout, plan_outputs, refuse_binary_terminal
     from gencli.pipelines.encoders.outputs import matrix_format
 
     if out is None:
         if fmt is not None:
             raise UserError("--format is the format of the --out matrix: give --out too (--json alone writes JSON lines)")
         return None
-    if opts.json and (is_stdout(out) or out == "/dev/stdout"):
+    if opts.json and names_stdout(out):
         raise UserError("-o - writes the matrix to stdout, where --json writes its lines: give -o a file, or drop --json")
     chosen = matrix_format(out, fmt)
-    if chosen != "jsonl" and (is_stdout(out) or out == "/dev/stdout"):
+    if chosen != "jsonl" and names_stdout(out):
         refuse_binary_terminal(sys.stdout, out)
     plan_outputs([out], force)
     return chosen

@@ -15,9 +15,9 @@ from gencli.errors import UserError
 
 def check_binary_stdout(opts: RunOptions, *outs: Optional[object], what: str = "the image") -> None:
     """A binary output on stdout (``-o -``, ``/dev/stdout``) cannot share it with --json lines: one line, before any work."""
-    from gencli.io import is_stdout
+    from gencli.io import names_stdout
 
-    if opts.json and any(o is not None and (is_stdout(o) or str(o) == "/dev/stdout") for o in outs):
+    if opts.json and any(names_stdout(o) for o in outs):
         raise UserError(f"-o - writes {what} (binary) to stdout, where --json writes its lines: give -o a file, or drop --json")
 
 

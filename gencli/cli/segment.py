@@ -163,9 +163,9 @@ def check_stdout_outputs(out: Optional[str], overlay: Optional[str], opts: RunOp
     import sys
 
     from gencli.errors import UserError
-    from gencli.io import is_stdout, refuse_binary_terminal
+    from gencli.io import names_stdout, refuse_binary_terminal
 
-    given = [(name, value) for name, value in (("-o/--out", out), ("--overlay", overlay)) if value is not None and (is_stdout(value) or value == "/dev/stdout")]
+    given = [(name, value) for name, value in (("-o/--out", out), ("--overlay", overlay)) if names_stdout(value)]
     if len(given) > 1:
         raise UserError("the mask and the overlay would both be written to stdout: give one of them a file")
     if given and opts.json:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from gencli.errors import UserError
-from gencli.io import ensure_folder_writable, is_in_place, is_stdout, plan_outputs, read_json, refuse_binary_terminal
+from gencli.io import ensure_folder_writable, is_in_place, names_stdout, plan_outputs, read_json, refuse_binary_terminal
 
 # --plot's formats by suffix; a name without one of them is a PNG where it is written in place
 # (``-``, a pipe, a device), refused for a regular file
@@ -145,7 +145,7 @@ def plot_format(path: str) -> Optional[str]:
 
 def writes_to_stdout(path: Optional[str]) -> bool:
     """Whether an output named ``path`` goes to stdout: ``-`` or ``/dev/stdout``."""
-    return path is not None and (is_stdout(path) or os.fspath(path) == "/dev/stdout")
+    return names_stdout(path)
 
 
 def output_files(req: ForecastRequest) -> list[tuple[str, str]]:
