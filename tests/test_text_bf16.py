@@ -277,14 +277,15 @@ def _count_fused_steps(monkeypatch, calls: list) -> None:
     for name in ("__call__", "logits"):
         real = getattr(FusedDecoder, name)
         monkeypatch.setattr(FusedDecoder, name, lambda self, *a, _real=real, **k: calls.append(1) or _real(self, *a, **k))
-    real_burst = FusedDecoder.greedy_steps
+    for name in ("greedy_steps", "sample_steps"):
+        real_burst = getattr(FusedDecoder, name)
 
-    def burst(self, *a, **k):
-        block = real_burst(self, *a, **k)
-        calls.extend([1] * block.shape[1])
-        return block
+        def burst(self, *a, _real=real_burst, **k):
+            block = _real(self, *a, **k)
+            calls.extend([1] * block.shape[1])
+            return block
 
-    monkeypatch.setattr(FusedDecoder, "greedy_steps", burst)
+        monkeypatch.setattr(FusedDecoder, name, burst)
 
 
 @pytest.mark.usefixtures("quant_kernels_built")
@@ -292,9 +293,9 @@ def _count_fused_steps(monkeypatch, calls: list) -> None:
 @pytest.mark.parametrize(("name", "quantize"), [("gpt2", "int4"), ("llama", "int8"), ("gpt2", None), ("llama", None)])
 def test_generation_decodes_from_token_ids_to_choices_in_one_call_with_the_same_tokens(models, name, quantize, monkeypatch):
     """On a CPU with gencli's kernels each decoding step goes from the ids to the logits in one native
-    call, plain greedy steps several a call (the choices fed back natively); the completions are those of
-    the fused layers and the head from Python, greedy, sampled with a seed, and with a repetition penalty
-    (the logits returned to Python)."""
+    call, several steps a call (the choices fed back natively: the step's argmax, or the native sampler);
+    the completions are those of the layers and the head from Python, greedy, sampled with a seed, and
+    with a repetition penalty."""
     import dataclasses
 
     from gencli.models.causal_lm import CausalLM
@@ -318,8 +319,8 @@ def test_generation_decodes_from_token_ids_to_choices_in_one_call_with_the_same_
             out.append([c.token_ids for c in generate(tm, PROMPTS, s, generator=gen)])
         return out
 
-    calls, bursts = [], []
-    real, real_burst = CausalLM.fused_logits, CausalLM.fused_greedy_steps
+    calls, bursts, sampled = [], [], []
+    real, real_burst, real_sampled = CausalLM.fused_logits, CausalLM.fused_greedy_steps, CausalLM.fused_sample_steps
 
     def logits(self, *a, **k):
         done = real(self, *a, **k)
@@ -331,15 +332,21 @@ def test_generation_decodes_from_token_ids_to_choices_in_one_call_with_the_same_
         bursts.append(block.shape[1])
         return block
 
+    def sampled_burst(self, *a, **k):
+        block = real_sampled(self, *a, **k)
+        sampled.append(block.shape[1])
+        return block
+
     monkeypatch.setattr(CausalLM, "fused_logits", logits)
     monkeypatch.setattr(CausalLM, "fused_greedy_steps", burst)
+    monkeypatch.setattr(CausalLM, "fused_sample_steps", sampled_burst)
     monkeypatch.setattr(generate_module, "BURST_SECONDS", 1e9)  # (every burst after the first: as long as allowed)
     got = completions()
-    # every decoding step in the native call: plain greedy ones in bursts of steps (their choices made
-    # there), the others one a call
-    assert calls == [(False, True)] * 22 and bursts == [1, 10]
-    monkeypatch.setattr(CausalLM, "fused_logits", lambda self, *a, **k: None)
-    monkeypatch.setattr(CausalLM, "fused_greedy_steps", lambda self, *a, **k: None)
+    # every decoding step in a native call of several steps: plain greedy ones choose by the step's argmax,
+    # sampled ones (and greedy ones with a repetition penalty) by the native sampler
+    assert calls == [] and bursts == [1, 10] and sampled == [1, 10, 1, 10]
+    for name in ("fused_logits", "fused_greedy_steps", "fused_sample_steps"):
+        monkeypatch.setattr(CausalLM, name, lambda self, *a, **k: None)
     want = completions()
     assert got == want
     assert got[0] != got[1]  # sampling matters: a sane fixture

@@ -268,5 +268,39 @@ class FusedDecoder:
             layer.length += k
         return tokens[:, :k]
 
+    def sample_steps(
+        self,
+        ids: torch.Tensor,
+        kv_cache: KVCache,
+        steps: int,
+        left: list[int],
+        sampling: tuple[float, int, float, float, float],
+        uniforms: Optional[torch.Tensor],
+        seen: Optional[torch.Tensor] = None,
+        stop_ids: Sequence[int] = (),
+        attention_mask: Optional[torch.Tensor] = None,
+        positions: Optional[torch.Tensor] = None,
+        last_position: int = 0,
+    ) -> torch.Tensor:
+        """:meth:`greedy_steps` with each step's tokens sampled natively (``csrc/sampling.cpp``: the choices of
+        :func:`gencli.pipelines.text.sampling.next_tokens` up to float rounding): ``sampling`` is
+        ``(temperature, top_k, top_p, min_p, repetition_penalty)`` (temperature 0: greedy after the penalty),
+        ``uniforms (steps, B)`` float64 the draws (row b of step s takes ``uniforms[s, b]``; None when greedy),
+        ``seen (B, n)`` the tokens each row has before the first step (the penalty's; each choice is added)."""
+        b = ids.shape[0]
+        tokens = torch.empty((b, steps), dtype=torch.long)
+        mask = attention_mask if attention_mask is None or attention_mask.dtype == torch.bool else attention_mask.bool()
+        pos = positions.reshape(b) if positions is not None else None
+        stop = torch.tensor(list(stop_ids), dtype=torch.long)
+        budget = torch.tensor(left, dtype=torch.long)
+        draws = uniforms if uniforms is not None else torch.empty(0, dtype=torch.float64)
+        k = self.native.sample_steps(
+            ids.reshape(b), pos, kv_cache.keys, kv_cache.values, kv_cache.length, mask, int8_activations(), tokens, stop, budget, last_position,
+            *sampling, draws, seen,
+        )  # fmt: skip
+        for layer in kv_cache.layers:
+            layer.length += k
+        return tokens[:, :k]
+
 
 __all__ = ["ACTIVATIONS", "DecoderLayerParts", "DecoderStackParts", "ENV_SWITCH", "FusedDecoder", "enabled"]

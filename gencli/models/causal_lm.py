@@ -101,6 +101,32 @@ class CausalLM(nn.Module):
             return None
         return fused.greedy_steps(input_ids, kv_cache, steps, left, stop_ids, attention_mask, position_ids, last_position)
 
+    def fused_sample_steps(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        kv_cache: KVCache,
+        steps: int,
+        left: list[int],
+        sampling: tuple[float, int, float, float, float],
+        uniforms: Optional[torch.Tensor],
+        seen: Optional[torch.Tensor] = None,
+        stop_ids: Sequence[int] = (),
+        position_ids: Optional[torch.Tensor] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        last_position: int = 0,
+    ) -> Optional[torch.Tensor]:
+        """:meth:`fused_greedy_steps` with the tokens sampled in the native call (:meth:`FusedDecoder.sample_steps`:
+        ``sampling`` is ``(temperature, top_k, top_p, min_p, repetition_penalty)``, ``uniforms (steps, B)`` the
+        draws, ``seen (B, n)`` the repetition penalty's tokens before the first step); None where
+        :meth:`fused_logits` would not apply."""
+        if not FusedDecoder.applies_to_ids(input_ids, kv_cache):
+            return None
+        fused = self._built_fused_decoder()
+        if fused is None or not fused.takes_ids:
+            return None
+        return fused.sample_steps(input_ids, kv_cache, steps, left, sampling, uniforms, seen, stop_ids, attention_mask, position_ids, last_position)
+
     def forget_fused_decoder(self) -> None:
         """Drop the fused step (its layers were replaced or moved): the next decoding step rebuilds it."""
         self.__dict__.pop("_fused_decoder", None)

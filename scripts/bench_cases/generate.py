@@ -1,5 +1,5 @@
 """Text generation: gencli vs transformers on a GPT-2-124M-shaped (or, with ``--arch llama``, a
-Llama-shaped) random model, greedy, batch 1.
+Llama-shaped) random model, greedy (or sampled: ``--temperature``, ``--top-k``, ``--top-p``), batch 1.
 
 ``--quantize int8|int4`` runs gencli with weight-only quantized linear layers against the reference
 in the dtype given (fp32 by default): the ratio is then quantized gencli over fp32 transformers. A
@@ -14,6 +14,10 @@ the llama-cpp-python source distribution) in F32 (BF16 with ``--dtype bfloat16``
 ``llama_model_quantize`` to Q8_0 and Q4_0 with llama.cpp's defaults; each gencli mode is compared
 with its llama.cpp counterpart (none: F32, int8: Q8_0, int4: Q4_0), same prompt ids, greedy, the
 same thread count. Without the bindings or the converter these sides are skipped with one line.
+
+With ``--temperature`` above 0 every side samples with the same settings, each with its own sampler:
+transformers' ``generate(do_sample=True)``, gencli's (a seeded generator), llama.cpp's sampler chain
+(temperature, top-k, top-p, then its seeded draw, one native call a token), so the sides' tokens differ.
 
 Both sides load the same safetensors folder (written once by ``setup``) and generate the same number
 of new tokens from the same prompt, ignoring end-of-sequence. Decode speed is measured the same way
@@ -35,7 +39,7 @@ import torch
 
 from bench_cases._util import device_and_dtype, peak_gpu_mb, sync
 
-DESCRIPTION = "generate: GPT-2 124M shape or --arch llama (random weights), greedy, batch 1, --quantize int8|int4 (gencli vs transformers.generate)"
+DESCRIPTION = "generate: GPT-2 124M shape or --arch llama (random weights), greedy or sampled, batch 1, --quantize int8|int4 (gencli vs transformers.generate)"
 METRICS = {
     "decode_tokens_per_s": "higher",
     "decode_tokens_per_cpu_s": "higher",
@@ -74,6 +78,9 @@ def add_arguments(p):
         "--quantize", type=_modes, default=None, help="gencli: int8, int4, bf16 (--dtype bfloat16), or a list such as none,bf16,int8,int4 (a side each)"
     )
     p.add_argument("--group-size", type=int, default=None, help="int4 group size (default 32)")
+    p.add_argument("--temperature", type=float, default=0.0, help="sample at this temperature on every side (default 0: greedy)")
+    p.add_argument("--top-k", type=int, default=0, help="with --temperature: top-k (0: off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="with --temperature: top-p (1: off)")
     p.add_argument("--saved", action="store_true", help="gencli's quantized sides load folders 'gencli quantize' wrote (default: quantize on loading)")
     p.add_argument("--llama-cpp", action="store_true", help="add llama.cpp sides (llama-cpp-python) for the same modes: F32, Q8_0, Q4_0")
     p.add_argument("--llama-cpp-source", default=os.environ.get("LLAMA_CPP_SOURCE"), help="llama.cpp source tree (convert_hf_to_gguf.py, gguf-py)")
@@ -268,13 +275,26 @@ def _llama_cpp_generator(args, workdir: Path, kind: str, prompt: list[int]):
     load_s = time.perf_counter() - t0
     n_vocab = llm.n_vocab()
 
+    sampler = None
+    if args.temperature > 0:  # llama.cpp's own sampler chain, sampling natively from the last logits
+        sampler = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        llama_cpp.llama_sampler_chain_add(sampler, llama_cpp.llama_sampler_init_temp(args.temperature))
+        if args.top_k > 0:
+            llama_cpp.llama_sampler_chain_add(sampler, llama_cpp.llama_sampler_init_top_k(args.top_k))
+        if args.top_p < 1.0:
+            llama_cpp.llama_sampler_chain_add(sampler, llama_cpp.llama_sampler_init_top_p(args.top_p, 1))
+        llama_cpp.llama_sampler_chain_add(sampler, llama_cpp.llama_sampler_init_dist(1234))
+
     def generate(k):
         llm.reset()  # the next eval drops the cached positions
         llm.eval(prompt)
         ids = []
         for i in range(k):
-            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,))
-            ids.append(int(logits.argmax()))
+            if sampler is not None:
+                ids.append(int(llama_cpp.llama_sampler_sample(sampler, llm.ctx, -1)))
+            else:
+                logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(n_vocab,))
+                ids.append(int(logits.argmax()))
             if i < k - 1:
                 llm.eval([ids[-1]])
         return ids
@@ -332,10 +352,13 @@ def run(side, args, workdir):
         sync(device)
         load_s = time.perf_counter() - t0
         x = torch.tensor([prompt], device=device)
+        sampling = {"do_sample": False}
+        if args.temperature > 0:
+            sampling = {"do_sample": True, "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
 
         def generate(k):
             with torch.inference_mode():
-                out = model.generate(x, max_new_tokens=k, min_new_tokens=k, do_sample=False, eos_token_id=None, pad_token_id=0)
+                out = model.generate(x, max_new_tokens=k, min_new_tokens=k, eos_token_id=None, pad_token_id=0, **sampling)
             return out[0, len(prompt) :].tolist()
 
     else:
@@ -354,9 +377,12 @@ def run(side, args, workdir):
         sync(device)
         load_s = time.perf_counter() - t0
 
+        params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+
         def generate(k):
-            settings = GenerationSettings(max_new_tokens=k, sampling=SamplingParams(temperature=0.0), ignore_eos=True)
-            return gencli_generate(tm, [("", prompt)], settings)[0].token_ids
+            settings = GenerationSettings(max_new_tokens=k, sampling=params, ignore_eos=True)
+            gen = torch.Generator().manual_seed(1234) if args.temperature > 0 else None
+            return gencli_generate(tm, [("", prompt)], settings, generator=gen)[0].token_ids
 
     if side.startswith("llama.cpp-"):
         weight_bytes = _gguf_bytes_per_token(workdir, side[len("llama.cpp-") :], folder)

@@ -42,6 +42,18 @@ LinearSpec linear_spec(const py::tuple& t) {
   return l;
 }
 
+gencli::SamplingSettings sampling_settings(double temperature, int64_t top_k, double top_p, double min_p, double repetition_penalty) {
+  TORCH_CHECK(temperature >= 0 && top_k >= 0 && top_p > 0 && top_p <= 1 && min_p >= 0 && min_p <= 1 && repetition_penalty > 0,
+              "sampling: temperature >= 0, top_k >= 0, top_p in (0, 1], min_p in [0, 1], repetition_penalty > 0");
+  gencli::SamplingSettings s;
+  s.temperature = static_cast<float>(temperature);
+  s.top_k = top_k;
+  s.top_p = static_cast<float>(top_p);
+  s.min_p = static_cast<float>(min_p);
+  s.repetition_penalty = static_cast<float>(repetition_penalty);
+  return s;
+}
+
 std::vector<LinearSpec> linear_specs(const std::vector<py::tuple>& ts) {
   std::vector<LinearSpec> specs;
   for (const auto& t : ts) specs.push_back(linear_spec(t));
@@ -189,6 +201,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("ids"), py::arg("positions"), py::arg("keys"), py::arg("values"), py::arg("length"), py::arg("key_mask"),
            py::arg("int8_activations"), py::arg("tokens"), py::arg("stop_ids"), py::arg("left"), py::arg("last_position"))
       .def(
+          "sample_steps",
+          [](gencli::DecoderStack& stack, const at::Tensor& ids, const OptionalTensor& positions, const at::Tensor& keys, const at::Tensor& values,
+             int64_t length, const OptionalTensor& key_mask, bool int8_activations, at::Tensor tokens, const at::Tensor& stop_ids,
+             const at::Tensor& left, int64_t last_position, double temperature, int64_t top_k, double top_p, double min_p,
+             double repetition_penalty, const at::Tensor& uniforms, const OptionalTensor& seen) {
+            return stack.sample_steps(ids, positions, keys, values, length, key_mask, int8_activations, tokens, stop_ids, left, last_position,
+                                      sampling_settings(temperature, top_k, top_p, min_p, repetition_penalty), uniforms, seen);
+          },
+          "greedy_steps with each step's tokens sampled as sample_tokens does: uniforms (steps, B) float64 (row b of step s draws "
+          "uniforms[s, b]; empty when temperature is 0), seen (B, n) the tokens the repetition penalty counts before the first step",
+          py::arg("ids"), py::arg("positions"), py::arg("keys"), py::arg("values"), py::arg("length"), py::arg("key_mask"),
+          py::arg("int8_activations"), py::arg("tokens"), py::arg("stop_ids"), py::arg("left"), py::arg("last_position"), py::arg("temperature"),
+          py::arg("top_k"), py::arg("top_p"), py::arg("min_p"), py::arg("repetition_penalty"), py::arg("uniforms"), py::arg("seen") = py::none())
+      .def(
           "set_embeddings",
           [](gencli::DecoderStack& stack, const at::Tensor& tokens, const OptionalTensor& positions) {
             stack.set_embeddings(tokens, positions.has_value() ? *positions : at::Tensor());
@@ -213,6 +239,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("greedy_choices", &gencli::greedy_choices,
         "each row's greedy choice as the token step makes it with `parts` threads (torch.argmax's), for the tests", py::arg("logits"),
         py::arg("parts"));
+  m.def(
+      "sample_tokens",
+      [](const at::Tensor& logits, double temperature, int64_t top_k, double top_p, double min_p, double repetition_penalty,
+         const at::Tensor& uniforms, const OptionalTensor& seen) {
+        return gencli::sample_tokens(logits, sampling_settings(temperature, top_k, top_p, min_p, repetition_penalty), uniforms, seen);
+      },
+      "each row of logits (B, V)'s next token as gencli.pipelines.text.sampling chooses it (repetition penalty, temperature, top-k, "
+      "top-p, min-p; temperature 0 greedy), row b drawing with uniforms[b] (float64 in [0, 1)); seen (B, n) the tokens so far",
+      py::arg("logits"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("min_p"), py::arg("repetition_penalty"),
+      py::arg("uniforms"), py::arg("seen") = py::none());
   m.def("activation", &gencli::activation, "act(x) (* up): the decoder step's activations ('gelu_tanh', 'silu', 'relu'), for the tests",
         py::arg("name"), py::arg("x"), py::arg("up") = py::none());
 

@@ -136,20 +136,6 @@ void rotate(float* x, int64_t heads, int64_t D, const float* cos, const float* s
   }
 }
 
-// the index of the first largest of p[begin, end) (torch.argmax's choice: a NaN before any number,
-// the first of equal ones), or -1 for an empty range
-int64_t first_largest(const float* p, int64_t begin, int64_t end) {
-  if (begin >= end) return -1;
-  if (active_isa() == Isa::avx512) {
-    const int64_t pick = step_avx512::first_largest(p + begin, end - begin);
-    if (pick >= 0) return begin + pick;
-  }
-  int64_t pick = begin;
-  for (int64_t i = begin + 1; i < end && p[pick] == p[pick]; ++i)
-    if (p[i] > p[pick] || p[i] != p[i]) pick = i;
-  return pick;
-}
-
 // the first largest of a row of logits from the first largest of each of its T slices (in order; -1 for
 // an empty slice): a later slice's wins where it is larger, or a NaN after a number
 int64_t greedy_choice(const float* row, const int64_t* picks, int64_t T) {
@@ -162,6 +148,18 @@ int64_t greedy_choice(const float* row, const int64_t* picks, int64_t T) {
 }
 
 }  // namespace
+
+int64_t first_largest(const float* p, int64_t begin, int64_t end) {
+  if (begin >= end) return -1;
+  if (active_isa() == Isa::avx512) {
+    const int64_t pick = step_avx512::first_largest(p + begin, end - begin);
+    if (pick >= 0) return begin + pick;
+  }
+  int64_t pick = begin;
+  for (int64_t i = begin + 1; i < end && p[pick] == p[pick]; ++i)
+    if (p[i] > p[pick] || p[i] != p[i]) pick = i;
+  return pick;
+}
 
 at::Tensor greedy_choices(const at::Tensor& logits, int64_t parts) {
   TORCH_CHECK(logits.scalar_type() == at::kFloat && logits.dim() == 2 && logits.device().is_cpu() && parts > 0,
@@ -278,6 +276,21 @@ void DecoderStack::token_step(const at::Tensor& ids, const OptionalTensor& posit
 int64_t DecoderStack::greedy_steps(const at::Tensor& ids, const OptionalTensor& positions, const at::Tensor& keys, const at::Tensor& values,
                                    int64_t length, const OptionalTensor& key_mask, bool int8_activations, at::Tensor tokens,
                                    const at::Tensor& stop_ids, const at::Tensor& left, int64_t last_position) {
+  return run_steps(ids, positions, keys, values, length, key_mask, int8_activations, tokens, stop_ids, left, last_position, nullptr, at::Tensor(),
+                   {});
+}
+
+int64_t DecoderStack::sample_steps(const at::Tensor& ids, const OptionalTensor& positions, const at::Tensor& keys, const at::Tensor& values,
+                                   int64_t length, const OptionalTensor& key_mask, bool int8_activations, at::Tensor tokens,
+                                   const at::Tensor& stop_ids, const at::Tensor& left, int64_t last_position, const SamplingSettings& s,
+                                   const at::Tensor& uniforms, const OptionalTensor& seen) {
+  return run_steps(ids, positions, keys, values, length, key_mask, int8_activations, tokens, stop_ids, left, last_position, &s, uniforms, seen);
+}
+
+int64_t DecoderStack::run_steps(const at::Tensor& ids, const OptionalTensor& positions, const at::Tensor& keys, const at::Tensor& values,
+                                int64_t length, const OptionalTensor& key_mask, bool int8_activations, at::Tensor tokens,
+                                const at::Tensor& stop_ids, const at::Tensor& left, int64_t last_position, const SamplingSettings* sampling,
+                                const at::Tensor& uniforms, const OptionalTensor& seen) {
   check_token_step();
   TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 1 && ids.device().is_cpu(), "decoder_step: ids must be int64 (B)");
   const int64_t B = ids.size(0), V = head_.N;
@@ -303,6 +316,23 @@ int64_t DecoderStack::greedy_steps(const at::Tensor& ids, const OptionalTensor& 
     TORCH_CHECK(mask.scalar_type() == at::kBool && mask.dim() == 2 && mask.size(0) == B && mask.size(1) >= length + S,
                 "decoder_step: key_mask must be bool (B, >= ", length + S, " keys)");
   }
+  // sampling: each step's uniform numbers, and each row's tokens so far where the repetition penalty counts them
+  at::Tensor un;
+  std::vector<std::vector<int64_t>> history;
+  if (sampling) {
+    if (sampling->temperature != 0.f) {
+      un = uniforms.to(at::kDouble).contiguous();
+      TORCH_CHECK(un.numel() == S * B && un.device().is_cpu(), "decoder_step: uniforms must be (steps, B)");
+    }
+    if (sampling->repetition_penalty != 1.f) {
+      history.resize(B);
+      if (seen.has_value() && seen->defined()) {
+        const at::Tensor sn = seen->to(at::kLong).contiguous();
+        TORCH_CHECK(sn.dim() == 2 && sn.size(0) == B && sn.device().is_cpu(), "decoder_step: seen must be int64 (B, n)");
+        for (int64_t b = 0; b < B; ++b) history[b].assign(sn.data_ptr<int64_t>() + b * sn.size(1), sn.data_ptr<int64_t>() + (b + 1) * sn.size(1));
+      }
+    }
+  }
   const int64_t* stop = st.data_ptr<int64_t>();
   const int64_t n_stop = st.numel();
   thread_local AlignedVector<float> logit_buf;
@@ -310,7 +340,14 @@ int64_t DecoderStack::greedy_steps(const at::Tensor& ids, const OptionalTensor& 
   int64_t* out = tokens.data_ptr<int64_t>();
   for (int64_t s = 0; s < S; ++s) {
     const OptionalTensor km = mask.defined() ? OptionalTensor(mask.narrow(1, 0, length + s + 1)) : OptionalTensor();
-    run_token(cur.data(), pos.data(), B, keys, values, length + s, km, int8_activations, logits, next.data());
+    run_token(cur.data(), pos.data(), B, keys, values, length + s, km, int8_activations, logits, sampling ? nullptr : next.data());
+    if (sampling)
+      for (int64_t b = 0; b < B; ++b) {
+        const std::vector<int64_t>* h = history.empty() ? nullptr : &history[b];
+        next[b] = sample_token(logits + b * V, V, *sampling, h ? h->data() : nullptr, h ? static_cast<int64_t>(h->size()) : 0,
+                               un.defined() ? un.data_ptr<double>()[s * B + b] : 0.0);
+        if (h) history[b].push_back(next[b]);
+      }
     bool finished = true;
     for (int64_t b = 0; b < B; ++b) {
       out[b * S + s] = cur[b] = next[b];

@@ -111,4 +111,23 @@ void attend_one_query(const KVView& q, const KVView& k, const KVView& v, const b
 void attend_heads(const KVView& q, const KVView& k, const KVView& v, const bool* mask, int64_t B, int64_t H, int64_t Hkv, int64_t L,
                   int64_t D, float scale, float* out, int64_t begin, int64_t end);
 
+// the index of the first largest of p[begin, end) (torch.argmax's choice: a NaN before any number, the
+// first of equal ones), or -1 for an empty range (decoder_step.cpp)
+int64_t first_largest(const float* p, int64_t begin, int64_t end);
+
+// How the next token is chosen from a row of logits (gencli.pipelines.text.sampling's SamplingParams):
+// temperature 0 greedy (after the repetition penalty), top_k 0 / top_p 1 / min_p 0 / penalty 1 off.
+struct SamplingSettings {
+  float temperature = 0.f;
+  int64_t top_k = 0;
+  float top_p = 1.f;
+  float min_p = 0.f;
+  float repetition_penalty = 1.f;
+};
+
+// The token sampling chooses from the logits x (V) (overwritten: the processed logits) with the uniform
+// number u in [0, 1), the tokens seen so far (n, repeats allowed) penalized (sampling.cpp): the choice of
+// sampling.py's candidates() + draw() up to float rounding.
+int64_t sample_token(float* x, int64_t V, const SamplingSettings& s, const int64_t* seen, int64_t n_seen, double u);
+
 }  // namespace gencli

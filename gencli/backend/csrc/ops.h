@@ -63,6 +63,10 @@ at::Tensor winograd_conv3x3(const at::Tensor& x, const at::Tensor& u, const Opti
 // first largest of its slice of the row, then the first largest of theirs): torch.argmax's, for the tests
 at::Tensor greedy_choices(const at::Tensor& logits, int64_t parts);
 
+// each row of logits (B, V)'s token as sample_token chooses it (the logits are not changed): uniforms (B)
+// float64 (empty when greedy), seen (B, n) int64 the tokens the repetition penalty counts, or none
+at::Tensor sample_tokens(const at::Tensor& logits, const SamplingSettings& s, const at::Tensor& uniforms, const OptionalTensor& seen);
+
 // the MLP activations of the decoder step
 enum class Activation { gelu_tanh, silu, relu };
 
@@ -140,6 +144,15 @@ class DecoderStack {
                        const OptionalTensor& key_mask, bool int8_activations, at::Tensor tokens, const at::Tensor& stop_ids,
                        const at::Tensor& left, int64_t last_position);
 
+  // The same steps with each step's tokens sampled (sample_token) instead of chosen greedily: uniforms
+  // (steps, B) float64, row b of step s drawing with uniforms[s, b] (empty when s.temperature is 0); seen
+  // (B, n) int64 the tokens each row has seen before the first step (the repetition penalty; each step's
+  // choice is added for the next), or none.
+  int64_t sample_steps(const at::Tensor& ids, const OptionalTensor& positions, const at::Tensor& keys, const at::Tensor& values, int64_t length,
+                       const OptionalTensor& key_mask, bool int8_activations, at::Tensor tokens, const at::Tensor& stop_ids,
+                       const at::Tensor& left, int64_t last_position, const SamplingSettings& s, const at::Tensor& uniforms,
+                       const OptionalTensor& seen);
+
  private:
   struct Layer {
     NormSpec norm1, norm2;  // weight and bias float32 contiguous
@@ -171,6 +184,11 @@ class DecoderStack {
   void run_token(const int64_t* ip, const int64_t* pp, int64_t B, const at::Tensor& keys, const at::Tensor& values, int64_t length,
                  const OptionalTensor& key_mask, bool int8_activations, float* logits, int64_t* next);
   void check_token_step() const;
+  // greedy_steps and sample_steps: the choices by the token step's argmax (sampling null) or by sample_token
+  int64_t run_steps(const at::Tensor& ids, const OptionalTensor& positions, const at::Tensor& keys, const at::Tensor& values, int64_t length,
+                    const OptionalTensor& key_mask, bool int8_activations, at::Tensor tokens, const at::Tensor& stop_ids,
+                    const at::Tensor& left, int64_t last_position, const SamplingSettings* sampling, const at::Tensor& uniforms,
+                    const OptionalTensor& seen);
 
   NormSpec norm(const NormSpec& spec);
   QuantWeight linear(const LinearSpec& spec);

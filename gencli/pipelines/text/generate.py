@@ -22,7 +22,7 @@ from gencli.errors import UserError
 from gencli.pipelines.text.decode_step import compiled, decode_step, static_capacity, wants_static
 from gencli.pipelines.text.flags import check_decoding_flags
 from gencli.pipelines.text.loading import TextModel
-from gencli.pipelines.text.sampling import SamplingParams, next_tokens
+from gencli.pipelines.text.sampling import SamplingParams, loaded_native_sampler, native_settings, next_tokens
 from gencli.tokenizers.stream import IncrementalDetokenizer, StopStringMatcher
 
 DEFAULT_MAX_NEW_TOKENS = 256
@@ -314,7 +314,9 @@ def generate(
     t_prefill = time.perf_counter() - t0
     decode_steps = 0
     t1 = time.perf_counter()
-    burst = _Burst() if plain_greedy and head is None and not static else None
+    # several steps a native call: plain greedy (argmax in the step), else where the native sampler chooses
+    bursts = head is None and not static and (plain_greedy or loaded_native_sampler() is not None)
+    burst = _Burst(None if plain_greedy else params, generator) if bursts else None
     ahead: list[list[int]] = []  # the choices of the steps a burst ran, after the one being taken
     for step in range(steps):
         for i, row in enumerate(rows):
@@ -329,18 +331,22 @@ def generate(
         cur = longest + step
         # rows that already finished keep stepping; their positions must stay inside the table
         pos = (batch.next_pos.view(b, 1) + step).clamp_(max=tm.context_length - 1) if batch.padded else None
+        if seen is not None:
+            seen[:, cur] = tokens
         if burst is not None:
             left = [0 if r.done else r.budget - len(r.c.token_ids) for r in rows]
-            block = burst.run(model, tokens.view(b, 1), cache, steps - 1 - step, left, eos, pos, attention_mask, tm.context_length - 1)
+            so_far = seen[:, : cur + 1] if seen is not None else None
+            block = burst.run(model, tokens.view(b, 1), cache, steps - 1 - step, left, eos, pos, attention_mask, tm.context_length - 1, so_far)
             if block is not None:
-                decode_steps += block.shape[1]
+                k = block.shape[1]
+                decode_steps += k
+                if seen is not None:  # the burst's choices before its last (that one is written when it is stepped on)
+                    seen[:, cur + 1 : cur + k] = block[:, : k - 1]
                 tokens = block[:, -1]
                 ahead = block.t().tolist()
                 host = ahead.pop(0)
                 continue
             burst = None
-        if seen is not None:
-            seen[:, cur] = tokens
         if static:
             slot.fill_(cur)
         tokens = advance(tokens.view(b, 1), pos, seen[:, : cur + 1] if seen is not None else None)
@@ -356,28 +362,42 @@ def generate(
 
 
 class _Burst:
-    """Plain greedy decoding on a CPU, several steps in one native call (each step's choices fed back there:
-    :meth:`~gencli.models.causal_lm.CausalLM.fused_greedy_steps`): the Python between two tokens (the loop, the
-    detokenizer, the stop strings) then runs once a burst, on caches the weights' stream has not just
-    evicted. The first burst is one step; each next one lasts about :data:`BURST_SECONDS` at the pace
-    of the last (streamed text keeps arriving smoothly), at most :data:`BURST_TOKENS` steps (a stop string
-    inside a burst wastes the steps after it; the text and tokens are those of one step at a time)."""
+    """Decoding on a CPU several steps in one native call, each step's choices fed back there: plain greedy
+    (:meth:`~gencli.models.causal_lm.CausalLM.fused_greedy_steps`) or, with ``params``, sampled (and greedy
+    with a repetition penalty) by the native sampler (:meth:`~gencli.models.causal_lm.CausalLM.fused_sample_steps`).
+    The Python between two tokens (the loop, the detokenizer, the stop strings, the sampling) then runs once a
+    burst, on caches the weights' stream has not just evicted. The first burst is one step; each next one
+    lasts about :data:`BURST_SECONDS` at the pace of the last (streamed text keeps arriving smoothly), at most
+    :data:`BURST_TOKENS` steps (a stop string inside a burst wastes the steps after it; the text and tokens
+    are those of one step at a time). A sampled burst draws its steps' uniform numbers from ``generator``
+    in the order one step at a time draws them, and leaves it where those steps would: seeded text is the same."""
 
-    def __init__(self) -> None:
+    def __init__(self, params: Optional[SamplingParams] = None, generator: Optional[torch.Generator] = None) -> None:
         self.size = 1
+        self.params = params
+        self.generator = generator
 
-    def run(self, model, ids, cache, most: int, left: list[int], eos: set[int], pos, attention_mask, last_position: int) -> Optional[torch.Tensor]:
+    def run(
+        self, model, ids, cache, most: int, left: list[int], eos: set[int], pos, attention_mask, last_position: int, seen: Optional[torch.Tensor] = None
+    ) -> Optional[torch.Tensor]:
         t = time.perf_counter()
-        block = model.fused_greedy_steps(
-            ids,
-            kv_cache=cache,
-            steps=min(self.size, most),
-            left=left,
-            stop_ids=sorted(eos),
-            position_ids=pos,
-            attention_mask=attention_mask,
-            last_position=last_position,
-        )
+        steps = min(self.size, most)
+        shared = dict(kv_cache=cache, steps=steps, left=left, stop_ids=sorted(eos), position_ids=pos, attention_mask=attention_mask)
+        shared["last_position"] = last_position
+        if self.params is None:
+            block = model.fused_greedy_steps(ids, **shared)
+        else:
+            gen = self.generator if self.generator is not None else torch.default_generator
+            state = uniforms = None
+            if not self.params.greedy:
+                state = gen.get_state()
+                uniforms = torch.rand((steps, ids.shape[0]), generator=gen, dtype=torch.float64)
+            penalized = seen if self.params.repetition_penalty != 1.0 else None
+            block = model.fused_sample_steps(ids, sampling=native_settings(self.params), uniforms=uniforms, seen=penalized, **shared)
+            ran = 0 if block is None else block.shape[1]
+            if state is not None and ran < steps:  # the draws of the steps run only
+                gen.set_state(state)
+                torch.rand((ran, ids.shape[0]), generator=gen, dtype=torch.float64)
         if block is not None:
             per_step = (time.perf_counter() - t) / block.shape[1]
             self.size = max(1, min(BURST_TOKENS, int(BURST_SECONDS / per_step) if per_step > 0 else BURST_TOKENS))
