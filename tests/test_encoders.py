@@ -363,6 +363,12 @@ def test_bad_input(checkpoints, tmp_path):
     one_error_line(run_cli("fill-mask", "-m", str(mlm), "no mask here"), "mask")
     one_error_line(run_cli("embed", "-m", str(mlm), ""), "empty")
     one_error_line(run_cli("fill-mask", "no mask here"), "mask")  # the embedded default too
+    # a mask cut off by the window: raising --max-length helps only below the model's positions (64)
+    long_text = "the cat sat " * 40 + "[MASK]"
+    line = one_error_line(run_cli("fill-mask", "-m", str(mlm), long_text, "--max-length", "16"), "lost its mask token", "at 16 tokens")
+    assert "raise --max-length" in line
+    line = one_error_line(run_cli("fill-mask", "-m", str(mlm), long_text, "--max-length", "100000"), "at 64 tokens", "at most 64 tokens")
+    assert "raise --max-length" not in line
     base, _ = checkpoints[("bert", "base")]
     one_error_line(run_cli("fill-mask", "-m", str(base), "[MASK] x"), "not a masked-language model")
     one_error_line(run_cli("embed", "-m", str(mlm), "x", "--out", str(tmp_path / "a.txt")), ".npy")

@@ -300,15 +300,18 @@ def test_guidance_at_most_one_says_negative_prompt_and_rescale_do_nothing(tmp_pa
 def test_replay_names_the_a1111_settings_it_does_not_apply(tmp_path):
     from PIL import Image, PngImagePlugin
 
-    assert invoke("txt2img", "a red star", "--steps", "1", "--seed", "1", "-o", tmp_path / "base.png").exit_code == 0
-    im = Image.open(tmp_path / "base.png")
-    info = PngImagePlugin.PngInfo()
-    info.add_text("parameters", im.text["parameters"] + ", Hires upscale: 2, Eta: 0.7")
-    im.save(tmp_path / "more.png", pnginfo=info)
-    r = invoke("replay", tmp_path / "more.png", "-o", tmp_path / "again.png")
-    assert r.exit_code == 0, r.output
-    assert "does not apply (Hires upscale: 2, Eta: 0.7)" in r.stderr
-    r = invoke("replay", tmp_path / "base.png", "-o", tmp_path / "plain.png")
+    extra = ", Hires upscale: 2, Eta: 0.7, ENSD: 31337, Eta DDIM: 0.3"
+    for sampler, named in [("euler_a", "Hires upscale: 2, Eta: 0.7, ENSD: 31337"), ("euler", "Hires upscale: 2"), ("ddim", "Hires upscale: 2, Eta DDIM: 0.3")]:
+        # Eta and ENSD act on samplers that draw noise as they sample, Eta DDIM on DDIM alone
+        assert invoke("txt2img", "a red star", "--steps", "1", "--seed", "1", "--sampler", sampler, "-o", tmp_path / f"{sampler}.png").exit_code == 0
+        im = Image.open(tmp_path / f"{sampler}.png")
+        info = PngImagePlugin.PngInfo()
+        info.add_text("parameters", im.text["parameters"] + extra)
+        im.save(tmp_path / f"{sampler}-more.png", pnginfo=info)
+        r = invoke("replay", tmp_path / f"{sampler}-more.png", "-o", tmp_path / f"{sampler}-again.png")
+        assert r.exit_code == 0, r.output
+        assert f"does not apply ({named}):" in r.stderr, (sampler, r.stderr)
+    r = invoke("replay", tmp_path / "euler.png", "-o", tmp_path / "plain.png")
     assert r.exit_code == 0 and "does not apply" not in r.stderr
 
 

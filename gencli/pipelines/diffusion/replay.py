@@ -13,6 +13,7 @@ from gencli.backend.seeds import check_seed
 from gencli.errors import UserError
 from gencli.io import input_name, is_stdout
 from gencli.pipelines.diffusion.png_parameters import ImageParameters, read_parameters
+from gencli.schedulers import resolve_sampler
 
 # the flag a setting has on the command line -> the key the PNG's parameters give it
 PNG_KEYS = {"--steps": "Steps", "--guidance": "CFG scale", "--guidance-rescale": "Guidance rescale", "--sampler": "Sampler", "--width": "Size",
@@ -76,7 +77,7 @@ def plan_replay(
         raise UserError(f"'{name}' was inpainted: pass its source image with --init-image and its mask with --mask")
     if mask is not None and init_image is None:
         raise UserError("--mask needs --init-image (the image the mask applies to)")
-    unapplied = [key for key in params.extra if key in UNAPPLIED_KEYS]
+    unapplied = [key for key in params.extra if key in UNAPPLIED_KEYS and changes_the_image(key, params.extra[key], params.sampler)]
     if unapplied:
         import warnings
 
@@ -105,6 +106,24 @@ UNAPPLIED_KEYS = frozenset({
     "Seed resize from", "Eta", "Eta DDIM", "ENSD", "Refiner", "Refiner switch at", "Face restoration", "Sigma min", "Sigma max", "Sigma churn",
     "Noise multiplier", "Token merging ratio", "ADetailer model", "ControlNet 0", "ControlNet",
 })  # fmt: skip
+
+
+def changes_the_image(key: str, value: str, sampler: str) -> bool:
+    """Whether an unapplied A1111 setting would have changed the image ``sampler`` made: Eta and ENSD (the
+    noise seed delta) act only on samplers that draw noise while they sample (ancestral, SDE, DDPM, LCM),
+    Eta DDIM only on DDIM; an ENSD of 0 on none."""
+    if key not in ("Eta", "ENSD", "Eta DDIM"):
+        return True
+    try:
+        chosen = resolve_sampler(sampler)
+    except UserError:  # no or an unknown sampler: it may have
+        return True
+    if key == "Eta DDIM":
+        return chosen.class_name == "DDIMScheduler"
+    if key == "ENSD" and value.strip() in ("0", "0.0"):
+        return False
+    sde = "sde" in str(chosen.options.get("algorithm_type", ""))
+    return sde or chosen.class_name in ("EulerAncestralDiscreteScheduler", "DDPMScheduler", "LCMScheduler")
 
 
 def from_the_png(name: str, exc: UserError) -> UserError:

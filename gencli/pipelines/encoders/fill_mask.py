@@ -44,10 +44,16 @@ def fill_mask(
         if t.strip() and tok.mask_token not in t:
             shown = "[MASK]" if tok.mask_token == "[MASK]" else f"[MASK] or {tok.mask_token}"
             raise UserError(f"text {i + 1} has no mask token: write {shown} where the word to predict goes")
-    encoded = encode_texts(enc, texts, max_length=max_length, warn=warn)
+    truncated: list[str] = []  # (said after the masks are found: a text that lost its mask is an error alone)
+    encoded = encode_texts(enc, texts, max_length=max_length, warn=truncated.append)
     for i, e in enumerate(encoded):
         if mask_id not in e.ids:
-            raise UserError(f"text {i + 1} lost its mask token to truncation: shorten it or raise --max-length")
+            most = enc.config.max_positions
+            window = enc.max_length if max_length is None else min(max_length, most)
+            hint = "shorten it or raise --max-length" if window < most else f"shorten it (the model reads at most {most} tokens)"
+            raise UserError(f"text {i + 1} lost its mask token to truncation at {window} tokens: {hint}")
+    for message in truncated if warn is not None else ():
+        warn(message)
     results: list[Any] = [None] * len(texts)
     pad = tok.pad_id
     with torch.inference_mode():
