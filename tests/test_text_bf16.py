@@ -114,8 +114,10 @@ def test_bf16_decoding_streams_bf16_weights_in_fp32_products(models, name, nativ
 @pytest.mark.usefixtures("quant_kernels_built")
 def test_a_streamed_bf16_head_is_screened_by_its_int8_copy_with_the_same_tokens(models, monkeypatch):
     """Greedy steps read an int8 copy of the bf16 head (a quarter of fp32's bytes, half of bf16's) and
-    recompute the candidates from the bf16 rows themselves: no fp32 image is held, and the tokens are
-    those of the unscreened bf16 head. An fp32 streamed head is screened in place, as torch's is."""
+    recompute the candidates from the bf16 rows themselves: inside the fused step's native greedy steps
+    where it runs, else from Python (no fp32 image is held there); the tokens are those of the
+    unscreened bf16 head. An fp32 streamed head is screened in place, as torch's is."""
+    from gencli.backend import decoder_step
     from gencli.backend.screened_argmax import ScreenedArgmax
     from gencli.pipelines.text import generate as g
     from gencli.pipelines.text import loading
@@ -127,6 +129,18 @@ def test_a_streamed_bf16_head_is_screened_by_its_int8_copy_with_the_same_tokens(
     monkeypatch.setattr(g, "SCREEN_MIN_STEPS", 1)
     head = tm.model.lm_head
     assert isinstance(head, StreamedLinear) and head.weight.dtype == torch.bfloat16
+    assert _tokens(tm) == want
+    fused = tm.model._built_fused_decoder()
+    assert tm.screen is None and fused.native.has_head_screen and fused.native.screened_steps > 0  # natively
+    monkeypatch.setattr(loading, "COLUMN_MAJOR_MIN_BYTES", 0)
+    fp32, _ = _load(models / "gpt2", dtype="float32")
+    assert isinstance(fp32.model.lm_head, StreamedLinear)
+    want32 = _tokens(_load(models / "gpt2", dtype="float32")[0])
+    assert _tokens(fp32) == want32 and fp32.model._built_fused_decoder().native.screened_steps > 0
+    # the fused step off: the screen from Python
+    monkeypatch.setenv(decoder_step.ENV_SWITCH, "0")
+    tm, _ = _load(models / "gpt2")
+    head = tm.model.lm_head
     if not ScreenedArgmax.supported(head.weight):
         pytest.skip("no exact int8 screen (oneDNN, VNNI) on this CPU")
     assert _tokens(tm) == want
@@ -134,11 +148,8 @@ def test_a_streamed_bf16_head_is_screened_by_its_int8_copy_with_the_same_tokens(
         pytest.skip("oneDNN's int8 product failed its exactness check on this CPU")
     assert isinstance(tm.screen, ScreenedArgmax) and tm.screen.kind == "int8" and tm.screen.product is head
     assert tm.screen.weight.data_ptr() == head.weight.data_ptr()  # the head's own bf16 rows
-    monkeypatch.setattr(loading, "COLUMN_MAJOR_MIN_BYTES", 0)
     fp32, _ = _load(models / "gpt2", dtype="float32")
-    assert isinstance(fp32.model.lm_head, StreamedLinear)
-    want = _tokens(_load(models / "gpt2", dtype="float32")[0])
-    assert _tokens(fp32) == want
+    assert _tokens(fp32) == want32
     assert isinstance(fp32.screen, ScreenedArgmax) and fp32.screen.weight.data_ptr() == fp32.model.lm_head.weight.data_ptr()
 
 

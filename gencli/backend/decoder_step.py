@@ -131,8 +131,9 @@ def _one_new_position(t: torch.Tensor, kv_cache: Any, dims: int) -> bool:
 class FusedDecoder:
     """The native stack of one model's layers (built once; it references the layers' tensors)."""
 
-    def __init__(self, native: Any):
+    def __init__(self, native: Any, dense_head: Optional[torch.Tensor] = None):
         self.native = native
+        self.dense_head = dense_head  # the head's fp32 or bf16 weight (V, hidden) where it is dense, for screen_head()
         self.normalizes = bool(native.has_final_norm)  # the step's output is after the model's final norm
         self.takes_positions = bool(native.has_rotary_tables)  # rotary: positions instead of cos/sin tables
         # token ids to logits in one call (embeddings, layers, final norm, head): :meth:`logits`
@@ -177,7 +178,21 @@ class FusedDecoder:
         ):
             native.set_embeddings(*tables)
             native.set_head(_linear(head))
+            if isinstance(head, StreamedLinear) and head.bias is None:
+                return cls(native, head.weight.detach())
         return cls(native)
+
+    def screen_head(self) -> bool:
+        """Give the native step the screen of a dense head (built once; :meth:`greedy_steps` with ``screen``
+        then reads the head's int8 copy and recomputes only the rows the bounds leave, choosing what the
+        head would): whether it has one."""
+        if self.native.has_head_screen:
+            return True
+        if self.dense_head is None:
+            return False
+        codes, scale, bound = head_screen(self.dense_head)
+        self.native.set_head_screen(codes, scale, bound)
+        return True
 
     @staticmethod
     def applies(x: torch.Tensor, kv_cache: Any) -> bool:
@@ -247,6 +262,7 @@ class FusedDecoder:
         attention_mask: Optional[torch.Tensor] = None,
         positions: Optional[torch.Tensor] = None,
         last_position: int = 0,
+        screen: bool = False,
     ) -> torch.Tensor:
         """Where :attr:`takes_ids`: up to ``steps`` greedy decoding steps in one call, each step's choices the
         next step's ids (:meth:`logits` with ``greedy``, with no Python between the steps): ``ids (B, 1)``
@@ -254,7 +270,8 @@ class FusedDecoder:
         or the cache's length; ``left`` each row's budget of new tokens (0: finished); a row also finishes
         when it chooses one of ``stop_ids``. Returns the choices ``(B, k)``, ``k`` the steps run (fewer than
         ``steps`` where every row finished first); the cache holds their keys and values.
-        ``attention_mask (B, >= cached + steps)`` True for real tokens."""
+        ``attention_mask (B, >= cached + steps)`` True for real tokens. ``screen``: the choices through the
+        head's screen (:meth:`screen_head`, given before), the same tokens for a fraction of the head's bytes."""
         b = ids.shape[0]
         tokens = torch.empty((b, steps), dtype=torch.long)
         mask = attention_mask if attention_mask is None or attention_mask.dtype == torch.bool else attention_mask.bool()
@@ -262,8 +279,9 @@ class FusedDecoder:
         stop = torch.tensor(list(stop_ids), dtype=torch.long)
         budget = torch.tensor(left, dtype=torch.long)
         k = self.native.greedy_steps(
-            ids.reshape(b), pos, kv_cache.keys, kv_cache.values, kv_cache.length, mask, int8_activations(), tokens, stop, budget, last_position
-        )
+            ids.reshape(b), pos, kv_cache.keys, kv_cache.values, kv_cache.length, mask, int8_activations(), tokens, stop, budget, last_position,
+            screen and self.native.has_head_screen,
+        )  # fmt: skip
         for layer in kv_cache.layers:
             layer.length += k
         return tokens[:, :k]
@@ -303,4 +321,35 @@ class FusedDecoder:
         return tokens[:, :k]
 
 
-__all__ = ["ACTIVATIONS", "DecoderLayerParts", "DecoderStackParts", "ENV_SWITCH", "FusedDecoder", "enabled"]
+def head_screen(weight: torch.Tensor, chunk_rows: int = 4096) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A dense head's screen for the native greedy step: ``(codes (V, D) int8, scale (V,) bf16, bound (V,)
+    float32)``. Each row ``w`` becomes ``w~ = q s`` (``s`` its largest magnitude / 127 rounded to bf16, ``q``
+    the rounded quotients in [-127, 127]), and its bound per unit of the hidden state's norm covers
+
+    - the copy's error: ``|h . w - h . w~| <= |h| |w - w~|`` (Cauchy-Schwarz, ``|w - w~|`` computed here), and
+    - both fp32 products' rounding: a sum of D products in any order is within ``(D + 2) 2^-24`` of
+      ``sum |h_i w_i| <= |h| |w|`` (the head's, then ``|h| |w~|`` the copy's; doubled for safety),
+
+    so the head's logit lies within ``|h| bound`` of the copy's: rows whose upper bound is below the best
+    lower bound cannot be the head's choice."""
+    v, d = weight.shape
+    codes = torch.empty((v, d), dtype=torch.int8)
+    scale = torch.empty(v, dtype=torch.bfloat16)
+    bound = torch.empty(v, dtype=torch.float32)
+    gamma = 2.0 * (d + 2) * 2.0**-24
+    for r0 in range(0, v, chunk_rows):
+        w = weight[r0 : r0 + chunk_rows].float()
+        s = (w.abs().amax(dim=1) / 127.0).to(torch.bfloat16)
+        sf = s.float()
+        safe = torch.where(sf > 0, sf, torch.ones_like(sf))
+        q = (w / safe[:, None]).round_().clamp_(-127, 127)
+        approx = q * sf[:, None]
+        err = (w.double() - approx.double()).norm(dim=1)
+        norms = w.double().norm(dim=1) + approx.double().norm(dim=1)
+        codes[r0 : r0 + chunk_rows] = q.to(torch.int8)
+        scale[r0 : r0 + chunk_rows] = s
+        bound[r0 : r0 + chunk_rows] = ((err + gamma * norms) * (1 + 1e-6)).float()
+    return codes, scale, bound
+
+
+__all__ = ["ACTIVATIONS", "DecoderLayerParts", "DecoderStackParts", "ENV_SWITCH", "FusedDecoder", "enabled", "head_screen"]

@@ -89,6 +89,7 @@ class CausalLM(nn.Module):
         position_ids: Optional[torch.Tensor] = None,
         attention_mask: Optional[torch.Tensor] = None,
         last_position: int = 0,
+        screen: bool = False,
     ) -> Optional[torch.Tensor]:
         """Up to ``steps`` plain greedy decoding steps in one native call (:meth:`FusedDecoder.greedy_steps`),
         from the tokens ``input_ids (B, 1)``: the choices ``(B, k)``; None where :meth:`fused_logits` would not
@@ -99,7 +100,15 @@ class CausalLM(nn.Module):
         fused = self._built_fused_decoder()
         if fused is None or not fused.takes_ids:
             return None
-        return fused.greedy_steps(input_ids, kv_cache, steps, left, stop_ids, attention_mask, position_ids, last_position)
+        return fused.greedy_steps(input_ids, kv_cache, steps, left, stop_ids, attention_mask, position_ids, last_position, screen)
+
+    def fused_head_screen(self, build: bool = True) -> bool:
+        """Whether the fused step screens this model's LM head in greedy steps (a dense head on a CPU, see
+        :meth:`FusedDecoder.screen_head`): built here once where ``build``, else only whether it is built."""
+        fused = self._built_fused_decoder()
+        if fused is None or not fused.takes_ids:
+            return False
+        return fused.screen_head() if build else bool(fused.native.has_head_screen)
 
     def fused_sample_steps(
         self,

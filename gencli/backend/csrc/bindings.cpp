@@ -199,7 +199,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            "up to tokens.size(1) greedy token steps in one call, each step's choices fed back as the next ids: tokens (B, steps) "
            "written; a row finishes when its budget in left (B) runs out or it chooses one of stop_ids; returns the steps run",
            py::arg("ids"), py::arg("positions"), py::arg("keys"), py::arg("values"), py::arg("length"), py::arg("key_mask"),
-           py::arg("int8_activations"), py::arg("tokens"), py::arg("stop_ids"), py::arg("left"), py::arg("last_position"))
+           py::arg("int8_activations"), py::arg("tokens"), py::arg("stop_ids"), py::arg("left"), py::arg("last_position"),
+           py::arg("screen") = false)
+      .def("set_head_screen", &gencli::DecoderStack::set_head_screen,
+           "the head's int8 copy for screened greedy steps: codes (V, hidden) int8, scale (V) (bf16), bound (V) float32 per unit of |h|",
+           py::arg("codes"), py::arg("scale"), py::arg("bound"))
+      .def_property_readonly("has_head_screen", &gencli::DecoderStack::has_head_screen)
+      .def_property_readonly("screened_steps", &gencli::DecoderStack::screened_steps)
+      .def_property_readonly("screen_fallbacks", &gencli::DecoderStack::screen_fallbacks)
       .def(
           "sample_steps",
           [](gencli::DecoderStack& stack, const at::Tensor& ids, const OptionalTensor& positions, const at::Tensor& keys, const at::Tensor& values,

@@ -275,9 +275,9 @@ void DecoderStack::token_step(const at::Tensor& ids, const OptionalTensor& posit
 
 int64_t DecoderStack::greedy_steps(const at::Tensor& ids, const OptionalTensor& positions, const at::Tensor& keys, const at::Tensor& values,
                                    int64_t length, const OptionalTensor& key_mask, bool int8_activations, at::Tensor tokens,
-                                   const at::Tensor& stop_ids, const at::Tensor& left, int64_t last_position) {
+                                   const at::Tensor& stop_ids, const at::Tensor& left, int64_t last_position, bool screen) {
   return run_steps(ids, positions, keys, values, length, key_mask, int8_activations, tokens, stop_ids, left, last_position, nullptr, at::Tensor(),
-                   {});
+                   {}, screen);
 }
 
 int64_t DecoderStack::sample_steps(const at::Tensor& ids, const OptionalTensor& positions, const at::Tensor& keys, const at::Tensor& values,
@@ -290,7 +290,7 @@ int64_t DecoderStack::sample_steps(const at::Tensor& ids, const OptionalTensor& 
 int64_t DecoderStack::run_steps(const at::Tensor& ids, const OptionalTensor& positions, const at::Tensor& keys, const at::Tensor& values,
                                 int64_t length, const OptionalTensor& key_mask, bool int8_activations, at::Tensor tokens,
                                 const at::Tensor& stop_ids, const at::Tensor& left, int64_t last_position, const SamplingSettings* sampling,
-                                const at::Tensor& uniforms, const OptionalTensor& seen) {
+                                const at::Tensor& uniforms, const OptionalTensor& seen, bool screen) {
   check_token_step();
   TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 1 && ids.device().is_cpu(), "decoder_step: ids must be int64 (B)");
   const int64_t B = ids.size(0), V = head_.N;
@@ -340,7 +340,8 @@ int64_t DecoderStack::run_steps(const at::Tensor& ids, const OptionalTensor& pos
   int64_t* out = tokens.data_ptr<int64_t>();
   for (int64_t s = 0; s < S; ++s) {
     const OptionalTensor km = mask.defined() ? OptionalTensor(mask.narrow(1, 0, length + s + 1)) : OptionalTensor();
-    run_token(cur.data(), pos.data(), B, keys, values, length + s, km, int8_activations, logits, sampling ? nullptr : next.data());
+    run_token(cur.data(), pos.data(), B, keys, values, length + s, km, int8_activations, logits, sampling ? nullptr : next.data(),
+              screen && !sampling);
     if (sampling)
       for (int64_t b = 0; b < B; ++b) {
         const std::vector<int64_t>* h = history.empty() ? nullptr : &history[b];
@@ -361,7 +362,7 @@ int64_t DecoderStack::run_steps(const at::Tensor& ids, const OptionalTensor& pos
 }
 
 void DecoderStack::run_token(const int64_t* ip, const int64_t* pp, int64_t B, const at::Tensor& keys, const at::Tensor& values, int64_t length,
-                             const OptionalTensor& key_mask, bool int8_activations, float* logits, int64_t* next) {
+                             const OptionalTensor& key_mask, bool int8_activations, float* logits, int64_t* next, bool screen) {
   // the embeddings: token rows (+ position rows)
   thread_local AlignedVector<float> x_buf;
   float* x = scratch(x_buf, B * hidden_);
@@ -390,6 +391,14 @@ void DecoderStack::run_token(const int64_t* ip, const int64_t* pp, int64_t B, co
   sh.logits = logits;
   sh.next = next;
   sh.best_at = best_at.data();
+  thread_local std::vector<float> screen_low;
+  int screen_fallback = 0;
+  if (screen && next && has_head_screen()) {
+    screen_low.assign(B * threads, 0.f);
+    sh.screen = true;
+    sh.screen_low = screen_low.data();
+    sh.screen_fallback = &screen_fallback;
+  }
   launch(sh, keys, values, key_mask, {}, {}, pp);
 }
 
@@ -546,6 +555,10 @@ void DecoderStack::run_layers(const Shared& sh, StepTeam& team, int64_t me, bool
   team.barrier();  // (every thread has read x: with no layers, the copies above)
   if (sh.logits) {  // a token step: the final norm on every thread's copy, the head's tasks shared out
     for (int64_t b = 0; b < B; ++b) normalize(final_norm_, xs + b * hidden_, h + b * hidden_, hidden_);
+    if (sh.screen && screened_choices(sh, team, me, h)) {
+      if (seated) seat = {};
+      return;
+    }
     float* outs[1] = {sh.logits};
     quantized_products(h, B, hidden_, &head_, outs, 1, q8);
     if (sh.next) {  // the greedy choices: each thread the first largest of its share of each row, then thread 0 of theirs
@@ -580,6 +593,94 @@ void DecoderStack::set_head(const LinearSpec& spec) {
   QuantWeight w = linear(spec);
   TORCH_CHECK(w.K == hidden_ && w.N > 0, "decoder_step: the head must take the hidden size");
   head_ = w;
+}
+
+void DecoderStack::set_head_screen(const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& bound) {
+  TORCH_CHECK(has_head() && head_.dense(), "decoder_step: a screen needs a dense (f32 or bf16) head");
+  const int64_t V = head_.N;
+  TORCH_CHECK(codes.scalar_type() == at::kChar && codes.dim() == 2 && codes.size(0) == V && codes.size(1) == hidden_ && codes.is_contiguous() &&
+                  codes.device().is_cpu(),
+              "decoder_step: the screen's codes must be contiguous int8 (V, hidden)");
+  TORCH_CHECK(scale.numel() == V && bound.numel() == V, "decoder_step: one scale and one bound a row");
+  at::Tensor sc = scale.to(at::kBFloat16).contiguous(), bd = bound.to(at::kFloat).contiguous();
+  keep_.push_back(codes);
+  keep_.push_back(sc);
+  QuantWeight w;
+  w.kind = WeightKind::int8;
+  w.codes = codes.data_ptr();
+  w.scale = reinterpret_cast<const uint16_t*>(sc.data_ptr<at::BFloat16>());
+  w.N = V;
+  w.K = hidden_;
+  screen_ = w;
+  screen_bound_ = bd;
+}
+
+// The greedy choice through the head's int8 copy: every thread multiplies its share of the copy's rows
+// (fp32 activations: the copy's logits y~ differ from the head's y by at most |h| bound[v]), then the
+// largest lower bound max(y~ - |h| bound) rules out every row whose upper bound is below it; thread 0
+// recomputes the rows left from the head itself (the same per-row arithmetic as the head's product) and
+// takes the first largest. Too many rows left, or a non-finite value: the whole head decides.
+bool DecoderStack::screened_choices(const Shared& sh, StepTeam& team, int64_t me, const float* h) const {
+  constexpr int64_t kMaxCandidates = 64;
+  const int64_t B = sh.B, V = head_.N, T = team.size();
+  {
+    float* outs[1] = {sh.logits};
+    quantized_products(h, B, hidden_, &screen_, outs, 1, false);  // (a team pass: every thread's rows are in afterwards)
+  }
+  const float* bound = screen_bound_.data_ptr<float>();
+  auto norm_of = [&](int64_t b) {
+    double s = 0.0;
+    for (int64_t i = 0; i < hidden_; ++i) s += static_cast<double>(h[b * hidden_ + i]) * h[b * hidden_ + i];
+    return static_cast<float>(std::sqrt(s) * 1.0001);
+  };
+  // a margin for the fp32 arithmetic of the bounds themselves
+  auto margin = [&](float hn, int64_t v, float y) { return hn * bound[v] + 1e-6f * std::fabs(y); };
+  const int64_t r0 = V * me / T, r1 = V * (me + 1) / T;
+  for (int64_t b = 0; b < B; ++b) {
+    const float hn = norm_of(b);
+    const float* y = sh.logits + b * V;
+    float low = -INFINITY;
+    bool finite = std::isfinite(hn);
+    for (int64_t v = r0; v < r1 && finite; ++v) {
+      finite = std::isfinite(y[v]);
+      low = std::max(low, y[v] - margin(hn, v, y[v]));
+    }
+    sh.screen_low[b * T + me] = finite ? low : NAN;
+  }
+  team.barrier();
+  if (me == 0) {
+    int fallback = 0;
+    thread_local std::vector<int64_t> cand;
+    thread_local std::vector<float> exact;
+    for (int64_t b = 0; b < B && !fallback; ++b) {
+      float L = -INFINITY;
+      for (int64_t t = 0; t < T; ++t) {
+        const float l = sh.screen_low[b * T + t];
+        if (l != l) fallback = 1;
+        L = std::max(L, l);
+      }
+      if (fallback) break;
+      const float hn = norm_of(b);
+      const float* y = sh.logits + b * V;
+      cand.clear();
+      for (int64_t v = 0; v < V; ++v)
+        if (y[v] + margin(hn, v, y[v]) >= L) {
+          cand.push_back(v);
+          if (static_cast<int64_t>(cand.size()) > kMaxCandidates) break;
+        }
+      if (cand.empty() || static_cast<int64_t>(cand.size()) > kMaxCandidates) {
+        fallback = 1;
+        break;
+      }
+      exact.resize(cand.size());
+      dense_rows(h + b * hidden_, hidden_, head_, cand.data(), static_cast<int64_t>(cand.size()), exact.data());
+      sh.next[b] = cand[first_largest(exact.data(), 0, static_cast<int64_t>(exact.size()))];
+    }
+    *sh.screen_fallback = fallback;
+    ++(fallback ? screen_fallbacks_ : screened_);
+  }
+  team.barrier();
+  return *sh.screen_fallback == 0;
 }
 
 void DecoderStack::set_rotary(const at::Tensor& inv_freq, double attention_factor) {

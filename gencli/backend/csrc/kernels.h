@@ -87,6 +87,11 @@ bool int8_activations_apply(const QuantWeight& w, bool asked);
 void quantized_products(const float* x, int64_t M, int64_t K, const QuantWeight* ws, float* const* outs, int64_t count,
                         bool int8_activations);
 
+// Rows `rows` (n of them) of a dense weight (f32 or bf16) times one activation row x (K): out[j] = x . w[rows[j]]
+// (+ bias), by the same per-row arithmetic as quantized_products's dense kernels, on the calling thread alone
+// (no team, no parallel region): the decoding step's exact recomputation of a screen's candidates.
+void dense_rows(const float* x, int64_t K, const QuantWeight& w, const int64_t* rows, int64_t n, float* out);
+
 // x's rows quantized to int8 in blocks of kActBlock columns: codes q (M, K) and one scale per block
 // sx (M, K / kActBlock), x ~ q * sx (symmetric, q in [-127, 127]: Q8_0's activations); by the active
 // instruction set's vectors (act_quant.inc), or plainly (the reference: the same bits)

@@ -118,6 +118,17 @@ class DecoderStack {
   // computes the logits
   void set_head(const LinearSpec& head);
   bool has_head() const { return head_.codes != nullptr; }
+
+  // A screen of a dense head (f32 or bf16) for greedy steps: its int8 copy, codes (V, hidden) int8 and one
+  // bf16 scale a row, and bound (V) float32, each row's bound of |fp32 head logit - copy's logit| per unit
+  // of the hidden state's norm (the copy's error and both products' rounding). greedy_steps(screen) then
+  // reads the copy, keeps the rows whose logits the bounds cannot rule out and recomputes them from the
+  // head: the head's choice, for a quarter (f32) or half (bf16) of its bytes.
+  void set_head_screen(const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& bound);
+  bool has_head_screen() const { return screen_.codes != nullptr; }
+  // greedy steps the screen decided, and those it left to the whole head (too many candidates, non-finite values)
+  int64_t screened_steps() const { return screened_; }
+  int64_t screen_fallbacks() const { return screen_fallbacks_; }
   int64_t vocab_size() const { return head_.N; }
 
   // x (B, hidden) float32 contiguous, updated in place (the residual stream, or its final norm where the
@@ -142,7 +153,7 @@ class DecoderStack {
   // Returns the number of steps run: fewer than asked where every row finished.
   int64_t greedy_steps(const at::Tensor& ids, const OptionalTensor& positions, const at::Tensor& keys, const at::Tensor& values, int64_t length,
                        const OptionalTensor& key_mask, bool int8_activations, at::Tensor tokens, const at::Tensor& stop_ids,
-                       const at::Tensor& left, int64_t last_position);
+                       const at::Tensor& left, int64_t last_position, bool screen = false);
 
   // The same steps with each step's tokens sampled (sample_token) instead of chosen greedily: uniforms
   // (steps, B) float64, row b of step s drawing with uniforms[s, b] (empty when s.temperature is 0); seen
@@ -174,7 +185,12 @@ class DecoderStack {
     float* logits = nullptr;
     int64_t* next = nullptr;
     int64_t* best_at = nullptr;  // (B, threads)
+    bool screen = false;          // the greedy choices through the head's screen
+    float* screen_low = nullptr;  // (B, threads) each thread's largest lower bound of a logit
+    int* screen_fallback = nullptr;  // set by thread 0: the whole head decides this step
   };
+  // the greedy choices through the screen (every thread calls it): false where the whole head must decide
+  bool screened_choices(const Shared& sh, StepTeam& team, int64_t me, const float* h) const;
   // the caches checked and the step run: the RoPE rows from cos/sin or from the positions pp (B)
   void launch(Shared sh, const at::Tensor& keys, const at::Tensor& values, const OptionalTensor& key_mask, const OptionalTensor& cos,
               const OptionalTensor& sin, const int64_t* pp);
@@ -182,13 +198,13 @@ class DecoderStack {
   // the embeddings of ids (B) at positions pp (B), the layers, the final norm and the head: logits (B, V), and
   // the greedy choices into next (B) where not null
   void run_token(const int64_t* ip, const int64_t* pp, int64_t B, const at::Tensor& keys, const at::Tensor& values, int64_t length,
-                 const OptionalTensor& key_mask, bool int8_activations, float* logits, int64_t* next);
+                 const OptionalTensor& key_mask, bool int8_activations, float* logits, int64_t* next, bool screen = false);
   void check_token_step() const;
   // greedy_steps and sample_steps: the choices by the token step's argmax (sampling null) or by sample_token
   int64_t run_steps(const at::Tensor& ids, const OptionalTensor& positions, const at::Tensor& keys, const at::Tensor& values, int64_t length,
                     const OptionalTensor& key_mask, bool int8_activations, at::Tensor tokens, const at::Tensor& stop_ids,
                     const at::Tensor& left, int64_t last_position, const SamplingSettings* sampling, const at::Tensor& uniforms,
-                    const OptionalTensor& seen);
+                    const OptionalTensor& seen, bool screen = false);
 
   NormSpec norm(const NormSpec& spec);
   QuantWeight linear(const LinearSpec& spec);
@@ -202,6 +218,9 @@ class DecoderStack {
   float rotary_factor_ = 1.f;
   at::Tensor embed_tokens_, embed_positions_;  // float32 (V, hidden) and (P, hidden), or undefined
   QuantWeight head_;                           // codes null: none
+  QuantWeight screen_;                         // the head's int8 copy (codes null: none)
+  at::Tensor screen_bound_;                    // float32 (V): each row's bound per unit of |h|
+  mutable int64_t screened_ = 0, screen_fallbacks_ = 0;
   std::vector<at::Tensor> keep_;  // every tensor the layers point into
 };
 

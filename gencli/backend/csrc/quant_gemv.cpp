@@ -260,6 +260,34 @@ void dense_products(const float* xp, int64_t M, int64_t K, const QuantWeight* ws
   });
 }
 
+}  // namespace
+
+void dense_rows(const float* x, int64_t K, const QuantWeight& w, const int64_t* rows, int64_t n, float* out) {
+  thread_local AlignedVector<float> row_buf;
+  float* op = scratch(row_buf, w.N);  // (the tile functions write row r's result at op[r])
+  const bool wide = active_isa() == Isa::avx512;
+  const float* xd = w.kind == WeightKind::bf16 ? deinterleaved(x, 1, K) : nullptr;
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t r = rows[j];
+    if (w.kind == WeightKind::f32) {
+      const float* wp = static_cast<const float*>(w.codes);
+      if (wide)
+        avx512::weight_tile<1>(x, K, wp, nullptr, op, w.N, r, r + 1);
+      else
+        avx2::weight_tile<1>(x, K, wp, nullptr, op, w.N, r, r + 1);
+    } else {
+      const uint16_t* wp = static_cast<const uint16_t*>(w.codes);
+      if (wide)
+        avx512::bf16_pair_tile<1>(xd, x, K, wp, op, w.N, r, r + 1);
+      else
+        avx2::bf16_pair_tile<1>(xd, x, K, wp, op, w.N, r, r + 1);
+    }
+    out[j] = op[r] + (w.bias ? w.bias[r] : 0.f);
+  }
+}
+
+namespace {
+
 // w = (q - 8) * scale + zero with q packed (N, K/2), groups of G; xsp the group sums of x (M, gs)
 void int4_product_f32(const float* xp, int64_t M, int64_t K, const QuantWeight& w, const float* xsp, int64_t gs, float* op) {
   const int64_t N = w.N, G = w.G;

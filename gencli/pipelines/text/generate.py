@@ -39,6 +39,19 @@ BURST_SECONDS = 0.05
 BURST_TOKENS = 16
 
 
+def screens_natively(tm: TextModel, params: SamplingParams, steps: int) -> bool:
+    """Whether plain greedy steps choose through the fused step's screen of the LM head (its int8 copy read
+    natively inside the steps, :meth:`~gencli.backend.decoder_step.FusedDecoder.screen_head`) instead of
+    :func:`screen_for`'s from Python: a large dense head without a bias on gencli's kernels, and a
+    generation long enough to repay building the copy (or the copy built already)."""
+    head = tm.model.lm_head
+    if not params.greedy or params.repetition_penalty != 1.0 or not isinstance(head, StreamedLinear) or head.bias is not None:
+        return False
+    if head.weight.device.type != "cpu" or head.weight.numel() * head.weight.element_size() < SCREEN_MIN_HEAD_BYTES:
+        return False
+    return tm.model.fused_head_screen(build=steps >= SCREEN_MIN_STEPS)
+
+
 def screen_for(tm: TextModel, params: SamplingParams, steps: int) -> Optional[ScreenedArgmax]:
     """The exact screened argmax of the LM head (:mod:`gencli.backend.screened_argmax`), when the
     tokens are plain greedy choices from a large fp32 head, a streamed bf16 one (screened by its int8
@@ -284,7 +297,8 @@ def generate(
     if attention_mask is not None and capacity > attention_mask.shape[1]:  # the slots past the run: never seen
         attention_mask = torch.nn.functional.pad(attention_mask, (0, capacity - attention_mask.shape[1]), value=False)
     cache = model.new_cache(b, capacity, static=static)
-    head = None if static else screen_for(tm, params, steps)
+    native_screen = not static and screens_natively(tm, params, steps)
+    head = None if static or native_screen else screen_for(tm, params, steps)
     one_token = decode_step(model, cache, attention_mask) if static else None
     if one_token is not None and compile_step:
         one_token = compiled(one_token, on_info)
@@ -316,7 +330,7 @@ def generate(
     t1 = time.perf_counter()
     # several steps a native call: plain greedy (argmax in the step), else where the native sampler chooses
     bursts = head is None and not static and (plain_greedy or loaded_native_sampler() is not None)
-    burst = _Burst(None if plain_greedy else params, generator) if bursts else None
+    burst = _Burst(None if plain_greedy else params, generator, screen=native_screen) if bursts else None
     ahead: list[list[int]] = []  # the choices of the steps a burst ran, after the one being taken
     for step in range(steps):
         for i, row in enumerate(rows):
@@ -372,10 +386,11 @@ class _Burst:
     are those of one step at a time). A sampled burst draws its steps' uniform numbers from ``generator``
     in the order one step at a time draws them, and leaves it where those steps would: seeded text is the same."""
 
-    def __init__(self, params: Optional[SamplingParams] = None, generator: Optional[torch.Generator] = None) -> None:
+    def __init__(self, params: Optional[SamplingParams] = None, generator: Optional[torch.Generator] = None, screen: bool = False) -> None:
         self.size = 1
         self.params = params
         self.generator = generator
+        self.screen = screen  # plain greedy steps choose through the fused step's screen of the head
 
     def run(
         self, model, ids, cache, most: int, left: list[int], eos: set[int], pos, attention_mask, last_position: int, seen: Optional[torch.Tensor] = None
@@ -385,7 +400,7 @@ class _Burst:
         shared = dict(kv_cache=cache, steps=steps, left=left, stop_ids=sorted(eos), position_ids=pos, attention_mask=attention_mask)
         shared["last_position"] = last_position
         if self.params is None:
-            block = model.fused_greedy_steps(ids, **shared)
+            block = model.fused_greedy_steps(ids, screen=self.screen, **shared)
         else:
             gen = self.generator if self.generator is not None else torch.default_generator
             state = uniforms = None
