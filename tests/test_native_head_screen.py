@@ -33,7 +33,7 @@ def test_the_bound_covers_the_difference_of_the_kernels_products(dtype):
     weight = (torch.randn(3000, 256, generator=gen) * 0.05).to(dtype)
     weight[7] = 0  # a zero row
     weight[8, :5] = 40.0  # a row with outliers
-    codes, scale, bound = head_screen(weight, chunk_rows=1000)
+    codes, scale, bound = head_screen(weight)
     assert codes.dtype == torch.int8 and scale.dtype == torch.bfloat16 and bound.dtype == torch.float32
     for s in (1e-3, 1.0, 30.0, 1e4):
         h = torch.randn(1, 256, generator=gen) * s

@@ -321,35 +321,25 @@ class FusedDecoder:
         return tokens[:, :k]
 
 
-def head_screen(weight: torch.Tensor, chunk_rows: int = 4096) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A dense head's screen for the native greedy step: ``(codes (V, D) int8, scale (V,) bf16, bound (V,)
-    float32)``. Each row ``w`` becomes ``w~ = q s`` (``s`` its largest magnitude / 127 rounded to bf16, ``q``
-    the rounded quotients in [-127, 127]), and its bound per unit of the hidden state's norm covers
+def head_screen(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A dense head's screen for the native greedy step (built natively, ``csrc/decoder_step.cpp``):
+    ``(codes (V, D) int8, scale (V,) bf16, bound (V,) float32)``. Each row ``w`` becomes ``w~ = q s`` (``s``
+    its largest magnitude / 127 rounded to bf16, ``q`` the rounded quotients in [-127, 127]), and its bound
+    per unit of the hidden state's norm covers
 
-    - the copy's error: ``|h . w - h . w~| <= |h| |w - w~|`` (Cauchy-Schwarz, ``|w - w~|`` computed here), and
+    - the copy's error: ``|h . w - h . w~| <= |h| |w - w~|`` (Cauchy-Schwarz, ``|w - w~|`` computed in
+      double), and
     - both fp32 products' rounding: a sum of D products in any order is within ``(D + 2) 2^-24`` of
       ``sum |h_i w_i| <= |h| |w|`` (the head's, then ``|h| |w~|`` the copy's; doubled for safety),
 
     so the head's logit lies within ``|h| bound`` of the copy's: rows whose upper bound is below the best
     lower bound cannot be the head's choice."""
-    v, d = weight.shape
-    codes = torch.empty((v, d), dtype=torch.int8)
-    scale = torch.empty(v, dtype=torch.bfloat16)
-    bound = torch.empty(v, dtype=torch.float32)
-    gamma = 2.0 * (d + 2) * 2.0**-24
-    for r0 in range(0, v, chunk_rows):
-        w = weight[r0 : r0 + chunk_rows].float()
-        s = (w.abs().amax(dim=1) / 127.0).to(torch.bfloat16)
-        sf = s.float()
-        safe = torch.where(sf > 0, sf, torch.ones_like(sf))
-        q = (w / safe[:, None]).round_().clamp_(-127, 127)
-        approx = q * sf[:, None]
-        err = (w.double() - approx.double()).norm(dim=1)
-        norms = w.double().norm(dim=1) + approx.double().norm(dim=1)
-        codes[r0 : r0 + chunk_rows] = q.to(torch.int8)
-        scale[r0 : r0 + chunk_rows] = s
-        bound[r0 : r0 + chunk_rows] = ((err + gamma * norms) * (1 + 1e-6)).float()
-    return codes, scale, bound
+    from gencli.backend.quant_kernels import cpu_kernels
+
+    kernels = cpu_kernels()
+    if kernels is None:
+        raise RuntimeError("the CPU kernels are not available")
+    return kernels.head_screen(weight.detach())
 
 
 __all__ = ["ACTIVATIONS", "DecoderLayerParts", "DecoderStackParts", "ENV_SWITCH", "FusedDecoder", "enabled", "head_screen"]

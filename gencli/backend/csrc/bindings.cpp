@@ -256,6 +256,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "top-p, min-p; temperature 0 greedy), row b drawing with uniforms[b] (float64 in [0, 1)); seen (B, n) the tokens so far",
       py::arg("logits"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("min_p"), py::arg("repetition_penalty"),
       py::arg("uniforms"), py::arg("seen") = py::none());
+  m.def("head_screen", &gencli::head_screen,
+        "a dense head's int8 copy and bounds for DecoderStack.set_head_screen: (codes (V, D) int8, scale (V) bf16, bound (V) float32 "
+        "per unit of |h|)",
+        py::arg("weight"));
   m.def("activation", &gencli::activation, "act(x) (* up): the decoder step's activations ('gelu_tanh', 'silu', 'relu'), for the tests",
         py::arg("name"), py::arg("x"), py::arg("up") = py::none());
 

@@ -19,8 +19,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <immintrin.h>
@@ -593,6 +595,52 @@ void DecoderStack::set_head(const LinearSpec& spec) {
   QuantWeight w = linear(spec);
   TORCH_CHECK(w.K == hidden_ && w.N > 0, "decoder_step: the head must take the hidden size");
   head_ = w;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> head_screen(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.device().is_cpu() && (weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16),
+              "head_screen: a float32 or bfloat16 (V, D) weight on the CPU");
+  const at::Tensor w = weight.contiguous();
+  const int64_t V = w.size(0), D = w.size(1);
+  const bool bf16 = w.scalar_type() == at::kBFloat16;
+  at::Tensor codes = at::empty({V, D}, at::kChar), scale = at::empty({V}, at::kBFloat16), bound = at::empty({V}, at::kFloat);
+  int8_t* qp = codes.data_ptr<int8_t>();
+  uint16_t* sp = reinterpret_cast<uint16_t*>(scale.data_ptr<at::BFloat16>());
+  float* bp = bound.data_ptr<float>();
+  const double gamma = 2.0 * static_cast<double>(D + 2) * std::ldexp(1.0, -24);
+  at::parallel_for(0, V, 256, [&](int64_t v0, int64_t v1) {
+    std::vector<float> row(D);
+    for (int64_t v = v0; v < v1; ++v) {
+      if (bf16) {
+        const uint16_t* r = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()) + v * D;
+        for (int64_t i = 0; i < D; ++i) row[i] = bf16_to_float(r[i]);
+      } else {
+        std::copy(w.data_ptr<float>() + v * D, w.data_ptr<float>() + (v + 1) * D, row.begin());
+      }
+      float amax = 0.f;
+      for (float x : row) amax = std::max(amax, std::fabs(x));
+      // the scale rounded to bf16 (to nearest, ties to even), the codes the rounded quotients by it
+      const float s32 = amax / 127.f;
+      uint32_t bits;
+      std::memcpy(&bits, &s32, sizeof bits);
+      const uint16_t sb = static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+      const float s = bf16_to_float(sb), div = s > 0.f ? s : 1.f;
+      double err = 0.0, nw = 0.0, na = 0.0;
+      for (int64_t i = 0; i < D; ++i) {
+        const float q = std::min(127.f, std::max(-127.f, std::nearbyint(row[i] / div)));
+        qp[v * D + i] = static_cast<int8_t>(q);
+        const double a = static_cast<double>(q) * s, x = row[i];
+        err += (x - a) * (x - a);
+        nw += x * x;
+        na += a * a;
+      }
+      sp[v] = sb;
+      // |h . w - h . w~| <= |h| |w - w~|, and each fp32 product within (D + 2) 2^-24 of sum |h_i w_i| <= |h| |w|
+      // (doubled); rounded up to float
+      bp[v] = static_cast<float>((std::sqrt(err) + gamma * (std::sqrt(nw) + std::sqrt(na))) * (1.0 + 1e-6));
+    }
+  });
+  return {codes, scale, bound};
 }
 
 void DecoderStack::set_head_screen(const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& bound) {

@@ -67,6 +67,10 @@ at::Tensor greedy_choices(const at::Tensor& logits, int64_t parts);
 // float64 (empty when greedy), seen (B, n) int64 the tokens the repetition penalty counts, or none
 at::Tensor sample_tokens(const at::Tensor& logits, const SamplingSettings& s, const at::Tensor& uniforms, const OptionalTensor& seen);
 
+// A dense head's screen for DecoderStack::set_head_screen: (codes (V, D) int8, scale (V) bf16, bound (V)
+// float32), weight float32 or bfloat16 (V, D); see decoder_step.head_screen in Python for the bound.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> head_screen(const at::Tensor& weight);
+
 // the MLP activations of the decoder step
 enum class Activation { gelu_tanh, silu, relu };
 
