@@ -78,6 +78,7 @@ def add_arguments(p):
         "--quantize", type=_modes, default=None, help="gencli: int8, int4, bf16 (--dtype bfloat16), or a list such as none,bf16,int8,int4 (a side each)"
     )
     p.add_argument("--group-size", type=int, default=None, help="int4 group size (default 32)")
+    p.add_argument("--head-screen", choices=("auto", "off"), default="auto", help="gencli: screen a large dense head (greedy, 128+ tokens)")
     p.add_argument("--temperature", type=float, default=0.0, help="sample at this temperature on every side (default 0: greedy)")
     p.add_argument("--top-k", type=int, default=0, help="with --temperature: top-k (0: off)")
     p.add_argument("--top-p", type=float, default=1.0, help="with --temperature: top-p (1: off)")
@@ -374,6 +375,11 @@ def run(side, args, workdir):
         if mode is not None and args.saved:  # quantized already: loads without quantizing again
             folder, mode = _saved_folder(workdir, mode), None
         tm = load_text_model(folder, device=str(device), dtype=dtype_name, threads=args.threads, quantize=mode, group_size=args.group_size)
+        if args.head_screen == "off":  # the whole head every step (native or from Python)
+            from gencli.pipelines.text import generate as generate_module
+
+            generate_module.screens_natively = lambda *a, **k: False
+            generate_module.screen_for = lambda *a, **k: None
         sync(device)
         load_s = time.perf_counter() - t0
 
