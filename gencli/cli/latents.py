@@ -37,6 +37,7 @@ def encode(
     from gencli.console import emit_json
     from gencli.io import make_output_dir, plan_files
     from gencli.pipelines.diffusion import latents as lat
+    from gencli.pipelines.generative.reconstruct import check_readable
     from gencli.pipelines.vision.images import image_paths
     from gencli.weights import resolve_model
 
@@ -48,6 +49,7 @@ def encode(
     seed = (opts.seed if opts.seed is not None else new_seed()) if sample else None
     if seed is not None:
         check_seed(seed + len(paths) - 1, f"--seed {seed} for {len(paths)} image(s): seed")
+    check_readable(paths)  # every input before any output: nothing half-written
     loaded = lat.load_latent_autoencoder(resolve_model(opts.model, DEFAULT_MODEL), **opts.load_options())
     opts.report.debug(f"encode: {loaded.path} on {loaded.placement.describe()}")
     with opts.report.progress("encoding", total=len(paths)) as advance:

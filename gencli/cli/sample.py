@@ -120,6 +120,7 @@ def reconstruct(
 
     paths = image_paths(images)
     folder, targets = reconstruction.plan_reconstructions(paths, out_dir, force=force)
+    reconstruction.check_readable(paths)
     model = reconstruction.load_any_vae(resolve_model(opts.model, DEFAULTS["vae"]), **opts.load_options())
     if tile is not None and isinstance(model, LoadedGenerative):
         raise UserError(f"--tile/--no-tile applies to AutoencoderKL models; '{model.path}' is a ConvVAE, which takes the whole image at its size")

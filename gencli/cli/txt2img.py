@@ -241,7 +241,7 @@ def _run(
     from gencli.pipelines.diffusion.pipeline import load_pipeline
     from gencli.pipelines.diffusion.textual_inversion import run_embeddings
 
-    prompts = [t for j in jobs for t in (j.prompt, j.negative_prompt)]
+    prompts = ["\n".join(t for t in (j.prompt, j.negative_prompt) if t) for j in jobs]  # each image's text: its LoRA tags
     lora_specs = loras[0] if loras is not None else run_loras(settings.lora or [], prompts, settings.lora_dir, allow_pickle=opts.allow_pickle)
     embeddings = run_embeddings(settings.embedding or [], settings.embeddings_dir, prompts, allow_pickle=opts.allow_pickle)
     path = resolve_model(opts.model, DEFAULT_MODEL)

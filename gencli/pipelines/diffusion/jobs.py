@@ -258,6 +258,10 @@ def plan_run(
         check_seed(seed)
     init = read_init_image(image, flags) if image is not None else None
     mask_pixels = read_mask(mask, flags) if mask is not None else None
+    if init is not None:
+        for spec in specs:
+            with spec.located():
+                check_spec_size(spec, flags)
     one_image = len(specs) == 1 and not n and not seeds
     default_out = f"{'txt2img' if kind == 'replay' else kind}-{{seed}}.png" if one_image else f"{kind}-{{i:03d}}-{{seed}}.png"
     jobs = plan_jobs(
@@ -280,6 +284,18 @@ def read_init_image(image: str, flags: dict[str, Any]) -> np.ndarray:
         raise UserError(f"'{image}' is {pil.width}x{pil.height}: too small (at least {SIZE_MULTIPLE}x{SIZE_MULTIPLE})")
     flags["width"], flags["height"] = w, h
     return prepare_init_image(pil, w, h)
+
+
+def check_spec_size(spec: PromptSpec, flags: dict[str, Any]) -> None:
+    """img2img: the source image (and mask) is read once at the run's size (``flags``), so a prompt
+    may not ask for another size."""
+    for key in ("width", "height"):
+        value = spec.overrides.get(key)
+        if value is not None and value != flags[key]:
+            raise UserError(
+                f'"{key}": {value} differs from the run\'s {flags["width"]}x{flags["height"]} (the source image is resized once for all prompts): '
+                f"give {PROMPT_KEYS[key]} instead, or run this prompt separately"
+            )
 
 
 def read_mask(mask: str, flags: dict[str, Any]) -> np.ndarray:

@@ -180,20 +180,31 @@ def _directory(lora_dir: Optional[str | Path]) -> Optional[Path]:
     return directory
 
 
+def _tags_named(text: str) -> str:
+    tags = [tag for _, _, tag in _tag_items(text)]
+    return " ".join(tags) if tags else "no <lora:...> tag"
+
+
 def run_loras(flags: Sequence[str], prompts: Iterable[Optional[str]], lora_dir: Optional[str | Path], *, allow_pickle: bool = False) -> list[LoraSpec]:
-    """The LoRAs of a run: ``--lora`` values, then the tags of its prompts (all prompts of one run
-    must name the same LoRAs: the model is loaded once)."""
+    """The LoRAs of a run: ``--lora`` values, then the tags of its prompts. Each item of ``prompts``
+    is the text of one image (its prompt and negative prompt together; None: skipped), and every
+    image of one run must name the same LoRAs, none included: the model is loaded once with them, so
+    an image whose prompt names none would be drawn with them, and its PNG not replayed."""
     directory = _directory(lora_dir)
     specs = [parse_lora_option(text) for text in flags]
     tagged: Optional[list[LoraSpec]] = None
+    first = ""
     for prompt in prompts:
         if prompt is None:
             continue
         these = lora_tags(prompt, directory, allow_pickle=allow_pickle)
-        if tagged is None and these:
-            tagged = these
-        elif these and [(s.path, s.weight) for s in these] != [(s.path, s.weight) for s in tagged or []]:
-            raise UserError("the prompts of one run name different <lora:...> tags: run them separately")
+        if tagged is None:
+            tagged, first = these, prompt
+        elif [(s.path, s.weight) for s in these] != [(s.path, s.weight) for s in tagged]:
+            raise UserError(
+                f"the prompts of one run name different <lora:...> tags ({_tags_named(first)}, then {_tags_named(prompt)}): the LoRAs are "
+                "merged into the model once for the whole run; run them separately"
+            )
     return specs + (tagged or [])
 
 

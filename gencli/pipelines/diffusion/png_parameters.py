@@ -176,7 +176,7 @@ def read_parameters(path: str | Path) -> ImageParameters:
     path = input_name(path)
     try:
         with Image.open(source) as im:
-            text = im.info.get(PARAMETERS_KEY) or getattr(im, "text", {}).get(PARAMETERS_KEY)
+            text = im.info.get(PARAMETERS_KEY) or getattr(im, "text", {}).get(PARAMETERS_KEY) or _comment_parameters(im.info.get("comment"))
     except FileNotFoundError:
         raise UserError(f"'{path}' does not exist") from None
     except (UnidentifiedImageError, OSError) as exc:
@@ -184,6 +184,19 @@ def read_parameters(path: str | Path) -> ImageParameters:
     if not text:
         raise UserError(f"'{path}' has no 'parameters' text to replay (txt2img, img2img and sample ddpm write one, as other Stable Diffusion front ends do)")
     return ImageParameters.from_text(text)
+
+
+def _comment_parameters(comment: Any) -> Optional[str]:
+    """The parameters a JPEG's or GIF's comment holds (where ``-o NAME.jpg`` writes them), if it
+    holds a settings line."""
+    if isinstance(comment, bytes):
+        try:
+            comment = comment.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    if isinstance(comment, str) and "Steps:" in comment:
+        return comment
+    return None
 
 
 # -- model hashes -----------------------------------------------------------------------------------

@@ -71,6 +71,13 @@ def read_model_image(model, path: str) -> tuple[np.ndarray, tuple[int, int], Opt
     return np.array(image, dtype=np.uint8)[None], size, resized
 
 
+def check_readable(paths: list[str]) -> None:
+    """Read every input image once before the model loads: an unreadable one is the run's one error
+    line, before any output is written (never a run that stops half-way with some files written)."""
+    for path in paths:
+        load_image(path)
+
+
 def reconstruct_file(model, path: str, target: Path, *, tile: Optional[bool] = None, force: bool = False) -> Reconstruction:
     """Reconstruct one image file into ``target`` (a PNG with the model in a text chunk; its folder created)."""
     from gencli.io import make_output_dir
@@ -112,4 +119,4 @@ def results_table(rows: list[dict]):
     return table
 
 
-__all__ = ["Reconstruction", "plan_reconstructions", "results_table", "load_any_vae", "model_size", "read_model_image", "reconstruct_file"]
+__all__ = ["Reconstruction", "check_readable", "plan_reconstructions", "results_table", "load_any_vae", "model_size", "read_model_image", "reconstruct_file"]
