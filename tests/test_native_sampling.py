@@ -200,3 +200,18 @@ def test_a_sampled_row_that_meets_eos_inside_a_burst_ends_there_and_the_generato
     monkeypatch.setattr(tm, "eos_ids", [eos])
     completions, _, _ = _same(tm, dataclasses.replace(SAMPLED, ignore_eos=False), monkeypatch)
     assert completions[0][0] == ids[: ids.index(eos) + 1] and completions[0][2] == "stop"
+
+
+def test_top_p_zero_keeps_the_top_token_alone_on_both_samplers():
+    """A generation config may hold top_p 0 (transformers keeps the most likely token): both samplers
+    then choose it whatever the draw."""
+    from gencli.backend.quant_kernels import cpu_kernels
+
+    kernels = cpu_kernels()
+    x = torch.randn(4, 3000, generator=torch.Generator().manual_seed(2)) * 2
+    for params in (SamplingParams(temperature=1.0, top_p=0.0), SamplingParams(temperature=0.7, top_k=40, top_p=0.0)):
+        for u in (0.0, 0.5, 0.999999):
+            uniforms = torch.full((4,), u, dtype=torch.float64)
+            assert torch.equal(kernels.sample_tokens(x, *native_settings(params), uniforms, None), x.argmax(-1))
+            probs, ids = candidates(x, params)
+            assert torch.equal(ids.gather(-1, probs.argmax(-1, keepdim=True)).view(-1), x.argmax(-1)) and bool((probs.sum(-1) > 0.99).all())

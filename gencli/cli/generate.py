@@ -120,6 +120,12 @@ def generate(
     with report.progress("loading model"):
         tm = load_text_model(path, **opts.load_options(), quantize=quantize.value if quantize else None, group_size=group_size)
     report.debug(f"model: {describe(tm)}; loaded in {tm.load_seconds:.2f}s")
+    if quantize is not None:  # --quantize int4 that left layers in float says so, as gencli quantize does
+        from gencli.pipelines.text.quantization import kept_in_float
+
+        kept = kept_in_float(tm.quantization)
+        if kept:
+            report.warn(kept)
     settings = resolve_settings(
         tm.generation_config,
         max_new_tokens=max_new_tokens,

@@ -50,6 +50,21 @@ def info(
             _render(d, None if all_ else 40 if limit is None else limit, fh)
 
 
+def _quantization_line(q: dict) -> str:
+    """The quantization a checkpoint's config.json names: gencli's own (mode, the layers it quantized,
+    per channel or in groups), else the method and what its entry says (GPTQ, AWQ, bitsandbytes: their
+    layers are not gencli's, not counted). Any value of the entry may be malformed: shown, never a crash."""
+    size = q.get("group_size")
+    grouped = isinstance(size, int) and not isinstance(size, bool) and size > 0
+    method = q.get("quant_method")
+    if method != "gencli":
+        bits = f", {q['bits']} bits" if q.get("bits") is not None else ""
+        return f"{method or 'unknown method'}{bits}" + (f", in groups of {size}" if grouped else "") + " (not a gencli quantize folder)"
+    how = f"in groups of {size}" if grouped else "per output channel" if size in (None, -1, 0) else f"group size {size!r}"
+    head = ", the LM head stored as a quantized copy of the tied embedding (not counted)" if q.get("untied_head") else ""
+    return f"{q.get('mode')} ({method}), {q.get('layers')} linear layers {how}{head}"
+
+
 def _render(d: dict, limit: Optional[int], file) -> None:
     from rich.table import Table
 
@@ -68,9 +83,7 @@ def _render(d: dict, limit: Optional[int], file) -> None:
     out.print(f"  dtypes        {dts or '-'}")
     q = d.get("quantization")
     if q:
-        how = "per output channel" if q.get("group_size", -1) <= 0 else f"in groups of {q['group_size']}"
-        head = ", the LM head stored as a quantized copy of the tied embedding (not counted)" if q.get("untied_head") else ""
-        out.print(f"  quantization  {q.get('mode')} ({q.get('quant_method')}), {q.get('layers')} linear layers {how}{head}")
+        out.print(f"  quantization  {_quantization_line(q)}")
     if d.get("config"):
         out.print("  config        " + ", ".join(f"{k}={v}" for k, v in d["config"].items()))
     for name, comp in (d.get("components") or {}).items():

@@ -40,7 +40,7 @@ def quantize(
     """
     from pathlib import Path
 
-    from gencli.pipelines.text.quantization import check_quantization_flags, describe_quantization
+    from gencli.pipelines.text.quantization import check_quantization_flags, describe_quantization, kept_in_float
     from gencli.pipelines.text.quantized_folder import quantize_checkpoint
     from gencli.weights import resolve_model
 
@@ -50,10 +50,9 @@ def quantize(
         result = quantize_checkpoint(
             resolve_model(model), Path(out), mode.value, group_size=group_size, force=force, allow_pickle=allow_pickle, threads=threads
         )
-    kept = result.spec.modules_to_not_convert
+    kept = kept_in_float(result.spec)
     if kept:  # int4: layers whose inputs the group size does not divide
-        layers = f"{len(kept)} linear layer{'s' if len(kept) > 1 else ''}"
-        report.warn(f"{layers} kept in float (input size not a multiple of the group size {result.spec.group_size}): {', '.join(kept)}")
+        report.warn(kept)
     summary = {
         "out": str(result.out),
         "quantization": result.spec.to_config(),

@@ -151,6 +151,11 @@ def _run(texts, options: DecodingOptions, opts: RunOptions, *, prefix: Optional[
     with report.progress("loading model"):
         sm = load_seq2seq_model(path, **opts.load_options())
     report.debug(f"model: {describe(sm)}; loaded in {sm.load_seconds:.2f}s")
+    if prefix is not None and sm.family != "t5":  # a Marian/BART model would translate the T5 task prefix as text
+        raise UserError(
+            f"--source/--target name the languages for a T5 checkpoint; '{path}' is a {sm.architecture}, which translates its own "
+            "language pair: drop --source and --target"
+        )
     settings = resolve_settings(sm.generation_config, **flags, eos_ids=sm.eos_ids, seed=opts.seed, warn=report.warn)
     beam_only = [name for name, key in (("--length-penalty", "length_penalty"), ("--early-stopping", "early_stopping")) if flags.get(key) is not None]
     if beam_only and not settings.beam_search:
@@ -159,6 +164,15 @@ def _run(texts, options: DecodingOptions, opts: RunOptions, *, prefix: Optional[
         raise UserError(
             "--stream prints greedy or sampled text as it comes: beam search knows its best output only at the end (drop --stream or use --num-beams 1)"
         )
+    # Marian and BART decoders hold a position table: the budget of new tokens stops there (as
+    # generate's stops at the model's context), a minimum past it could never be honoured
+    positions, capped = sm.max_target_tokens, False
+    if positions is not None and settings.max_new_tokens > positions:
+        if settings.min_new_tokens > positions:
+            what = f"--min-new-tokens ({settings.min_new_tokens})" if flags.get("min_new_tokens") is not None else (
+                f"the generation config's minimum length ({settings.min_new_tokens} new tokens)")  # fmt: skip
+            raise UserError(f"{what} is more than the decoder's {positions} positions hold: lower it")
+        settings.max_new_tokens, capped = positions, True
     seed = None
     if not settings.sampling.greedy:
         from gencli.backend.random import new_seed
@@ -180,11 +194,13 @@ def _run(texts, options: DecodingOptions, opts: RunOptions, *, prefix: Optional[
             batch = encoded[start : start + size]
 
             def on_text(row: int, piece: str) -> None:
-                out.write(piece)
+                out.write(piece.replace("\n", " "))  # one line per output, as without --stream
                 out.flush()
 
             outputs = generate(sm, batch, settings, on_text=on_text if live else None, generator=batch_generator(seed, k))
             for o in outputs:
+                if capped and o.finish_reason == "length" and len(o.token_ids) >= positions:
+                    warn_once(f"stopped at the decoder's {positions} positions (the most new tokens this model holds)")
                 if opts.json:
                     from gencli.console import emit_json
 
@@ -216,8 +232,12 @@ def _read_inputs(texts: Optional[list[str]], prompts_file: Optional[str], report
     else:
         from gencli.io import check_text, read_stdin_text
 
+        if (texts or []).count("-") > 1:  # stdin is read once: a second - would repeat its inputs
+            raise UserError("stdin ('-') can be read only once")
         for i, t in enumerate(texts or []):
-            lines.extend(read_stdin_text().splitlines() if t == "-" else [check_text(t, f"text {i + 1}")])
+            if t != "-" and not check_text(t, f"text {i + 1}").strip():  # (not a blank line of stdin, skipped with a warning)
+                raise UserError("the input is empty (an empty TEXT argument)")
+            lines.extend(read_stdin_text().splitlines() if t == "-" else [t])
         where = "stdin" if "-" in (texts or []) else "the arguments"
     inputs = [line for line in lines if line.strip()]
     if not inputs:

@@ -43,8 +43,8 @@ LinearSpec linear_spec(const py::tuple& t) {
 }
 
 gencli::SamplingSettings sampling_settings(double temperature, int64_t top_k, double top_p, double min_p, double repetition_penalty) {
-  TORCH_CHECK(temperature >= 0 && top_k >= 0 && top_p > 0 && top_p <= 1 && min_p >= 0 && min_p <= 1 && repetition_penalty > 0,
-              "sampling: temperature >= 0, top_k >= 0, top_p in (0, 1], min_p in [0, 1], repetition_penalty > 0");
+  TORCH_CHECK(temperature >= 0 && top_k >= 0 && top_p >= 0 && top_p <= 1 && min_p >= 0 && min_p <= 1 && repetition_penalty > 0,
+              "sampling: temperature >= 0, top_k >= 0, top_p in [0, 1], min_p in [0, 1], repetition_penalty > 0");
   gencli::SamplingSettings s;
   s.temperature = static_cast<float>(temperature);
   s.top_k = top_k;

@@ -263,10 +263,10 @@ int64_t sample_token(float* x, int64_t V, const SamplingSettings& s, const int64
   }
   if (nucleus) {  // keep a token while the ones before it hold less than top_p (float32 as torch: cumsum - p)
     double cum = 0.0;
-    for (Candidate& k : c) {
-      const float pk = k.v - total < -87.f ? 0.f : std::exp(k.v - total);
+    for (size_t j = 0; j < c.size(); ++j) {
+      const float pk = c[j].v - total < -87.f ? 0.f : std::exp(c[j].v - total);
       cum += pk;
-      if (static_cast<float>(cum) - pk >= s.top_p) k.v = -INFINITY;
+      if (j > 0 && static_cast<float>(cum) - pk >= s.top_p) c[j].v = -INFINITY;  // (the first always: top_p 0 keeps it alone)
     }
   }
   if (min_p) {

@@ -13,6 +13,7 @@ from gencli.backend.device import DTYPE_NAMES, Placement, choose_placement, cpu_
 from gencli.backend.packed_linear import packing_available, stream_bf16_weights
 from gencli.errors import UserError
 from gencli.models.seq2seq import Seq2SeqLM
+from gencli.pipelines.text.flags import check_generation_config, usable_pad_id
 from gencli.tokenizers.seq2seq import load_seq2seq_tokenizer
 from gencli.tokenizers.text import TextTokenizer, read_json
 
@@ -44,6 +45,9 @@ class Seq2SeqModel:
     load_seconds: float
     screen: Any = None  # the screened argmax of the LM head (greedy decoding), built on first use
     screen_failed: bool = False  # no exact screen could be built on this CPU: not tried again
+    # the most new tokens the decoder's position table holds (Marian, BART: learned or sinusoidal
+    # positions, the decoder start token at position 0); None: no limit (T5's relative positions)
+    max_target_tokens: Optional[int] = None
 
 
 def _ids(value: Any) -> list[int]:
@@ -110,14 +114,23 @@ def load_seq2seq_model(path: Path, *, device: str = "auto", dtype: str = "auto",
             cfg: Any = t5.T5Config.from_hf(src.config, has_lm_head="lm_head.weight" in keys)
             factory, keymap = (lambda: t5.T5ForConditionalGeneration(cfg)), t5.HF_KEYMAP
             window = int(src.config.get("n_positions") or 512)
+            target = None
         elif family == "bart":
             cfg = bart.config_from_hf(src.config, has_final_logits_bias="final_logits_bias" in keys)
             factory, keymap = (lambda: bart.BartForConditionalGeneration(cfg)), bart.HF_KEYMAP
-            window = cfg.max_position_embeddings
+            window = target = cfg.max_position_embeddings
         else:
             cfg = marian.MarianConfig.from_hf(src.config, has_final_logits_bias="final_logits_bias" in keys)
             factory, keymap = (lambda: marian.MarianMTModel(cfg)), marian.HF_KEYMAP
-            window = cfg.max_position_embeddings
+            window = target = cfg.max_position_embeddings
+        # the generation settings before the weights load, each file's checked as the flags are (the
+        # vocabulary: the smaller of the encoder's and the decoder's, which read the ids back)
+        vocab = min(v for v in (getattr(cfg, "vocab_size", None), getattr(cfg, "decoder_vocab_size", None)) if v)
+        gen_cfg = {k: src.config[k] for k in _GENERATION_KEYS if src.config.get(k) is not None}
+        check_generation_config(gen_cfg, str(folder / "config.json"), vocab)
+        gen_file = read_json(folder / "generation_config.json")
+        check_generation_config(gen_file, str(folder / "generation_config.json"), vocab)
+        gen_cfg.update({k: v for k, v in gen_file.items() if v is not None})
         n_params = src.num_parameters()
         placement = choose_placement(device, _auto_dtype(device, dtype, n_params), "decoder", threads, n_params=n_params)
         model = load_state(build_on_meta(factory), reader, keymap, device=placement.device, dtype=placement.dtype, config=src.config)
@@ -125,15 +138,14 @@ def load_seq2seq_model(path: Path, *, device: str = "auto", dtype: str = "auto",
             stream_bf16_weights(model)
     finally:
         reader.close()
-    gen_cfg = {k: src.config[k] for k in _GENERATION_KEYS if src.config.get(k) is not None}
-    gen_cfg.update({k: v for k, v in read_json(folder / "generation_config.json").items() if v is not None})
     eos = _ids(gen_cfg.get("eos_token_id")) or _ids(src.config.get("eos_token_id"))
     if not eos and tokenizer.eos_id is not None:
         eos = [tokenizer.eos_id]
-    pad = next(iter(_ids(gen_cfg.get("pad_token_id")) + _ids(src.config.get("pad_token_id")) + _ids(tokenizer.pad_id) + eos), 0)
+    candidates = _ids(gen_cfg.get("pad_token_id")) + _ids(src.config.get("pad_token_id")) + _ids(tokenizer.pad_id) + eos
+    pad = usable_pad_id(candidates, vocab)
     start_ids = _ids(gen_cfg.get("decoder_start_token_id")) or _ids(src.config.get("decoder_start_token_id")) or [pad]
     elapsed = time.perf_counter() - start
-    return Seq2SeqModel(model, tokenizer, placement, Path(path), family, arch, gen_cfg, eos, pad, start_ids[0], window, elapsed)
+    return Seq2SeqModel(model, tokenizer, placement, Path(path), family, arch, gen_cfg, eos, pad, start_ids[0], window, elapsed, max_target_tokens=target)
 
 
 def describe(sm: Seq2SeqModel) -> str:

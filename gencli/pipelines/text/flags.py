@@ -94,4 +94,76 @@ def check_min_new_tokens(min_new: Optional[int], max_new: Optional[int], budget:
         raise UserError(f"--min-new-tokens ({min_new}) is more than {budget} ({max_new}): lower it or raise --max-new-tokens")
 
 
-__all__ = ["LENGTH_PENALTY_LIMIT", "RANGES", "Range", "SCALE_LIMITS", "check_decoding_flags", "check_min_new_tokens", "check_number", "flag_name"]
+# -- a checkpoint's generation config --------------------------------------------------------------
+# the settings a generation_config.json (or an old config.json) holds, checked as the flags are: a value
+# of the wrong type or out of range is one error line naming the file, the key and the value, before
+# decoding, never an internal error deep in the loop or a silently odd decoding (a negative
+# temperature inverts the distribution, a negative budget overflows the KV cache)
+_CONFIG_INTS: dict[str, Range] = {
+    "max_new_tokens": RANGES["max_new_tokens"],
+    "max_length": Range("at least 1", 1),
+    "min_new_tokens": RANGES["min_new_tokens"],
+    "min_length": Range(">= 0", 0),
+    "num_beams": RANGES["num_beams"],
+    "num_return_sequences": RANGES["num_return_sequences"],
+    "top_k": RANGES["top_k"],
+    "no_repeat_ngram_size": RANGES["no_repeat_ngram_size"],
+}
+_CONFIG_FLOATS: dict[str, Range] = {
+    "temperature": RANGES["temperature"],
+    "top_p": Range("in [0, 1] (1 = off)", 0, 1),  # transformers takes 0 (the top token only)
+    "min_p": RANGES["min_p"],
+    "repetition_penalty": RANGES["repetition_penalty"],
+    "length_penalty": RANGES["length_penalty"],
+}
+# token ids the model reads back (its decoder's first token, tokens forced into the scores): within the vocabulary
+_CONFIG_INPUT_IDS = ("decoder_start_token_id", "forced_bos_token_id", "forced_eos_token_id")
+# token ids only compared with the chosen ones (pad -1 is what some Llama conversions carry): integers
+_CONFIG_IDS = ("eos_token_id", "pad_token_id", "bos_token_id")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_generation_config(config: dict, where: str, vocab_size: Optional[int] = None) -> None:
+    """The generation settings of ``config`` (a generation_config.json, or the generation keys of a
+    config.json; named ``where`` in the error) against the flags' ranges; ``None`` values are unset.
+    Token ids are integers (or lists of them), those fed to the model within ``vocab_size``."""
+
+    def bad(key: str, text: str, value: object) -> UserError:
+        return UserError(f"{where}: {key} must be {text}, got {value!r}")
+
+    for key, value in config.items():
+        if value is None:
+            continue
+        if key == "do_sample" and not isinstance(value, bool):
+            raise bad(key, "true or false", value)
+        if key in _CONFIG_INTS:
+            if not _is_int(value) or not _CONFIG_INTS[key].holds(value):
+                raise bad(key, f"an integer {_CONFIG_INTS[key].text}", value)
+        elif key in _CONFIG_FLOATS:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not _CONFIG_FLOATS[key].holds(value):
+                raise bad(key, f"a number {_CONFIG_FLOATS[key].text}", value)
+        elif key in _CONFIG_IDS or key in _CONFIG_INPUT_IDS:
+            ids = value if isinstance(value, list) else [value]
+            if not all(v is None or _is_int(v) for v in ids):
+                raise bad(key, "a token id (an integer) or a list of them", value)
+            if key in _CONFIG_INPUT_IDS and vocab_size is not None and any(v is not None and not 0 <= v < vocab_size for v in ids):
+                raise bad(key, f"a token id from 0 to {vocab_size - 1} (the model's vocabulary)", value)
+        elif key == "bad_words_ids":
+            lists = value if isinstance(value, list) else None
+            if lists is None or not all(isinstance(w, list) and all(_is_int(v) for v in w) for w in lists):
+                raise bad(key, "a list of lists of token ids", value)
+            if vocab_size is not None and any(not 0 <= v < vocab_size for w in lists for v in w):
+                raise bad(key, f"lists of token ids from 0 to {vocab_size - 1} (the model's vocabulary)", value)
+
+
+def usable_pad_id(candidates: Sequence[int], vocab_size: int) -> int:
+    """The padding token: the first of ``candidates`` inside the vocabulary (a pad id of -1, or one past
+    the embedding, would be looked up for the padded slots), else 0 (padding is masked: any id does)."""
+    return next((i for i in candidates if 0 <= i < vocab_size), 0)
+
+
+__all__ = ["LENGTH_PENALTY_LIMIT", "RANGES", "Range", "SCALE_LIMITS", "check_decoding_flags", "check_generation_config", "check_min_new_tokens",
+           "check_number", "flag_name", "usable_pad_id"]  # fmt: skip

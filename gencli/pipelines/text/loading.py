@@ -17,6 +17,7 @@ from gencli.backend.screened_argmax import ScreenedArgmax
 from gencli.backend.streamed_linear import StreamedLinear, stream_linears, streaming_available, streaming_loader
 from gencli.errors import UserError
 from gencli.models.causal_lm import CausalLM
+from gencli.pipelines.text.flags import check_generation_config, usable_pad_id
 from gencli.pipelines.text.quantization import describe_quantization, quantization_of
 from gencli.tokenizers.text import TextTokenizer, load_tokenizer, read_json
 
@@ -103,6 +104,10 @@ def load_text_model(
     model_class = llama.LlamaForCausalLM if family == "llama" else gpt2.GPT2LMHeadModel
     stored, spec = quantization_of(src.config, quantize, group_size)
     tokenizer = load_tokenizer(folder)  # before the weights: a missing tokenizer fails fast
+    # the generation settings too: a bad value is one error line before the weights load
+    gen_cfg = read_json(folder / "generation_config.json")
+    check_generation_config(gen_cfg, str(folder / "generation_config.json"), cfg.vocab_size)
+    check_generation_config({k: src.config.get(k) for k in ("eos_token_id", "pad_token_id", "bos_token_id")}, str(folder / "config.json"))
     n_params = src.num_parameters()
     placement = choose_placement(device, dtype, "decoder", threads, n_params=n_params)
     bf16_file = not src.is_pickle and _narrow_source_dtype(src, torch.float32) == torch.bfloat16
@@ -167,11 +172,10 @@ def load_text_model(
         # the weights a decoding step streams, on 2 MB pages: +7-9% read bandwidth (backend.huge_pages)
         move_buffers_to_huge_pages(model, lambda m: isinstance(m, (StreamedLinear, QuantizedLinear)))
         model.forget_fused_decoder()
-    gen_cfg = read_json(folder / "generation_config.json")
     eos = _ids(gen_cfg.get("eos_token_id")) or _ids(src.config.get("eos_token_id"))
     if tokenizer.eos_id is not None and tokenizer.eos_id not in eos:
         eos.append(tokenizer.eos_id)
-    pad = next(iter(_ids(gen_cfg.get("pad_token_id")) + _ids(src.config.get("pad_token_id")) + _ids(tokenizer.pad_id) + eos), 0)
+    pad = usable_pad_id(_ids(gen_cfg.get("pad_token_id")) + _ids(src.config.get("pad_token_id")) + _ids(tokenizer.pad_id) + eos, cfg.vocab_size)
     context = model.context_length
     window = src.config.get("sliding_window")
     if family == "llama" and isinstance(window, int) and window > 0 and src.config.get("use_sliding_window", True) and window < context:

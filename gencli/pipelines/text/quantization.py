@@ -65,3 +65,13 @@ def _check_activation_setting() -> None:
 def describe_quantization(spec: Any) -> str:
     """``int8 per output channel`` / ``int4 in groups of 32``."""
     return f"{spec.mode} " + ("per output channel" if spec.mode == "int8" else f"in groups of {spec.group_size}")
+
+
+def kept_in_float(spec: Any) -> Optional[str]:
+    """The warning that int4 left linear layers in float (their input size not a multiple of the group
+    size), or None when every linear layer is quantized."""
+    kept = list(spec.modules_to_not_convert) if spec is not None else []
+    if not kept:
+        return None
+    layers = f"{len(kept)} linear layer{'s' if len(kept) > 1 else ''}"
+    return f"{layers} kept in float (input size not a multiple of the group size {spec.group_size}): {', '.join(kept)}"

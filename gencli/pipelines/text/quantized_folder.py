@@ -59,7 +59,7 @@ def quantize_checkpoint(
     for f in sorted(folder.iterdir()):
         # the weights' README describes the unquantized model: not carried over
         skip = f.name in ("config.json", "README.md") or f.resolve() in weight_files
-        skip = skip or f.name.endswith((".index.json", ".safetensors", ".bin", ".pt", ".ckpt"))
+        skip = skip or f.name.endswith((".index.json", *WEIGHT_SUFFIXES))
         if f.is_file() and not skip:
             copies.append(f)
     written = json.dumps(sorted(["model.safetensors", "config.json", *(f.name for f in copies)]))
@@ -73,6 +73,11 @@ def quantize_checkpoint(
     before = sum(f.stat().st_size for f in src.weight_files)
     return QuantizedCheckpoint(out, tm.quantization, layers, before, (out / "model.safetensors").stat().st_size)
 
+
+# the unquantized weights a model folder may hold besides the ones read (other frameworks' copies, as a
+# Hugging Face repository ships them: TensorFlow, Flax, rust-bert, ONNX, TFLite, llama.cpp): never
+# carried over into the quantized folder (they would outweigh it, and describe the float model)
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".ot", ".onnx", ".onnx_data", ".tflite", ".gguf", ".ggml", ".npz")
 
 QUANTIZED_FILES_KEY = "gencli_quantize_files"  # model.safetensors' metadata: the files `gencli quantize` wrote
 

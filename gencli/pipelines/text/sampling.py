@@ -163,7 +163,9 @@ def candidates(logits: torch.Tensor, params: SamplingParams, seen: Optional[torc
     if nucleus:  # keep a token while the tokens more likely than it hold less than top_p (the first always)
         probs = (vals - total).exp()
         before = probs.cumsum(-1) - probs
-        vals = vals.masked_fill(before >= params.top_p, float("-inf"))
+        dropped = before >= params.top_p
+        dropped[..., 0] = False  # (top_p 0, which a generation config may hold: the top token alone, as transformers keeps it)
+        vals = vals.masked_fill(dropped, float("-inf"))
     if min_p:
         vals = vals.masked_fill(vals - vals[..., :1] < math.log(params.min_p), float("-inf"))
     return vals.softmax(-1).cpu(), ids.cpu()
