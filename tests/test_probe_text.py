@@ -287,3 +287,11 @@ def test_a_prompt_from_stdin_drops_a_windows_line_end(llama):
     (crlf,) = js(invoke("generate", "-", "-m", llama, "-n", 1, "--temperature", 0, "--json", input="import os\r\n"))
     (lf,) = js(invoke("generate", "-", "-m", llama, "-n", 1, "--temperature", 0, "--json", input="import os\n"))
     assert crlf["prompt"] == lf["prompt"] == "import os" and crlf["token_ids"] == lf["token_ids"]
+
+
+@pytest.mark.parametrize("n", ["100000000", "99999999999999999999"])
+def test_text2text_refuses_a_budget_whose_cache_cannot_be_held(t5, n):
+    """T5 has no position limit: the decoder's cache for the whole budget is one error line when the
+    memory cannot hold it (was an overflow error past int64, or the process killed for memory)."""
+    one_error_line(invoke("text2text", "-m", t5, "hello", "-n", n), "new tokens", "GiB", "lower it")
+    one_error_line(invoke("text2text", "-m", t5, "hello", "-n", n, "--num-beams", 2), "new tokens", "GiB")

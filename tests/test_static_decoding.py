@@ -88,3 +88,26 @@ def test_compiling_falls_back_with_one_warning(monkeypatch):
     assert decode_step.static_capacity(300) == 512 and decode_step.static_capacity(256) == 256
     assert decode_step.wants_static(torch.device("cpu"), None, None) == (False, False)
     assert decode_step.wants_static(torch.device("cpu"), False, True) == (True, False)
+
+
+def test_torchs_own_warnings_while_compiling_are_not_shown(monkeypatch):
+    """torch's notes while it traces the first call (Dynamo's warnings) are dropped: gencli says the
+    outcome in one line of its own."""
+    import warnings
+
+    from gencli.pipelines.text import decode_step
+
+    def tracing(fn, **kwargs):
+        def run(*args):
+            warnings.warn("Dynamo detected a call to a lru_cache-wrapped function", UserWarning)
+            raise RuntimeError("cannot compile this")
+
+        return run
+
+    monkeypatch.setattr(torch, "compile", tracing)
+    seen = []
+    step = decode_step.compiled(lambda ids, pos, slot: ids * 2, on_warning=seen.append)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert step(torch.tensor([3]), None, torch.tensor([0])).item() == 6
+    assert not caught and len(seen) == 1 and "decoding eagerly" in seen[0]

@@ -237,6 +237,37 @@ class _Source:
 
 
 @torch.inference_mode()
+def free_memory_bytes(device: torch.device) -> Optional[int]:
+    """The memory a new allocation on ``device`` can have (the CPU's MemAvailable, a GPU's free memory);
+    None where it cannot be told."""
+    try:
+        if device.type == "cuda":
+            return int(torch.cuda.mem_get_info(device)[0])
+        if device.type == "cpu":
+            with open("/proc/meminfo", encoding="ascii") as fh:
+                for line in fh:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+    except (OSError, RuntimeError, ValueError):
+        pass
+    return None
+
+
+def check_cache_room(sm: Seq2SeqModel, rows: int, max_new_tokens: int) -> None:
+    """The decoder's self-attention cache is allocated for the whole budget at once (T5 has no position
+    limit to bound it): a budget whose cache the device cannot hold is one error line, not an internal
+    error (a size past int64) or the process killed for memory."""
+    model = sm.model
+    ref = model.decoder_embeddings().weight
+    need = 2 * model.num_decoder_layers * rows * model.num_heads * model.head_dim * ref.element_size() * (max_new_tokens + 1)
+    free = free_memory_bytes(ref.device)
+    if free is not None and need > free:
+        raise UserError(
+            f"a budget of {max_new_tokens} new tokens (--max-new-tokens) needs {need / 2**30:.3g} GiB for the decoder's cache of {rows} "
+            f"sequence(s), more than the {free / 2**30:.3g} GiB free: lower it"
+        )
+
+
 def generate(
     sm: Seq2SeqModel,
     inputs: Sequence[tuple[str, list[int]]],
@@ -249,6 +280,7 @@ def generate(
     input, in input order. ``on_text(row, piece)`` streams text as it becomes final (greedy and
     sampling only)."""
     model, device = sm.model, sm.placement.device
+    check_cache_room(sm, len(inputs) * settings.num_beams, settings.max_new_tokens)
     src = _Source.build(inputs, sm.pad_id, device)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     t0 = time.perf_counter()

@@ -71,7 +71,9 @@ def compiled(step: Step, on_info: Optional[Callable[[str], None]] = None, on_war
         state["first"] = False
         t = time.perf_counter()
         try:
-            out = fast(ids, pos, cache_position)
+            with warnings.catch_warnings():  # (torch's notes while it traces: the outcome is said below)
+                warnings.simplefilter("ignore")
+                out = fast(ids, pos, cache_position)
         except Exception as exc:  # no C++ compiler, an unsupported device or op: the step runs as it is
             state["fn"] = step
             on_warning(f"--compile: compiling the decoding step failed ({type(exc).__name__}); decoding eagerly")
