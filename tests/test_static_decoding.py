@@ -99,7 +99,7 @@ def test_torchs_own_warnings_while_compiling_are_not_shown(monkeypatch):
 
     def tracing(fn, **kwargs):
         def run(*args):
-            warnings.warn("Dynamo detected a call to a lru_cache-wrapped function", UserWarning)
+            warnings.warn("Dynamo detected a call to a lru_cache-wrapped function", UserWarning, stacklevel=2)
             raise RuntimeError("cannot compile this")
 
         return run
