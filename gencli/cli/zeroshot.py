@@ -151,7 +151,7 @@ def similarity(
             return
     else:
         bundle = _load(opts, "similarity")
-        results = predict_image_files(paths, sim.SimilarityScorer(bundle, text_list), batch_size=batch_size)
+        results = predict_image_files(paths, sim.SimilarityScorer(bundle, text_list, warn=opts.report.warn), batch_size=batch_size)
     with opts.results(newline="") as out:
         failed = write_similarities(results, len(paths), text_list, opts.report, fmt, out)
     if failed:

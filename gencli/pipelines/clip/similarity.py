@@ -4,12 +4,12 @@ and the command renders the rows as a table, CSV or JSON lines."""
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from PIL import Image
 
 from gencli.errors import UserError
-from gencli.pipelines.clip.loading import ClipBundle
+from gencli.pipelines.clip.loading import ClipBundle, truncation_notice
 from gencli.pipelines.clip.zeroshot import read_lines, similarity_matrix
 from gencli.pipelines.vision.images import ImageResult
 
@@ -32,9 +32,14 @@ def parse_texts(texts: Optional[Sequence[str]], texts_file: Optional[str]) -> li
 class SimilarityScorer:
     """Cosine similarities of images to a fixed list of texts (embedded once, at construction)."""
 
-    def __init__(self, bundle: ClipBundle, texts: Sequence[str]):
+    def __init__(self, bundle: ClipBundle, texts: Sequence[str], warn: Optional[Callable[[str], None]] = None):
         self.bundle = bundle
         self.texts = list(texts)
+        if warn is not None:  # a text past the 77-token window is cut: say so, as zeroshot and embed do
+            for i, t in enumerate(self.texts):
+                notice = truncation_notice(bundle.tokenizer, t, bundle.text_context, "text" if len(self.texts) == 1 else f"text {i + 1}")
+                if notice:
+                    warn(notice)
         self.text_embeddings = bundle.encode_texts(self.texts)
 
     def __call__(self, images: Sequence[Image.Image]) -> list[list[float]]:

@@ -22,13 +22,18 @@ from gencli.pipelines.encoders.loading import Encoder, collate
 from gencli.tokenizers.wordpiece import Encoded
 
 
-def windows(enc: Encoder, question: str, context: str, max_length: int, stride: int) -> list[Any]:
-    """The tokenizers ``Encoding`` of each window (question + a stretch of the context)."""
+def windows(enc: Encoder, question: str, context: str, max_length: int, stride: Optional[int]) -> list[Any]:
+    """The tokenizers ``Encoding`` of each window (question + a stretch of the context). ``stride``
+    None: half a window, at most 128 tokens, and less than the context tokens a window holds."""
     tk = enc.tokenizer.tk
     n_question = len(tk.encode(question, add_special_tokens=False).ids)
     room = max_length - n_question - tk.num_special_tokens_to_add(True)
     if room < 1:
         raise UserError(f"the question takes {n_question} tokens: no room left for the context in a {max_length}-token window")
+    if stride is None:  # the default must fit whatever room the question leaves: never an error about a --stride not given
+        stride = min(max_length // 2, 128)
+        if stride >= room:
+            stride = room // 2
     if stride >= room:
         raise UserError(f"--stride {stride} must be less than the {room} context tokens a window holds (lower --stride or raise --max-length)")
     tk.enable_truncation(max_length, stride=stride, strategy="only_second")
@@ -86,9 +91,7 @@ def answer(
     if max_answer_length < 1:
         raise UserError("--max-answer-length must be at least 1")
     window = min(enc.max_length, 384) if max_length is None else min(max_length, enc.config.max_positions)
-    if stride is None:
-        stride = min(window // 2, 128)
-    if stride < 0:
+    if stride is not None and stride < 0:
         raise UserError("--stride must be at least 0")
     ws = windows(enc, question, context, window, stride)
     cls_id = enc.tokenizer.token_to_id(enc.tokenizer.cls_token)
@@ -107,10 +110,12 @@ def answer(
         flat = spans.flatten()
         k = min(top_k, flat.numel())
         values, order = flat.topk(k) if k > 1 else flat.max(0, keepdim=True)
+        # transformers' check: both ends in the unmasked tokens (where index 0 always passes)
+        ok = {0} | {i for i in range(n) if bool(allowed[i])}
         for v, pos in zip(values.tolist(), order.tolist()):
             s, e = divmod(pos, n)
-            # transformers' check: both ends in the unmasked tokens (where index 0 always passes)
-            ok = {0} | {i for i in range(n) if bool(allowed[i])}
+            if v <= 0.0 or not s <= e < s + max_answer_length:  # outside the span triangle: not an answer (end before start)
+                continue
             if s not in ok or e not in ok:
                 continue
             start, end = _word_span(w, s, e) if align_to_words else (w.offsets[s][0], w.offsets[e][1])
