@@ -76,3 +76,8 @@ def test_similarity_short_texts_do_not_warn(red_png):
     result = invoke("similarity", red_png, "--texts", "a red star", "--json")
     js(result)
     assert not result.stderr.strip()
+
+
+def test_embed_of_texts_with_an_image_classifier_names_embed_images():
+    line = one_error_line(invoke("embed", "-m", "vit-shapes", "a red star"), "image classifier", "gencli embed --images")
+    assert "gencli classify" in line

@@ -175,7 +175,12 @@ def _embed_texts(text_list, pooling, normalize, max_length, batch_size, out, mat
         from gencli.pipelines.encoders.embed import embed_texts
         from gencli.pipelines.encoders.loading import load_encoder
 
-        enc = load_encoder(path, task="base", **opts.load_options())
+        try:
+            enc = load_encoder(path, task="base", **opts.load_options())
+        except UserError as exc:  # an image classifier (ViT) embeds images too: say so here
+            if "(an image classifier)" in str(exc) and "gencli classify" in str(exc):
+                raise UserError(f"{exc}, or embed its images with gencli embed --images") from None
+            raise
         report.debug(f"embed: {enc.describe()}; pooling {enc.layout.pooling}, normalize {enc.layout.normalize}")
         vectors = embed_texts(
             enc,
