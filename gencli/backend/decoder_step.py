@@ -272,19 +272,8 @@ class FusedDecoder:
         ``steps`` where every row finished first); the cache holds their keys and values.
         ``attention_mask (B, >= cached + steps)`` True for real tokens. ``screen``: the choices through the
         head's screen (:meth:`screen_head`, given before), the same tokens for a fraction of the head's bytes."""
-        b = ids.shape[0]
-        tokens = torch.empty((b, steps), dtype=torch.long)
-        mask = attention_mask if attention_mask is None or attention_mask.dtype == torch.bool else attention_mask.bool()
-        pos = positions.reshape(b) if positions is not None else None
-        stop = torch.tensor(list(stop_ids), dtype=torch.long)
-        budget = torch.tensor(left, dtype=torch.long)
-        k = self.native.greedy_steps(
-            ids.reshape(b), pos, kv_cache.keys, kv_cache.values, kv_cache.length, mask, int8_activations(), tokens, stop, budget, last_position,
-            screen and self.native.has_head_screen,
-        )  # fmt: skip
-        for layer in kv_cache.layers:
-            layer.length += k
-        return tokens[:, :k]
+        screened = screen and self.native.has_head_screen
+        return self._steps(ids, kv_cache, steps, left, stop_ids, attention_mask, positions, last_position, self.native.greedy_steps, screened)
 
     def sample_steps(
         self,
@@ -305,17 +294,20 @@ class FusedDecoder:
         ``(temperature, top_k, top_p, min_p, repetition_penalty)`` (temperature 0: greedy after the penalty),
         ``uniforms (steps, B)`` float64 the draws (row b of step s takes ``uniforms[s, b]``; None when greedy),
         ``seen (B, n)`` the tokens each row has before the first step (the penalty's; each choice is added)."""
+        draws = uniforms if uniforms is not None else torch.empty(0, dtype=torch.float64)
+        return self._steps(ids, kv_cache, steps, left, stop_ids, attention_mask, positions, last_position, self.native.sample_steps, *sampling, draws, seen)
+
+    @staticmethod
+    def _steps(ids, kv_cache, steps, left, stop_ids, attention_mask, positions, last_position, run, *extra) -> torch.Tensor:
+        """The native ``run`` (greedy_steps or sample_steps, ``extra`` its own arguments) over ``ids (B, 1)``:
+        the choices ``(B, k)`` of the ``k`` steps it ran, their keys and values counted into the cache."""
         b = ids.shape[0]
         tokens = torch.empty((b, steps), dtype=torch.long)
         mask = attention_mask if attention_mask is None or attention_mask.dtype == torch.bool else attention_mask.bool()
         pos = positions.reshape(b) if positions is not None else None
         stop = torch.tensor(list(stop_ids), dtype=torch.long)
         budget = torch.tensor(left, dtype=torch.long)
-        draws = uniforms if uniforms is not None else torch.empty(0, dtype=torch.float64)
-        k = self.native.sample_steps(
-            ids.reshape(b), pos, kv_cache.keys, kv_cache.values, kv_cache.length, mask, int8_activations(), tokens, stop, budget, last_position,
-            *sampling, draws, seen,
-        )  # fmt: skip
+        k = run(ids.reshape(b), pos, kv_cache.keys, kv_cache.values, kv_cache.length, mask, int8_activations(), tokens, stop, budget, last_position, *extra)
         for layer in kv_cache.layers:
             layer.length += k
         return tokens[:, :k]

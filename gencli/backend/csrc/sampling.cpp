@@ -148,38 +148,12 @@ float log_sum_exp(const std::vector<Candidate>& c) {
   return m + std::log(s);
 }
 
-// draw(softmax(values)) over the sorted candidates, a dropped one's value -inf: the first whose
-// cumulative probability (in double, as torch's cumsum of float probabilities) passes u x the total,
-// never one of probability 0
-int64_t draw_candidates(const std::vector<Candidate>& c, double u) {
-  const int64_t K = static_cast<int64_t>(c.size());
-  const float m = c[0].v;  // (the largest: the first candidate is never dropped)
-  if (!(m > -INFINITY)) return c[0].i;
-  thread_local std::vector<float> e;
-  e.resize(K);
-  float s = 0.f;
-  for (int64_t j = 0; j < K; ++j) s += (e[j] = c[j].v - m < -87.f ? 0.f : std::exp(c[j].v - m));
+// the index of the first of p[0, n) whose cumulative probability (in double, as torch's cumsum of float
+// probabilities) passes u x the total, never one of probability 0
+int64_t draw_index(const float* p, int64_t n, double u) {
   double total = 0.0;
   int64_t last = 0;
-  for (int64_t j = 0; j < K; ++j) {
-    e[j] /= s;
-    total += e[j];
-    if (e[j] > 0.f) last = j;
-  }
-  const double target = u * total;
-  double cum = 0.0;
-  for (int64_t j = 0; j <= last; ++j) {
-    cum += e[j];
-    if (cum > target) return c[j].i;
-  }
-  return c[last].i;
-}
-
-// the same over the whole vocabulary in order, the probabilities p (V) given
-int64_t draw_vocabulary(const float* p, int64_t V, double u) {
-  double total = 0.0;
-  int64_t last = 0;
-  for (int64_t j = 0; j < V; ++j) {
+  for (int64_t j = 0; j < n; ++j) {
     total += p[j];
     if (p[j] > 0.f) last = j;
   }
@@ -190,6 +164,19 @@ int64_t draw_vocabulary(const float* p, int64_t V, double u) {
     if (cum > target) return j;
   }
   return last;
+}
+
+// draw(softmax(values)) over the sorted candidates, a dropped one's value -inf
+int64_t draw_candidates(const std::vector<Candidate>& c, double u) {
+  const int64_t K = static_cast<int64_t>(c.size());
+  const float m = c[0].v;  // (the largest: the first candidate is never dropped)
+  if (!(m > -INFINITY)) return c[0].i;
+  thread_local std::vector<float> e;
+  e.resize(K);
+  float s = 0.f;
+  for (int64_t j = 0; j < K; ++j) s += (e[j] = c[j].v - m < -87.f ? 0.f : std::exp(c[j].v - m));
+  for (int64_t j = 0; j < K; ++j) e[j] /= s;
+  return c[draw_index(e.data(), K, u)].i;
 }
 
 // the ids of at least k of the largest values of x (every value above the k-th among them), few more: above
@@ -259,7 +246,7 @@ int64_t sample_token(float* x, int64_t V, const SamplingSettings& s, const int64
   } else {  // plain temperature sampling: the softmax over the vocabulary in order
     float* probs = ws.probs.data();
     p.divide_by(probs, V, p.sum_exp(x, V, m, probs));
-    return draw_vocabulary(probs, V, u);
+    return draw_index(probs, V, u);
   }
   if (nucleus) {  // keep a token while the ones before it hold less than top_p (float32 as torch: cumsum - p)
     double cum = 0.0;
