@@ -295,3 +295,16 @@ def test_text2text_refuses_a_budget_whose_cache_cannot_be_held(t5, n):
     memory cannot hold it (was an overflow error past int64, or the process killed for memory)."""
     one_error_line(invoke("text2text", "-m", t5, "hello", "-n", n), "new tokens", "GiB", "lower it")
     one_error_line(invoke("text2text", "-m", t5, "hello", "-n", n, "--num-beams", 2), "new tokens", "GiB")
+
+
+def test_generate_names_the_generation_settings_it_does_not_apply(llama, tmp_path):
+    """A causal LM's generation config asking for beam search or n-gram blocking: one warning naming
+    them (gencli generate decodes one sequence a prompt), and the run goes on."""
+    folder = with_generation_config(llama, tmp_path, {"num_beams": 4, "no_repeat_ngram_size": 3, "typical_p": 1.0})
+    res = invoke("generate", "hello", "-m", folder, "-n", 2, "--temperature", 0)
+    assert res.exit_code == 0, res.output
+    warned = [line for line in res.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1 and "num_beams=4, no_repeat_ngram_size=3" in warned[0] and "typical_p" not in warned[0], res.stderr
+    plain = with_generation_config(llama, tmp_path, {"num_beams": 1, "do_sample": False}, name="plain")
+    res = invoke("generate", "hello", "-m", plain, "-n", 2)
+    assert res.exit_code == 0 and "does not apply" not in res.stderr

@@ -139,7 +139,26 @@ def resolve_settings(
     )
     if max_new_tokens is None:
         max_new_tokens = int(gen_cfg.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS)
+    unapplied = [f"{key}={gen_cfg[key]}" for key, off in UNAPPLIED_GENERATION_KEYS.items() if gen_cfg.get(key) not in (None, *off)]
+    if unapplied:
+        warn(f"generation_config.json sets {', '.join(unapplied)}, which gencli generate does not apply (one sequence a prompt, "
+             "greedy or sampled with the processors above)")  # fmt: skip
     return GenerationSettings(max_new_tokens, sampling, [s for s in stop if s], ignore_eos, seed)
+
+
+# decoding settings a causal LM's generation config may hold that gencli generate does not implement, and
+# the values that mean "off" (beam search and its options, contrastive search, n-gram blocking, ...)
+UNAPPLIED_GENERATION_KEYS: dict[str, tuple[Any, ...]] = {
+    "num_beams": (1,),
+    "num_beam_groups": (1,),
+    "penalty_alpha": (0, 0.0),
+    "no_repeat_ngram_size": (0,),
+    "typical_p": (1, 1.0),
+    "epsilon_cutoff": (0, 0.0),
+    "eta_cutoff": (0, 0.0),
+    "bad_words_ids": ([],),
+    "num_return_sequences": (1,),
+}
 
 
 # -- prompts ----------------------------------------------------------------------------------------
