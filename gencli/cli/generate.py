@@ -111,7 +111,7 @@ def generate(
         )  # fmt: skip
         return
 
-    from gencli.pipelines.text.generate import encode_prompt, make_sampler_generator, resolve_settings
+    from gencli.pipelines.text.generate import encode_prompt, make_sampler_generator, resolve_settings, warn_unapplied_settings
     from gencli.pipelines.text.loading import describe, load_text_model
     from gencli.weights import resolve_model
 
@@ -126,6 +126,7 @@ def generate(
         kept = kept_in_float(tm.quantization)
         if kept:
             report.warn(kept)
+    warn_unapplied_settings(tm.generation_config, report.warn)
     settings = resolve_settings(
         tm.generation_config,
         max_new_tokens=max_new_tokens,

@@ -139,11 +139,16 @@ def resolve_settings(
     )
     if max_new_tokens is None:
         max_new_tokens = int(gen_cfg.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS)
+    return GenerationSettings(max_new_tokens, sampling, [s for s in stop if s], ignore_eos, seed)
+
+
+def warn_unapplied_settings(gen_cfg: dict[str, Any], warn: Callable[[str], None]) -> None:
+    """One warning naming the settings of a causal LM's generation config that gencli generate does not
+    implement (beam search, contrastive search, n-gram blocking...), rather than ignoring them silently."""
     unapplied = [f"{key}={gen_cfg[key]}" for key, off in UNAPPLIED_GENERATION_KEYS.items() if gen_cfg.get(key) not in (None, *off)]
     if unapplied:
         warn(f"generation_config.json sets {', '.join(unapplied)}, which gencli generate does not apply (one sequence a prompt, "
              "greedy or sampled with the processors above)")  # fmt: skip
-    return GenerationSettings(max_new_tokens, sampling, [s for s in stop if s], ignore_eos, seed)
 
 
 # decoding settings a causal LM's generation config may hold that gencli generate does not implement, and
