@@ -269,7 +269,7 @@ at::Tensor sample_tokens(const at::Tensor& logits, const SamplingSettings& s, co
   const int64_t B = logits.size(0), V = logits.size(1);
   const at::Tensor u = uniforms.to(at::kDouble).contiguous();
   TORCH_CHECK(u.numel() == B || (s.temperature == 0.f && u.numel() == 0), "sample_tokens: one uniform number a row");
-  at::Tensor work = logits.to(at::kFloat).contiguous().clone();
+  at::Tensor work = logits.to(at::kFloat, false, true).contiguous();  // (one copy: the caller's logits are not changed)
   at::Tensor st;
   if (seen.has_value() && seen->defined()) {
     st = seen->to(at::kLong).contiguous();
