@@ -298,13 +298,16 @@ def test_text2text_refuses_a_budget_whose_cache_cannot_be_held(t5, n):
 
 
 def test_generate_names_the_generation_settings_it_does_not_apply(llama, tmp_path):
-    """A causal LM's generation config asking for beam search or n-gram blocking: one warning naming
-    them (gencli generate decodes one sequence a prompt), and the run goes on."""
-    folder = with_generation_config(llama, tmp_path, {"num_beams": 4, "no_repeat_ngram_size": 3, "typical_p": 1.0})
+    """A causal LM's generation config asking for typical sampling or contrastive search: one warning
+    naming them, and the run goes on; its beam search and n-gram ban are applied (no warning)."""
+    folder = with_generation_config(llama, tmp_path, {"typical_p": 0.9, "penalty_alpha": 0.6, "epsilon_cutoff": 0.0})
     res = invoke("generate", "hello", "-m", folder, "-n", 2, "--temperature", 0)
     assert res.exit_code == 0, res.output
     warned = [line for line in res.stderr.splitlines() if line.startswith("warning:")]
-    assert len(warned) == 1 and "num_beams=4, no_repeat_ngram_size=3" in warned[0] and "typical_p" not in warned[0], res.stderr
+    assert len(warned) == 1 and "penalty_alpha=0.6, typical_p=0.9" in warned[0] and "epsilon" not in warned[0], res.stderr
+    beams = with_generation_config(llama, tmp_path, {"num_beams": 4, "no_repeat_ngram_size": 3}, name="beams")
+    (out,) = js(invoke("generate", "hello", "-m", beams, "-n", 2, "--temperature", 0, "--json"))
+    assert "score" in out and out["timing"]["num_beams"] == 4
     plain = with_generation_config(llama, tmp_path, {"num_beams": 1, "do_sample": False}, name="plain")
     res = invoke("generate", "hello", "-m", plain, "-n", 2)
     assert res.exit_code == 0 and "does not apply" not in res.stderr

@@ -269,6 +269,50 @@ def test_seeded_sampling_is_reproducible_and_top_k_1_gives_transformers_greedy_t
     assert run(7, one) == _generated(sm, want)
 
 
+@pytest.mark.parametrize("name,family", [("t5-v1.0", "t5"), ("bart", "bart")])
+def test_beam_sampling_equals_transformers_for_a_seed(folders, name, family):
+    """Beam sampling (a sampling config with --num-beams): transformers' candidates drawn from the beams'
+    accumulated scores, for the same seed the same token ids."""
+    from gencli.pipelines.seq2seq.generate import generate, resolve_settings
+
+    sm = _ours(folders[name])
+    ref = _reference(folders[name], family)
+    encoded, input_ids, mask = _batch(sm, INPUTS[:2])
+    kw = dict(max_new_tokens=10, temperature=0.9, top_k=30, num_beams=3, num_return_sequences=2)
+    seen = set()
+    for seed in (0, 1):
+        settings = resolve_settings(sm.generation_config, eos_ids=sm.eos_ids, **kw)
+        got = [o.token_ids for o in generate(sm, encoded, settings, generator=torch.Generator().manual_seed(seed))]
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            want = ref.generate(input_ids=input_ids, attention_mask=mask, do_sample=True, **kw)
+        width = want.shape[1] - 1  # (a generated pad id is a token here: compare whole padded rows)
+        assert [g + [sm.pad_id] * (width - len(g)) for g in got] == want[:, 1:].tolist(), seed
+        seen.add(tuple(map(tuple, got)))
+    assert len(seen) == 2
+
+
+def test_sampled_outputs_of_one_input(folders):
+    """--num-return-sequences with sampling: that many rows of the input, numbered; the CLI prints each."""
+    from gencli.pipelines.seq2seq.generate import generate, resolve_settings
+
+    sm = _ours(folders["t5-v1.0"])
+    encoded, _, _ = _batch(sm, INPUTS[:2])
+    settings = resolve_settings(sm.generation_config, max_new_tokens=8, eos_ids=sm.eos_ids, temperature=1.0, num_return_sequences=3)
+    outs = generate(sm, encoded, settings, generator=torch.Generator().manual_seed(1))
+    assert [(o.prompt, o.index) for o in outs] == [(t, i) for t, _ in encoded for i in range(3)]
+    tripled = resolve_settings(sm.generation_config, max_new_tokens=8, eos_ids=sm.eos_ids, temperature=1.0)
+    rows = generate(sm, [e for e in encoded for _ in range(3)], tripled, generator=torch.Generator().manual_seed(1))
+    assert [o.token_ids for o in outs] == [o.token_ids for o in rows]
+    assert len({tuple(o.token_ids) for o in outs}) > 2
+    folder = str(folders["t5-v1.0"])
+    cli = run_cli("text2text", "-m", folder, INPUTS[0], "-n", "5", "--temperature", "1", "--num-return-sequences", "2", "--seed", "3", "--json")
+    assert cli.returncode == 0, cli.stderr
+    assert [json.loads(line)["index"] for line in cli.stdout.splitlines()] == [0, 1]
+    one_error_line(run_cli("text2text", "-m", folder, INPUTS[0], "--temperature", "0", "--num-return-sequences", "2"), "--num-return-sequences", "sampling")
+    one_error_line(run_cli("text2text", "-m", folder, INPUTS[0], "--temperature", "1", "--num-return-sequences", "2", "--stream"), "--stream")
+
+
 def test_truncation_of_long_inputs(folders):
     from gencli.errors import UserError
     from gencli.pipelines.seq2seq.generate import encode_input

@@ -92,6 +92,16 @@ class KVCache:
         for layer in self.layers:
             layer.length = 0
 
+    def reorder_rows(self, index: torch.Tensor) -> None:
+        """Each sequence's cached keys/values replaced by those of sequence ``index[i]`` (``(B,)``, long),
+        in place: beam search keeps the beams it extends."""
+        n = self.length
+        if n == 0:
+            return
+        for store in (self.keys, self.values):
+            part = store.narrow(3, 0, n)
+            part.copy_(part.index_select(1, index))
+
 
 class StaticLayerKVCache(LayerKVCache):
     """One layer's slice of a :class:`StaticKVCache`: new keys/values are written at the cache's

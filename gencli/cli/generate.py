@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from gencli.cli import app
-from gencli.cli.common import GroupSize, Quantize, RunOptions, at_least, command, option
+from gencli.cli.common import Beams, EarlyStopping, GroupSize, LengthPenalty, NoRepeat, Quantize, Returns, RunOptions, at_least, command, option
 
 if TYPE_CHECKING:
     from gencli.pipelines.distributed.runtime import RayOptions
@@ -38,6 +38,11 @@ def generate(
     repetition_penalty: Annotated[
         Optional[float], typer.Option("--repetition-penalty", help="Penalise tokens already present (> 1 discourages repeats; 1 = off).", show_default=False)
     ] = None,
+    num_beams: Beams = None,
+    num_return_sequences: Returns = None,
+    length_penalty: LengthPenalty = None,
+    early_stopping: EarlyStopping = None,
+    no_repeat_ngram_size: NoRepeat = None,
     stop: Annotated[
         Optional[list[str]], typer.Option("--stop", help="Stop when this string appears (repeatable); it is not printed.", show_default=False)
     ] = None,
@@ -81,6 +86,10 @@ def generate(
 
     gencli generate --quantize int8 "import os"
 
+    gencli generate "def fibonacci(n):" --num-beams 4 --temperature 0
+
+    gencli generate "import os" --num-return-sequences 3 --seed 1 --json
+
     gencli generate --prompts-file prompts.txt --seed 7 --ray --replicas 4 --out-dir completions/
     """
     from gencli.errors import UserError
@@ -88,9 +97,12 @@ def generate(
     from gencli.pipelines.text.generate import read_prompts
     from gencli.pipelines.text.quantization import check_quantization_flags
 
+    beam_flags = dict(num_beams=num_beams, num_return_sequences=num_return_sequences, length_penalty=length_penalty, early_stopping=early_stopping,
+                      no_repeat_ngram_size=no_repeat_ngram_size)  # fmt: skip
     check_decoding_flags(
-        max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, stop=stop
-    )
+        max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, stop=stop,
+        **{k: v for k, v in beam_flags.items() if k != "early_stopping"},
+    )  # fmt: skip
     check_quantization_flags(quantize.value if quantize else None, group_size)
     if system is not None and not chat:
         raise UserError("--system needs --chat")
@@ -107,7 +119,7 @@ def generate(
         _generate_on_ray(
             prompts, distributed, opts, echo=echo, batch_size=batch_size, chat=chat, system=system, quantize=quantize, group_size=group_size,
             settings=dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                          repetition_penalty=repetition_penalty, stop=stop or [], ignore_eos=ignore_eos),
+                          repetition_penalty=repetition_penalty, stop=stop or [], ignore_eos=ignore_eos, **beam_flags),
         )  # fmt: skip
         return
 
@@ -138,6 +150,7 @@ def generate(
         stop=stop or [],
         ignore_eos=ignore_eos,
         seed=opts.seed,
+        **beam_flags,
         warn=report.warn,
     )
     settings.compile = compile
@@ -146,9 +159,12 @@ def generate(
     report.debug(
         ("greedy decoding" if s.greedy else f"sampling: temperature {s.temperature}, top-k {s.top_k}, top-p {s.top_p}, min-p {s.min_p}, seed {seed}")
         + f", repetition penalty {s.repetition_penalty}, max {settings.max_new_tokens} new tokens"
+        + (f", beam search: {settings.num_beams} beams, length penalty {settings.length_penalty}" if settings.num_beams > 1 else "")
+        + (f", no repeated {settings.no_repeat_ngram_size}-grams" if settings.no_repeat_ngram_size else "")
     )
     encoded = [(p, encode_prompt(tm, p, chat=chat, system=system)) for p in prompts]
-    single = prompt is not None and prompts_file is None
+    # one sequence a prompt streams; beam search knows its best only at the end
+    single = prompt is not None and prompts_file is None and settings.num_beams == 1 and settings.num_return_sequences == 1
     with opts.results() as out:
         _run_batches(tm, encoded, settings, seed, report, out, stream=single and not opts.json, echo=echo, batch_size=batch_size)
     if seed is not None:
@@ -205,4 +221,4 @@ def _run_batches(tm, encoded, settings, seed: Optional[int], report: Reporter, o
             completions = run(tm, batch, settings, on_text=on_text if stream else None, generator=batch_generator(seed, k), on_info=report.log)
             yield completions, str(tm.path), tm.context_length, seed
 
-    write_completions(batches(), report, out, stream=stream, echo=echo, many=len(encoded) > 1)
+    write_completions(batches(), report, out, stream=stream, echo=echo, many=len(encoded) > 1 or settings.num_return_sequences > 1)

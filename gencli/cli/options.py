@@ -163,6 +163,23 @@ GroupSize = Annotated[
 ]
 
 
+# the beam search options of generate, text2text and translate
+Beams = Annotated[
+    Optional[int],
+    option("--num-beams", help="Beam search with this many beams; 1 = greedy or sampling (default: generation_config.json, else 1).", show_default=False),
+]
+Returns = Annotated[
+    Optional[int], option("--num-return-sequences", help="Outputs per input: sampled ones, or the best beams first (at most --num-beams).", show_default=False)
+]
+LengthPenalty = Annotated[
+    Optional[float], option("--length-penalty", help="Beam scores are divided by length ** this (> 0 favours longer outputs).", show_default=False)
+]
+EarlyStopping = Annotated[
+    Optional[bool], option("--early-stopping/--no-early-stopping", help="Beam search stops once --num-beams hypotheses have ended.", show_default=False)
+]
+NoRepeat = Annotated[Optional[int], option("--no-repeat-ngram-size", help="Never repeat an n-gram of this size; 0 = off.", show_default=False)]
+
+
 def _check_device(value: str) -> str:
     if not DEVICE_PATTERN.match(value):
         raise typer.BadParameter(f"'{value}' is not one of auto, cpu, cuda, cuda:N, mps")

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from gencli.cli import app
-from gencli.cli.common import RunOptions, at_least, command, option, option_group
+from gencli.cli.common import Beams, EarlyStopping, LengthPenalty, NoRepeat, Returns, RunOptions, at_least, command, option, option_group
 from gencli.console import Reporter
 
 # the embedded default of text2text (weights/t5-shapes: shapes-world captions to structures and back);
@@ -19,18 +19,6 @@ Texts = Annotated[
 ]
 MaxNew = Annotated[Optional[int], option("--max-new-tokens", help="Most new tokens per input (default: generation_config.json, else 256).", show_default=False)]
 MinNew = Annotated[Optional[int], option("--min-new-tokens", help="Fewest new tokens before the end token may come.", show_default=False)]
-Beams = Annotated[
-    Optional[int],
-    option("--num-beams", help="Beam search with this many beams; 1 = greedy or sampling (default: generation_config.json, else 1).", show_default=False),
-]
-Returns = Annotated[Optional[int], option("--num-return-sequences", help="Outputs per input, the best beams first (at most --num-beams).", show_default=False)]
-LengthPenalty = Annotated[
-    Optional[float], option("--length-penalty", help="Beam scores are divided by length ** this (> 0 favours longer outputs).", show_default=False)
-]
-EarlyStopping = Annotated[
-    Optional[bool], option("--early-stopping/--no-early-stopping", help="Beam search stops once --num-beams hypotheses have ended.", show_default=False)
-]
-NoRepeat = Annotated[Optional[int], option("--no-repeat-ngram-size", help="Never repeat an n-gram of this size; 0 = off.", show_default=False)]
 Temperature = Annotated[
     Optional[float], option("--temperature", help="Sampling temperature; 0 = greedy (default: generation_config.json, else greedy).", show_default=False)
 ]
@@ -164,6 +152,8 @@ def _run(texts, options: DecodingOptions, opts: RunOptions, *, prefix: Optional[
         raise UserError(
             "--stream prints greedy or sampled text as it comes: beam search knows its best output only at the end (drop --stream or use --num-beams 1)"
         )
+    if stream and settings.num_return_sequences > 1:
+        raise UserError(f"--stream prints one output as it comes: --num-return-sequences {settings.num_return_sequences} gives several (drop one of them)")
     # Marian and BART decoders hold a position table: the budget of new tokens stops there (as
     # generate's stops at the model's context), a minimum past it could never be honoured
     positions, capped = sm.max_target_tokens, False

@@ -80,13 +80,3 @@ class Seq2SeqLM(nn.Module):
         mask = attention_mask.bool() if attention_mask is not None else None
         hidden = self.encode(input_ids, mask)
         return self.decode(decoder_input_ids, self.cross_attention_kv(hidden), mask)
-
-
-def reorder_cache(cache: KVCache, index: torch.Tensor) -> None:
-    """Rows of the cache picked by ``index (B,)`` (beam search keeps the beams it extends), in place."""
-    n = cache.length
-    if n == 0:
-        return
-    for store in (cache.keys, cache.values):
-        part = store.narrow(3, 0, n)
-        part.copy_(part.index_select(1, index))

@@ -31,14 +31,13 @@ import torch
 
 from gencli.backend.packed_linear import PackedLinear
 from gencli.errors import UserError
-from gencli.models.seq2seq import reorder_cache
 from gencli.pipelines.seq2seq.loading import Seq2SeqModel
-from gencli.pipelines.text.flags import check_decoding_flags, check_min_new_tokens
-from gencli.pipelines.text.sampling import SamplingParams, apply_repetition_penalty, next_tokens
+from gencli.pipelines.text.beam_search import ban_ngrams, banned_ngrams, beam_search
+from gencli.pipelines.text.flags import check_decoding_flags, check_min_new_tokens, check_returns
+from gencli.pipelines.text.sampling import SamplingParams, apply_repetition_penalty, next_tokens, warp
 from gencli.tokenizers.stream import IncrementalDetokenizer
 
 DEFAULT_MAX_NEW_TOKENS = 256
-NEG = -1.0e9  # transformers' "never chosen" score in beam search
 # greedy steps choose their token by the exact screened argmax of the LM head (see
 # gencli.backend.screened_argmax) once the head is large and the budget long enough to repay the copy
 SCREEN_MIN_HEAD_BYTES = 32 * 2**20
@@ -111,10 +110,7 @@ def resolve_settings(
     returns = int(_first(num_return_sequences, gen_cfg.get("num_return_sequences"), 1))
     if beams < 1:
         raise UserError(f"the generation config's num_beams must be at least 1 (got {beams})")
-    if returns > beams:
-        raise UserError(f"--num-return-sequences ({returns}) is more than the {beams} beam(s): at most one sequence per beam (raise --num-beams)")
-    if beams > 1 and not base.sampling.greedy:
-        raise UserError("sampling with beam search is not supported: use --num-beams 1 to sample, or --temperature 0 for beam search")
+    check_returns(beams, returns, base.sampling.greedy)
     min_new = int(_first(min_new_tokens, gen_cfg.get("min_new_tokens"), 0))
     if min_new_tokens is None and gen_cfg.get("min_length"):
         min_new = max(min_new, int(gen_cfg["min_length"]) - 1)
@@ -184,28 +180,9 @@ class Output:
 
 
 # -- the logits processors that mask ---------------------------------------------------------------------
-def _banned_ngrams(seqs: list[list[int]], n: int) -> list[list[int]]:
-    """transformers' NoRepeatNGramLogitsProcessor: the tokens that would repeat an n-gram of each row."""
-    out = []
-    for toks in seqs:
-        cur = len(toks)
-        if cur + 1 < n:
-            out.append([])
-            continue
-        grams: dict[tuple[int, ...], list[int]] = {}
-        for gram in zip(*[toks[i:] for i in range(n)]):
-            grams.setdefault(tuple(gram[:-1]), []).append(gram[-1])
-        out.append(grams.get(tuple(toks[cur + 1 - n : cur]), []))
-    return out
-
-
 def _mask_scores(scores: torch.Tensor, seqs: torch.Tensor, settings: Seq2SeqSettings, eos_ids: list[int], step: int) -> torch.Tensor:
     """Apply the masking processors to ``scores (N, V)`` (fp32) for decoder sequences ``seqs (N, step + 1)``."""
-    n = settings.no_repeat_ngram_size
-    if n > 0:
-        for row, banned in enumerate(_banned_ngrams(seqs.tolist(), n)):
-            if banned:
-                scores[row, banned] = float("-inf")
+    ban_ngrams(scores, seqs.tolist(), settings.no_repeat_ngram_size)
     if settings.suppressed_ids:
         scores[:, settings.suppressed_ids] = float("-inf")
     if step < settings.min_new_tokens and eos_ids:
@@ -280,6 +257,9 @@ def generate(
     input, in input order. ``on_text(row, piece)`` streams text as it becomes final (greedy and
     sampling only)."""
     model, device = sm.model, sm.placement.device
+    # sampled outputs of one input: that many rows of it (as transformers expands the batch)
+    copies = settings.num_return_sequences if settings.num_beams == 1 else 1
+    inputs = [x for x in inputs for _ in range(copies)]
     check_cache_room(sm, len(inputs) * settings.num_beams, settings.max_new_tokens)
     src = _Source.build(inputs, sm.pad_id, device)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
@@ -295,7 +275,7 @@ def generate(
     t_encode = time.perf_counter() - t0
     t1 = time.perf_counter()
     if k > 1:
-        outputs, steps = _beam_search(sm, inputs, settings, cross_kv, mask)
+        outputs, steps = _beam_search(sm, inputs, settings, cross_kv, mask, generator)
     else:
         outputs, steps = _sample(sm, inputs, settings, cross_kv, mask, on_text, generator)
     sync()
@@ -309,7 +289,9 @@ def generate(
         "batch_size": len(inputs),
         "num_beams": k,
     }
-    for out in outputs:
+    for i, out in enumerate(outputs):
+        if copies > 1:
+            out.index = i % copies
         out.timing = dict(timing)
         if not out.text:
             out.text = sm.tokenizer.decode(out.token_ids, skip_special_tokens=True)
@@ -354,7 +336,7 @@ def _screened(screen, hidden: torch.Tensor, seqs: torch.Tensor, settings: Seq2Se
     if banned and any(t in banned for t in picks):
         return None
     if settings.no_repeat_ngram_size > 0:
-        rows = _banned_ngrams(seqs.tolist(), settings.no_repeat_ngram_size)
+        rows = banned_ngrams(seqs.tolist(), settings.no_repeat_ngram_size)
         if any(t in row for t, row in zip(picks, rows)):
             return None
     return tokens
@@ -406,95 +388,32 @@ def _sample(sm: Seq2SeqModel, inputs, settings: Seq2SeqSettings, cross_kv, mask,
     return outputs, steps
 
 
-def _gather(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """transformers' ``_gather_beams``: rows of dim 1 picked by ``index (B, n)``."""
-    while index.dim() < t.dim():
-        index = index.unsqueeze(-1)
-    return torch.take_along_dim(t, index, dim=1)
-
-
-def _beam_search(sm: Seq2SeqModel, inputs, settings: Seq2SeqSettings, cross_kv, mask) -> tuple[list[Output], int]:
+def _beam_search(sm: Seq2SeqModel, inputs, settings: Seq2SeqSettings, cross_kv, mask, generator) -> tuple[list[Output], int]:
+    """Beam search (:func:`gencli.pipelines.text.beam_search.beam_search`) from the decoder start token;
+    beam sampling where the settings sample."""
     model, device = sm.model, sm.placement.device
     b, k = len(inputs), settings.num_beams
-    eos_ids = sm.eos_ids
-    eos = torch.tensor(eos_ids or [-1], device=device)
-    keep = max(2, 1 + len(eos_ids)) * k
-    top_mask = torch.cat((torch.ones(k, dtype=torch.bool), torch.zeros(keep - k, dtype=torch.bool))).to(device)
-    max_length = settings.max_new_tokens + 1  # the decoder start token, then the new tokens
-    lp, early = settings.length_penalty, settings.early_stopping
-    running = torch.full((b, k, max_length), sm.pad_id, dtype=torch.long, device=device)
-    running[:, :, 0] = sm.decoder_start_id
-    sequences = running.clone()
-    running_scores = torch.zeros((b, k), dtype=torch.float, device=device)
-    running_scores[:, 1:] = NEG
-    beam_scores = torch.full((b, k), NEG, dtype=torch.float, device=device)
-    finished = torch.zeros((b, k), dtype=torch.bool, device=device)
-    improvable = torch.ones((b, 1), dtype=torch.bool, device=device)
-    running_idx = torch.full((b, k, max_length - 1), -1, dtype=torch.int32, device=device)
-    beam_idx = running_idx.clone()
-    offset = torch.arange(b, device=device).view(-1, 1) * k
-    cache = model.new_cache(b * k, max_length)
-    cur = 1
-    steps = 0
-    feed = running[:, :, 0].reshape(b * k, 1)
+    cache = model.new_cache(b * k, settings.max_new_tokens + 1)
+    start = torch.full((b * k, 1), sm.decoder_start_id, dtype=torch.long, device=device)
     params = settings.sampling
-    while True:
-        logits = model.decode(feed, cross_kv, mask, cache)[:, -1].float()
-        steps += 1
-        log_probs = torch.nn.functional.log_softmax(logits, dim=-1)
-        flat = running[:, :, :cur].reshape(b * k, cur)
+
+    def step(tokens: Optional[torch.Tensor]) -> torch.Tensor:
+        return model.decode(start if tokens is None else tokens.view(-1, 1), cross_kv, mask, cache)[:, -1]
+
+    def process(log_probs: torch.Tensor, generated: torch.Tensor, g: int) -> torch.Tensor:
+        seqs = torch.cat((start, generated), dim=1)
         if params.repetition_penalty != 1.0:
-            log_probs = apply_repetition_penalty(log_probs, flat, params.repetition_penalty)
-        log_probs = _mask_scores(log_probs, flat, settings, eos_ids, cur - 1)
-        vocab = log_probs.shape[-1]
-        log_probs = (log_probs.view(b, k, vocab) + running_scores[:, :, None]).reshape(b, k * vocab)
-        # the top continuations of all beams
-        top_lp, top_i = torch.topk(log_probs, k=keep)
-        from_beam = top_i // vocab
-        top_running_idx = _gather(running_idx, from_beam)
-        top_seqs = _gather(running, from_beam)
-        top_ids = top_i % vocab
-        top_seqs[:, :, cur] = top_ids
-        top_running_idx[:, :, cur - 1] = (from_beam + offset).to(torch.int32)
-        hits = torch.isin(top_ids, eos) | (cur + 1 >= max_length)
-        # the beams that go on
-        go_on = top_lp + hits.to(torch.float32) * NEG
-        nxt = torch.topk(go_on, k=k)[1]
-        running, running_scores, running_idx = _gather(top_seqs, nxt), _gather(go_on, nxt), _gather(top_running_idx, nxt)
-        # the hypotheses that end here
-        just_finished = hits & top_mask[None, :]
-        scored = top_lp / ((cur + 1 - 1) ** lp)
-        scored = scored + (torch.all(finished, dim=-1, keepdim=True) & (early is True)).to(torch.float32) * NEG
-        scored = scored + (~improvable).to(torch.float32) * NEG
-        scored = scored + (~just_finished) * NEG
-        merged_seqs = torch.cat((sequences, top_seqs), dim=1)
-        merged_scores = torch.cat((beam_scores, scored), dim=1)
-        merged_idx = torch.cat((beam_idx, top_running_idx), dim=1)
-        merged_finished = torch.cat((finished, just_finished), dim=1)
-        best = torch.topk(merged_scores, k=k)[1]
-        sequences, beam_scores, beam_idx, finished = (
-            _gather(merged_seqs, best),
-            _gather(merged_scores, best),
-            _gather(merged_idx, best),
-            _gather(merged_finished, best),
-        )
-        reorder_cache(cache, running_idx[..., cur - 1].reshape(-1).long())
-        cur += 1
-        # can the running beams still beat the finished ones (transformers' heuristic)?
-        best_len = (max_length - 1) if (early == "never" and lp > 0.0) else (cur - 1)
-        best_running = running_scores[:, :1] / (best_len**lp)
-        worst_finished = torch.where(finished, torch.min(beam_scores, dim=1, keepdim=True)[0], -1.0e9)
-        improvable = improvable & torch.any(best_running > worst_finished, dim=-1, keepdim=True)
-        open_beams = not (bool(torch.all(finished)) and early is True)
-        if not (bool(torch.any(improvable)) and open_beams and not bool(torch.all(hits))):
-            break
-        feed = running[:, :, cur - 1].reshape(b * k, 1)
-    outputs: list[Output] = []
-    seqs_host, idx_host, scores_host = sequences.tolist(), beam_idx.tolist(), beam_scores.tolist()
-    for i, (text, ids) in enumerate(inputs):
-        for r in range(settings.num_return_sequences):
-            n = sum(1 for v in idx_host[i][r] if v != -1)
-            tokens = seqs_host[i][r][1 : 1 + n]
-            reason = "stop" if tokens and tokens[-1] in eos_ids else "length"
-            outputs.append(Output(text, list(ids), token_ids=tokens, finish_reason=reason, index=r, score=scores_host[i][r]))
+            log_probs = apply_repetition_penalty(log_probs, seqs, params.repetition_penalty)
+        return warp(_mask_scores(log_probs, seqs, settings, sm.eos_ids, g), params, max(2, len(sm.eos_ids) + 1))
+
+    found, steps = beam_search(
+        step, cache.reorder_rows, process, batch=b, num_beams=k, budgets=[settings.max_new_tokens] * b, eos_ids=sm.eos_ids, pad_id=sm.pad_id,
+        length_penalty=settings.length_penalty, early_stopping=settings.early_stopping, num_return_sequences=settings.num_return_sequences, device=device,
+        sample=not params.greedy, generator=generator,
+    )  # fmt: skip
+    outputs = [
+        Output(text, list(ids), token_ids=h.tokens, finish_reason=h.finish_reason, index=r, score=h.score)
+        for (text, ids), hyps in zip(inputs, found)
+        for r, h in enumerate(hyps)
+    ]
     return outputs, steps

@@ -82,9 +82,21 @@ def check_decoding_flags(*, stop: Optional[Sequence[str]] = None, **values: Opti
     for key, value in values.items():
         check_number(key, value)
     beams, returns = values.get("num_beams"), values.get("num_return_sequences")
-    if beams is not None and returns is not None and returns > beams:
+    if beams is not None and beams > 1 and returns is not None and returns > beams:
         raise UserError(f"--num-return-sequences ({returns}) is more than --num-beams ({beams}): at most one sequence per beam")
     check_min_new_tokens(values.get("min_new_tokens"), values.get("max_new_tokens"))
+
+
+def check_returns(beams: int, returns: int, greedy: bool) -> None:
+    """Several outputs an input come from beam search (at most one a beam) or from sampling (as many as
+    asked); greedy decoding has one."""
+    if beams > 1 and returns > beams:
+        raise UserError(f"--num-return-sequences ({returns}) is more than the {beams} beam(s): at most one sequence per beam (raise --num-beams)")
+    if beams == 1 and returns > 1 and greedy:
+        raise UserError(
+            f"--num-return-sequences {returns} needs sampling (--temperature above 0) or beam search (--num-beams {returns} or more): "
+            "greedy decoding gives one output"
+        )
 
 
 def check_min_new_tokens(min_new: Optional[int], max_new: Optional[int], budget: str = "--max-new-tokens") -> None:
@@ -166,4 +178,4 @@ def usable_pad_id(candidates: Sequence[int], vocab_size: int) -> int:
 
 
 __all__ = ["LENGTH_PENALTY_LIMIT", "RANGES", "Range", "SCALE_LIMITS", "check_decoding_flags", "check_generation_config", "check_min_new_tokens",
-           "check_number", "flag_name", "usable_pad_id"]  # fmt: skip
+           "check_number", "check_returns", "flag_name", "usable_pad_id"]  # fmt: skip

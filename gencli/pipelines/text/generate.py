@@ -8,9 +8,10 @@ through an incremental detokenizer, with stop strings held back and trimmed.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 
@@ -19,8 +20,9 @@ from gencli.backend.random import make_generator
 from gencli.backend.screened_argmax import ScreenedArgmax
 from gencli.backend.streamed_linear import StreamedLinear
 from gencli.errors import UserError
+from gencli.pipelines.text.beam_search import ban_ngrams
 from gencli.pipelines.text.decode_step import compiled, decode_step, static_capacity, wants_static
-from gencli.pipelines.text.flags import check_decoding_flags
+from gencli.pipelines.text.flags import check_decoding_flags, check_returns
 from gencli.pipelines.text.loading import TextModel
 from gencli.pipelines.text.sampling import SamplingParams, loaded_native_sampler, native_settings, next_tokens
 from gencli.tokenizers.stream import IncrementalDetokenizer, StopStringMatcher
@@ -97,6 +99,11 @@ class GenerationSettings:
     seed: Optional[int] = None
     compile: Optional[bool] = None  # the decoding step compiled for replay (None: on CUDA), see decode_step
     static_cache: Optional[bool] = None  # the fixed-shape step without compiling it (None: when compiled)
+    num_beams: int = 1  # > 1: beam search (gencli.pipelines.text.beam_search)
+    num_return_sequences: int = 1  # completions a prompt: sampled ones, or the best beams
+    length_penalty: float = 1.0
+    early_stopping: Union[bool, str] = False
+    no_repeat_ngram_size: int = 0
 
 
 def resolve_settings(
@@ -111,15 +118,23 @@ def resolve_settings(
     stop: Sequence[str] = (),
     ignore_eos: bool = False,
     seed: Optional[int] = None,
+    num_beams: Optional[int] = None,
+    num_return_sequences: Optional[int] = None,
+    length_penalty: Optional[float] = None,
+    early_stopping: Optional[bool] = None,
+    no_repeat_ngram_size: Optional[int] = None,
     warn: Callable[[str], None] = lambda m: None,
 ) -> GenerationSettings:
     """Flags override ``generation_config.json``, which overrides transformers' defaults.
 
     As in transformers, a checkpoint samples only when its generation config says ``do_sample``;
     otherwise decoding is greedy. A flag that only makes sense when sampling (--top-k/--top-p/--min-p)
-    turns sampling on at temperature 1 unless --temperature is given.
+    turns sampling on at temperature 1 unless --temperature is given. Beam search runs where
+    ``num_beams`` (or the config's) is more than 1, as in transformers.
     """
-    check_decoding_flags(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty)
+    check_decoding_flags(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
+                         num_beams=num_beams, num_return_sequences=num_return_sequences, length_penalty=length_penalty,
+                         no_repeat_ngram_size=no_repeat_ngram_size)  # fmt: skip
     do_sample = bool(gen_cfg.get("do_sample", False))
     if temperature is None:
         if do_sample:
@@ -139,30 +154,48 @@ def resolve_settings(
     )
     if max_new_tokens is None:
         max_new_tokens = int(gen_cfg.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS)
-    return GenerationSettings(max_new_tokens, sampling, [s for s in stop if s], ignore_eos, seed)
+    settings = GenerationSettings(max_new_tokens, sampling, [s for s in stop if s], ignore_eos, seed)
+    settings.num_beams = int(_configured(num_beams, gen_cfg, "num_beams", 1))
+    settings.num_return_sequences = int(_configured(num_return_sequences, gen_cfg, "num_return_sequences", 1))
+    check_returns(settings.num_beams, settings.num_return_sequences, sampling.greedy)
+    if settings.num_beams > 1 and settings.stop:
+        raise UserError("--stop ends greedy or sampled text as it streams; beam search chooses whole sequences at the end: drop --stop or use --num-beams 1")
+    beam_only = [name for name, flag in (("--length-penalty", length_penalty), ("--early-stopping", early_stopping)) if flag is not None]
+    if beam_only and settings.num_beams == 1:
+        raise UserError(f"{beam_only[0]} applies to beam search, which this run does not use (one beam): give --num-beams 2 or more")
+    settings.length_penalty = float(_configured(length_penalty, gen_cfg, "length_penalty", 1.0))
+    settings.early_stopping = _configured(early_stopping, gen_cfg, "early_stopping", False)
+    if settings.early_stopping not in (True, False, "never"):
+        raise UserError(f'the generation config\'s early_stopping must be true, false or "never" (got {settings.early_stopping!r})')
+    settings.no_repeat_ngram_size = int(_configured(no_repeat_ngram_size, gen_cfg, "no_repeat_ngram_size", 0))
+    return settings
+
+
+def _configured(flag: Any, gen_cfg: dict[str, Any], key: str, default: Any) -> Any:
+    """The flag, else the generation config's value, else ``default``."""
+    if flag is not None:
+        return flag
+    return gen_cfg[key] if gen_cfg.get(key) is not None else default
 
 
 def warn_unapplied_settings(gen_cfg: dict[str, Any], warn: Callable[[str], None]) -> None:
     """One warning naming the settings of a causal LM's generation config that gencli generate does not
-    implement (beam search, contrastive search, n-gram blocking...), rather than ignoring them silently."""
+    implement (diverse beam search, contrastive search, typical sampling...), rather than ignoring them silently."""
     unapplied = [f"{key}={gen_cfg[key]}" for key, off in UNAPPLIED_GENERATION_KEYS.items() if gen_cfg.get(key) not in (None, *off)]
     if unapplied:
-        warn(f"generation_config.json sets {', '.join(unapplied)}, which gencli generate does not apply (one sequence a prompt, "
-             "greedy or sampled with the processors above)")  # fmt: skip
+        warn(f"generation_config.json sets {', '.join(unapplied)}, which gencli generate does not apply (it decodes greedily, "
+             "by sampling or by beam search)")  # fmt: skip
 
 
 # decoding settings a causal LM's generation config may hold that gencli generate does not implement, and
-# the values that mean "off" (beam search and its options, contrastive search, n-gram blocking, ...)
+# the values that mean "off" (diverse beam search, contrastive search, typical sampling, ...)
 UNAPPLIED_GENERATION_KEYS: dict[str, tuple[Any, ...]] = {
-    "num_beams": (1,),
     "num_beam_groups": (1,),
     "penalty_alpha": (0, 0.0),
-    "no_repeat_ngram_size": (0,),
     "typical_p": (1, 1.0),
     "epsilon_cutoff": (0, 0.0),
     "eta_cutoff": (0, 0.0),
     "bad_words_ids": ([],),
-    "num_return_sequences": (1,),
 }
 
 
@@ -195,6 +228,8 @@ class Completion:
     finish_reason: Optional[str] = None  # "stop" (EOS or stop string) | "length" (budget or context)
     hit_context: bool = False
     timing: dict[str, float] = field(default_factory=dict)
+    index: Optional[int] = None  # which of the prompt's completions (--num-return-sequences above 1)
+    score: Optional[float] = None  # beam search: the length-normalised log-probability
 
     def as_json(self, model: str, seed: Optional[int]) -> dict[str, Any]:
         out = {
@@ -206,6 +241,10 @@ class Completion:
             "timing": self.timing,
             "model": model,
         }
+        if self.index is not None:
+            out["index"] = self.index
+        if self.score is not None:
+            out["score"] = round(self.score, 6)
         if seed is not None:
             out["seed"] = seed
         return out
@@ -251,7 +290,7 @@ class _Row:
 
 
 @dataclass
-class _PromptBatch:
+class PromptBatch:
     """The prompts as one left-padded batch on the model's device; the mask and explicit positions
     only when the lengths differ."""
 
@@ -262,7 +301,7 @@ class _PromptBatch:
     next_pos: Optional[torch.Tensor] = None  # (B,) the position of each row's next token
 
     @classmethod
-    def build(cls, prompts: Sequence[tuple[str, list[int]]], pad_id: int, capacity: int, device: torch.device) -> "_PromptBatch":
+    def build(cls, prompts: Sequence[tuple[str, list[int]]], pad_id: int, capacity: int, device: torch.device) -> "PromptBatch":
         lengths = [len(ids) for _, ids in prompts]
         b, longest = len(prompts), max(lengths)
         input_ids = torch.full((b, longest), pad_id, dtype=torch.long)
@@ -305,15 +344,26 @@ def generate(
 ) -> list[Completion]:
     """Generate for ``prompts`` (``(text, ids)`` pairs) as one batch.
 
-    ``on_text(row, piece)`` receives text as soon as it is final (streaming). Returns one
-    :class:`Completion` per prompt, in order.
+    ``on_text(row, piece)`` receives text as soon as it is final (streaming; not with beam search).
+    Returns ``num_return_sequences`` :class:`Completion` per prompt, in prompt order.
     """
+    if settings.num_beams > 1:
+        from gencli.pipelines.text.beam_generate import generate_beams
+
+        return generate_beams(tm, prompts, settings, generator)
+    copies = settings.num_return_sequences  # sampled completions of one prompt: that many rows of it
+    if copies > 1:
+        completions = generate(tm, [p for p in prompts for _ in range(copies)], _one_each(settings), on_text=on_text, generator=generator, on_info=on_info)
+        for i, c in enumerate(completions):
+            c.index = i % copies
+        return completions
     model, device = tm.model, tm.placement.device
     params = settings.sampling
+    ngram = settings.no_repeat_ngram_size  # the n-gram ban needs each step's logits in Python: one step a call
     b = len(prompts)
     budgets = [min(settings.max_new_tokens, tm.context_length - len(ids)) for _, ids in prompts]
     steps = max(budgets)
-    batch = _PromptBatch.build(prompts, tm.pad_id, max(len(ids) for _, ids in prompts) + steps, device)
+    batch = PromptBatch.build(prompts, tm.pad_id, max(len(ids) for _, ids in prompts) + steps, device)
     longest = batch.input_ids.shape[1]
     rows = [_Row(tm, Completion(text, list(ids)), settings, budget) for (text, ids), budget in zip(prompts, budgets)]
     eos = set() if settings.ignore_eos else set(tm.eos_ids)
@@ -324,28 +374,33 @@ def generate(
     if attention_mask is not None and capacity > attention_mask.shape[1]:  # the slots past the run: never seen
         attention_mask = torch.nn.functional.pad(attention_mask, (0, capacity - attention_mask.shape[1]), value=False)
     cache = model.new_cache(b, capacity, static=static)
-    native_screen = not static and screens_natively(tm, params, steps)
-    head = None if static or native_screen else screen_for(tm, params, steps)
+    native_screen = not static and not ngram and screens_natively(tm, params, steps)
+    head = None if static or native_screen or ngram else screen_for(tm, params, steps)
     one_token = decode_step(model, cache, attention_mask) if static else None
     if one_token is not None and compile_step:
         one_token = compiled(one_token, on_info)
     slot = torch.zeros(1, dtype=torch.long, device=device)  # the static step's cache position, written in place
-    plain_greedy = params.greedy and params.repetition_penalty == 1.0  # the argmax of the raw logits
+    plain_greedy = params.greedy and params.repetition_penalty == 1.0 and not ngram  # the argmax of the raw logits
+
+    def choose(logits: torch.Tensor, seen_so_far: Optional[torch.Tensor]) -> torch.Tensor:
+        if ngram:  # each row's prompt and the tokens it has taken
+            ban_ngrams(logits, [r.c.prompt_ids + r.c.token_ids for r in rows], ngram)
+        return next_tokens(logits, params, generator, seen_so_far)
 
     def advance(ids: torch.Tensor, pos: Optional[torch.Tensor], seen_so_far: Optional[torch.Tensor]) -> torch.Tensor:
         """Run ``ids`` through the model (filling the cache) and choose the next token of each row."""
         if static and ids.shape[1] == 1:
-            return next_tokens(one_token(ids, pos, slot), params, generator, seen_so_far)
+            return choose(one_token(ids, pos, slot), seen_so_far)
         if head is None and ids.shape[1] == 1:  # on a CPU, from the ids to the logits (greedy: to the choices) in one call
             done = model.fused_logits(ids, position_ids=pos, attention_mask=attention_mask, kv_cache=cache, greedy=plain_greedy)
             if done is not None:
                 logits, chosen = done
-                return chosen if chosen is not None else next_tokens(logits, params, generator, seen_so_far)
+                return chosen if chosen is not None else choose(logits, seen_so_far)
         where = torch.arange(ids.shape[1], device=device) if static else None  # the prompt: slots 0..L-1
         hidden = model.hidden_states(ids, position_ids=pos, attention_mask=attention_mask, kv_cache=cache, cache_position=where, logits_to_keep=1)[:, -1]
         if head is not None:
             return head(hidden.float())  # a bf16 hidden state: the argmax of its exact product with the bf16 head
-        return next_tokens(model.lm_head(hidden), params, generator, seen_so_far)
+        return choose(model.lm_head(hidden), seen_so_far)
 
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     t0 = time.perf_counter()
@@ -356,7 +411,7 @@ def generate(
     decode_steps = 0
     t1 = time.perf_counter()
     # several steps a native call: plain greedy (argmax in the step), else where the native sampler chooses
-    bursts = head is None and not static and (plain_greedy or loaded_native_sampler() is not None)
+    bursts = head is None and not static and not ngram and (plain_greedy or loaded_native_sampler() is not None)
     burst = _Burst(None if plain_greedy else params, generator, screen=native_screen) if bursts else None
     ahead: list[list[int]] = []  # the choices of the steps a burst ran, after the one being taken
     for step in range(steps):
@@ -394,7 +449,7 @@ def generate(
         host = tokens.tolist()
         decode_steps += 1
     sync()
-    timing = _timing(tm, sum(batch.lengths), b, t_prefill, time.perf_counter() - t1, decode_steps)
+    timing = timing_of(tm, sum(batch.lengths), b, t_prefill, time.perf_counter() - t1, decode_steps)
     for row in rows:
         if not row.done:  # pragma: no cover - every row ends by its budget at the latest
             row.finish("length")
@@ -446,7 +501,11 @@ class _Burst:
         return block
 
 
-def _timing(tm: TextModel, prompt_tokens: int, batch_size: int, t_prefill: float, t_decode: float, decode_steps: int) -> dict[str, Any]:
+def _one_each(settings: GenerationSettings) -> GenerationSettings:
+    return dataclasses.replace(settings, num_return_sequences=1)
+
+
+def timing_of(tm: TextModel, prompt_tokens: int, batch_size: int, t_prefill: float, t_decode: float, decode_steps: int) -> dict[str, Any]:
     return {
         "load_s": round(tm.load_seconds, 4),
         "prefill_s": round(t_prefill, 4),

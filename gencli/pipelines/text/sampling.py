@@ -39,33 +39,40 @@ def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: 
     return logits.scatter(1, seen, scores)
 
 
-def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
-    if k <= 0 or k >= logits.shape[-1]:
+def top_k_filter(logits: torch.Tensor, k: int, min_keep: int = 1) -> torch.Tensor:
+    if k <= 0:
+        return logits
+    k = max(k, min_keep)
+    if k >= logits.shape[-1]:
         return logits
     kth = torch.topk(logits, k, dim=-1).values[..., -1:]
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
-def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+def top_p_filter(logits: torch.Tensor, p: float, min_keep: int = 1) -> torch.Tensor:
     """Nucleus filtering: keep the smallest set of most likely tokens whose probability reaches ``p``
-    (transformers' rule: the token that crosses the threshold is kept; at least one token stays)."""
+    (transformers' rule: the token that crosses the threshold is kept; at least ``min_keep`` tokens stay)."""
     if p >= 1.0:
         return logits
     sorted_logits, order = torch.sort(logits, descending=False, dim=-1)
     cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
     remove_sorted = cum <= (1 - p)
-    remove_sorted[..., -1:] = False
+    remove_sorted[..., -min_keep:] = False
     remove = remove_sorted.scatter(-1, order, remove_sorted)
     return logits.masked_fill(remove, float("-inf"))
 
 
-def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
-    """Keep tokens whose probability is at least ``min_p`` times the top token's."""
+def min_p_filter(logits: torch.Tensor, min_p: float, min_keep: int = 1) -> torch.Tensor:
+    """Keep tokens whose probability is at least ``min_p`` times the top token's (and the ``min_keep`` most likely)."""
     if min_p <= 0.0:
         return logits
     probs = logits.softmax(dim=-1)
     threshold = probs.amax(dim=-1, keepdim=True) * min_p
-    return logits.masked_fill(probs < threshold, float("-inf"))
+    remove = probs < threshold
+    if min_keep > 1:
+        top = torch.topk(logits, min(min_keep, logits.shape[-1]), dim=-1).indices
+        remove.scatter_(-1, top, False)
+    return logits.masked_fill(remove, float("-inf"))
 
 
 def process_logits(logits: torch.Tensor, params: SamplingParams, seen: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -73,13 +80,19 @@ def process_logits(logits: torch.Tensor, params: SamplingParams, seen: Optional[
     logits = logits.float()
     if seen is not None and params.repetition_penalty != 1.0:
         logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
+    return warp(logits, params)
+
+
+def warp(scores: torch.Tensor, params: SamplingParams, min_keep: int = 1) -> torch.Tensor:
+    """The sampling processors (transformers' warpers) on ``scores (B, V)`` (logits, or log-probabilities in
+    beam sampling): temperature, top-k, top-p, min-p, each keeping at least ``min_keep`` tokens; none when greedy."""
     if params.greedy:
-        return logits
+        return scores
     if params.temperature != 1.0:
-        logits = logits / params.temperature
-    logits = top_k_filter(logits, params.top_k)
-    logits = top_p_filter(logits, params.top_p)
-    return min_p_filter(logits, params.min_p)
+        scores = scores / params.temperature
+    scores = top_k_filter(scores, params.top_k, min_keep)
+    scores = top_p_filter(scores, params.top_p, min_keep)
+    return min_p_filter(scores, params.min_p, min_keep)
 
 
 def next_tokens(logits: torch.Tensor, params: SamplingParams, generator: Optional[torch.Generator], seen: Optional[torch.Tensor] = None) -> torch.Tensor:
