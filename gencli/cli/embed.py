@@ -295,10 +295,11 @@ def _list_neighbours(queries, query_vectors, names, vectors, top_k, report) -> N
 
 def _neighbour_table(query: str, hits):
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(box=None, header_style="bold", show_edge=False, pad_edge=False)
     for name, justify in (("query", "left"), ("rank", "right"), ("cosine", "right"), ("image", "left")):
         table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
-    for h in hits:
-        table.add_row(query, str(h["rank"]), f"{h['cosine']:.4f}", h["image"])
+    for h in hits:  # paths as Text: a name with [brackets] is not rich markup
+        table.add_row(Text(query), str(h["rank"]), f"{h['cosine']:.4f}", Text(h["image"]))
     return table

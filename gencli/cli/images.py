@@ -118,6 +118,7 @@ def predictions_table(rows: Sequence[tuple[str, list[dict[str, Any]]]], repeat_i
     """One row per prediction, the image named on its first row (on every row with
     ``repeat_image``: the plain rows a pipe gets, so grep and sort keep whole records)."""
     from rich.table import Table
+    from rich.text import Text
 
     keys = prediction_keys(rows)
     table = Table(box=None, header_style="bold", show_edge=False, pad_edge=False)
@@ -128,7 +129,8 @@ def predictions_table(rows: Sequence[tuple[str, list[dict[str, Any]]]], repeat_i
     for path, preds in rows:
         cells = prediction_rows(path, preds, keys, repeat_image)
         for i, row in enumerate(cells):
-            table.add_row(*row, end_section=not repeat_image and i == len(cells) - 1 and len(cells) > 1)
+            # plain text: a name or label with [brackets] is not rich markup
+            table.add_row(*(Text(c) for c in row), end_section=not repeat_image and i == len(cells) - 1 and len(cells) > 1)
     return table
 
 
@@ -171,13 +173,14 @@ def write_similarities(results: Iterable[Any], total: int, texts: Sequence[str],
 def similarity_table(rows: Sequence[tuple[str, list[float]]], texts: Sequence[str]):
     """One row per image, one column per text, each row's best text in bold."""
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(box=None, header_style="bold", show_edge=False, pad_edge=False)
     table.add_column("image", overflow="fold")
     for t in texts:
-        table.add_column(t, justify="right", overflow="fold")
+        table.add_column(Text(t), justify="right", overflow="fold")  # plain text: [brackets] are not markup
     for path, values in rows:
         best = max(range(len(values)), key=values.__getitem__)
-        table.add_row(path, *[f"[bold]{v:.4f}[/bold]" if i == best else f"{v:.4f}" for i, v in enumerate(values)])
+        table.add_row(Text(path), *[f"[bold]{v:.4f}[/bold]" if i == best else f"{v:.4f}" for i, v in enumerate(values)])
     return table
 

@@ -203,7 +203,7 @@ def write_segmentations(
             ids, image = r.value
             record: dict[str, Any] = {"image": r.path, "labels": label_counts(ids, labels)}
             if masks is not None:
-                record["mask"] = str(write_image(masks[i], mask_image(ids), force))
+                record["mask"] = str(write_image(masks[i], mask_image(ids, len(labels)), force))
             if overlays is not None:
                 record["overlay"] = str(write_image(overlays[i], overlay_image(image, ids, labels, alpha), force))
             if opts.json:
@@ -227,6 +227,7 @@ def write_segmentations(
 def segmentation_table(rows, repeat_image: bool = False):
     """One row per class present: image (on its first row, or every row for a pipe), id, label, pixels, fraction."""
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(box=None, header_style="bold", show_edge=False, pad_edge=False)
     table.add_column("image", overflow="fold")
@@ -237,10 +238,10 @@ def segmentation_table(rows, repeat_image: bool = False):
     for path, present in rows:
         for k, p in enumerate(present):
             last = k == len(present) - 1
-            table.add_row(
-                path if k == 0 or repeat_image else "",
+            table.add_row(  # names as Text: a path or label with [brackets] is not rich markup
+                Text(path) if k == 0 or repeat_image else "",
                 str(p["id"]),
-                p["label"],
+                Text(p["label"]),
                 str(p["pixels"]),
                 f"{p['fraction']:.4f}",
                 end_section=not repeat_image and last and len(present) > 1,

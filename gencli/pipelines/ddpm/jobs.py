@@ -82,7 +82,8 @@ def plan_outputs(req: DDPMRequest, new_seed: Callable[[], int]) -> SamplePlan:
     if bad:
         raise UserError(f"-o/--out {pattern!r}: unknown placeholder {{{bad[0]}}} (use {{i}} and {{seed}})")
     if not fields:  # one file: the image, or a grid of them
-        target = io.plan_outputs([pattern], req.force, what="images")[0]
+        # a literal brace is written doubled ({{ -> {), as in a pattern with {i}/{seed}
+        target = io.plan_outputs([io.format_name(pattern) if req.out is not None else pattern], req.force, what="images")[0]
         if len(seeds) == 1:
             return SamplePlan(seeds, files=[target])
         return SamplePlan(seeds, grid=target, nrow=req.nrow or max(1, round(len(seeds) ** 0.5)))

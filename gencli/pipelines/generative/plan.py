@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional
 
 from gencli.backend.seeds import MAX_SAMPLES, check_seed, choose_seeds
 from gencli.errors import UserError
-from gencli.io import check_output_dir, make_output_dir, plan_files, plan_outputs
+from gencli.io import check_output_dir, format_name, make_output_dir, plan_files, plan_outputs
 
 DEFAULT_COUNT = 16
 MAX_TEMPERATURE = 100.0  # a VAE prior scaled further decodes to saturated noise (1e30: a black image)
@@ -47,7 +47,10 @@ def plan_samples(
     new_seed: Callable[[], int],
 ) -> SamplePlan:
     """Check a ``sample`` command line and plan its outputs (every target checked before any work)."""
-    chosen = choose_seeds(n, seeds, seed, default_count=DEFAULT_COUNT, new_seed=new_seed)
+    if interpolate is not None and n is not None:
+        raise UserError("--interpolate walks from --seed S to S+1 (or the two --seeds): -n does not apply")
+    # a walk takes one seed (S, then S+1 below): the grid's default count of 16 does not apply to it
+    chosen = choose_seeds(n, seeds, seed, default_count=DEFAULT_COUNT if interpolate is None else 1, new_seed=new_seed)
     if family == "gan" and not 0.0 < truncation <= 1.0:
         raise UserError(f"--truncation must lie in (0, 1], got {truncation}")
     if family == "vae" and not 0.0 < temperature <= MAX_TEMPERATURE:
@@ -62,8 +65,6 @@ def plan_samples(
         raise UserError("--gif writes a latent walk: give --interpolate STEPS")
     if gif and out_dir is not None:
         raise UserError("--gif writes one file: use --out, not --out-dir")
-    if interpolate is not None and n is not None:
-        raise UserError("--interpolate walks from --seed S to S+1 (or the two --seeds): -n does not apply")
     if nrow is not None and (out_dir is not None or gif):
         raise UserError(f"--nrow lays out a grid: {'--out-dir writes one PNG per sample' if out_dir is not None else '--gif writes frames'}")
     folder = check_output_dir(out_dir)
@@ -84,11 +85,45 @@ def plan_samples(
         targets = plan_files(names, out_dir=folder, what="samples", force=force)
         return SamplePlan(family, chosen, interpolate, "files", targets, nrow, settings, folder)
     target = out if out is not None else ("samples.gif" if gif else "samples.png")
+    fields = _placeholders(target)
+    if fields:  # -o 'x-{seed}.png': one file per sample (per frame of a walk), as sample ddpm writes them
+        bad = [f for f in fields if f not in ("i", "seed") and not f.startswith(("i:", "seed:"))]
+        if bad:
+            raise UserError(f"-o/--out {target!r}: unknown placeholder {{{bad[0]}}} (use {{i}} and {{seed}})")
+        if gif:
+            raise UserError(f"-o/--out {target!r}: --gif writes one animated file, so its name takes no {{i}} or {{seed}}")
+        if nrow is not None:
+            raise UserError("--nrow lays out a grid: a {i}/{seed} pattern writes one file per sample")
+        if interpolate is not None and any(f == "seed" or f.startswith("seed:") for f in fields):
+            raise UserError(f"-o/--out {target!r}: the frames of a walk have no seed of their own: name them with {{i}}")
+        if interpolate is not None:
+            names = [format_name(target, i=i) for i in range(interpolate)]
+        else:
+            names = [format_name(target, i=i, seed=s) for i, s in enumerate(chosen)]
+        _check_image_names(names)
+        return SamplePlan(family, chosen, interpolate, "files", plan_outputs(names, force, what="samples"), None, settings)
+    target = format_name(target) if out is not None else target  # a literal brace is written doubled: {{ -> {
     if not gif:
-        from gencli.pipelines.vision.images import image_format
-
-        image_format(target)
+        _check_image_names([target])
     return SamplePlan(family, chosen, interpolate, "gif" if gif else "grid", plan_outputs([target], force), nrow, settings)
+
+
+def _placeholders(pattern: str) -> list[str]:
+    """The replacement fields of an output name (``{i}``, ``{seed:05d}`` ...); a malformed one is one error."""
+    import string
+
+    try:
+        return [f for _, f, _, _ in string.Formatter().parse(pattern) if f is not None]
+    except ValueError as exc:
+        raise UserError(f"-o/--out {pattern!r}: {exc} (use {{i}} and {{seed}}; double a literal brace)") from None
+
+
+def _check_image_names(names: list[str]) -> None:
+    """Each name's suffix must be an image type gencli writes."""
+    from gencli.pipelines.vision.images import image_format
+
+    for name in names:
+        image_format(name)
 
 
 def write_samples(plan: SamplePlan, images: Any, model: str, *, force: bool) -> list[dict[str, Any]]:
@@ -99,7 +134,8 @@ def write_samples(plan: SamplePlan, images: Any, model: str, *, force: bool) -> 
     settings = {"model": model, **plan.settings}
     written: list[dict[str, Any]] = []
     if plan.kind == "files":
-        make_output_dir(plan.out_dir)
+        if plan.out_dir is not None:
+            make_output_dir(plan.out_dir)
         for i, (t, im) in enumerate(zip(plan.targets, images)):
             if plan.interpolate is not None:
                 record: dict[str, Any] = {"seeds": plan.seeds, "t": round(i / (plan.interpolate - 1), 6)}

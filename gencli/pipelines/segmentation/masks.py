@@ -42,12 +42,14 @@ def palette() -> tuple[tuple[int, int, int], ...]:
     return tuple(out)
 
 
-def mask_image(ids: np.ndarray) -> Image.Image:
-    """The class map ``(H, W)`` as a palette image (values = class ids), or 16-bit grayscale above 256 ids."""
-    if ids.size and int(ids.max()) > 255:
-        if int(ids.max()) > 65535:
+def mask_image(ids: np.ndarray, num_labels: int = 0) -> Image.Image:
+    """The class map ``(H, W)`` as a palette image (values = class ids), or 16-bit grayscale for a
+    model of more than 256 classes (``num_labels``; every mask of a run in the same format) or ids above 255."""
+    if num_labels > 256 or (ids.size and int(ids.max()) > 255):
+        if ids.size and int(ids.max()) > 65535:
             raise ValueError("class ids above 65535 do not fit a PNG")
-        return Image.fromarray(ids.astype(np.uint16), "I;16")
+        # Pillow 13 no longer takes a mode with fromarray: a uint16 array makes an "I;16" image
+        return Image.fromarray(np.ascontiguousarray(ids.astype(np.uint16)))
     img = Image.fromarray(ids.astype(np.uint8), "P")
     img.putpalette([v for rgb in palette() for v in rgb])
     return img
