@@ -12,7 +12,7 @@ import numpy as np
 from gencli.data.timeseries import SeriesRecord
 from gencli.pipelines.forecast.features import Binding
 from gencli.pipelines.forecast.forecaster import Forecaster
-from gencli.pipelines.forecast.metrics import Score, geometric_mean, mase, quantile_loss_sum, rounded, seasonal_naive
+from gencli.pipelines.forecast.metrics import Score, geometric_mean, level_label, mase, quantile_loss_sum, rounded, seasonal_naive
 
 # the columns of the per-series CSV (--backtest N --out FILE)
 CSV_COLUMNS = ["id", "windows", "wql", "mase", "seasonal_naive_wql", "seasonal_naive_mase", "relative_wql", "relative_mase"]
@@ -149,7 +149,7 @@ def render_backtest(report, summary: dict, label: str, fitted=None) -> str:
         head = f"backtest: {lo} to {hi} window(s) of {report.horizon} steps per series (of the {report.windows} asked, as many as fit)"
     lines = [
         f"{head}, {summary['series']} series, {summary['windows']} windows",
-        f"weighted quantile loss over levels {', '.join(f'{q:g}' for q in report.levels)}; MASE of the median, scaled by the in-sample seasonal-naive error",
+        f"weighted quantile loss over levels {', '.join(map(level_label, report.levels))}; MASE of the median, scaled by the in-sample seasonal-naive error",
         "",
     ]
     if len(report.series) <= 30:

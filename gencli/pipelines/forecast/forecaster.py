@@ -127,6 +127,8 @@ class Forecaster:
 
             grid, weights = combine(records, ends, grid, heldout, horizon, self.grid, context, nonneg)
         wanted = interpolate_quantiles(grid, self.grid, levels)
+        # levels beyond the grid's ends are extrapolated: a series never negative stays so there too
+        wanted[nonneg] = np.maximum(wanted[nonneg], 0.0)
         results = []
         for i, rec in enumerate(records):
             ex = self._explanation(i, det, batch, rec, binding) if explain else None

@@ -110,7 +110,8 @@ def _parses_as_time(series) -> bool:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        parsed = pd.to_datetime(vals, errors="coerce", format="mixed")
+        # utc: values with several UTC offsets (a daylight-saving change) are dates too
+        parsed = pd.to_datetime(vals, errors="coerce", format="mixed", utc=True)
     return bool(parsed.notna().mean() >= 0.95 and not vals.str.fullmatch(r"[-+]?\d+(\.\d+)?").all())
 
 
@@ -120,6 +121,36 @@ def _year_like(series) -> bool:
         return False
     arr = v.to_numpy(dtype=np.float64)
     return bool(np.all(arr == np.round(arr)) and arr.min() >= 1678 and arr.max() <= 2261)
+
+
+def _yyyymmdd(series) -> bool:
+    """Whether a numeric column holds dates written as numbers, 20240131 for 31 January 2024: every
+    value a whole number that reads as ``%Y%m%d`` (a step index 20240101, 20240102, ... runs past
+    the month's last day and is not one)."""
+    import pandas as pd
+
+    v = series.dropna()
+    if v.empty or not _is_numeric(series):
+        return False
+    arr = v.to_numpy(dtype=np.float64)
+    if not (np.all(arr == np.round(arr)) and arr.min() >= 16780101 and arr.max() <= 22611231):
+        return False
+    return bool(pd.to_datetime(date_text(v), format="%Y%m%d", errors="coerce").notna().all())
+
+
+def date_text(series):
+    """A time column as text to read dates from: a numeric one as the digits of its whole numbers
+    (20240131.0 -> '20240131'; other numbers as written, so that no date format reads them); text as it is."""
+    import pandas as pd
+
+    if not _is_numeric(series):
+        return series
+    v = pd.to_numeric(series, errors="coerce").astype(np.float64)
+    whole = v.notna() & (v == v.round()) & (v.abs() < 1e15)
+    out = pd.Series(np.nan, index=series.index, dtype=object)
+    out[whole] = v[whole].astype(np.int64).astype(str)
+    out[v.notna() & ~whole] = v[v.notna() & ~whole].astype(str)
+    return out
 
 
 def _check_columns(df, given: dict[str, Sequence[str]]) -> None:
@@ -146,10 +177,19 @@ def infer_layout(
     """Decide the role of every column (see the module docstring) and how the time column is read
     (:func:`infer_time_format`, from ``--time-format``/``--dayfirst``); ``df`` may be a leading sample."""
     layout = _infer_roles(
-        df, time_col=time_col, target_col=target_col, id_col=id_col, known_cols=known_cols, static_cols=static_cols, observed_cols=observed_cols, wide=wide
+        df,
+        time_col=time_col,
+        target_col=target_col,
+        id_col=id_col,
+        known_cols=known_cols,
+        static_cols=static_cols,
+        observed_cols=observed_cols,
+        wide=wide,
+        dates_given=bool(time_format),
     )
     if layout.time_kind == "datetime":
-        layout.time_format, layout.dayfirst, layout.time_zone, note = infer_time_format(df[layout.time_col], layout.time_col, time_format, dayfirst)
+        column = date_text(df[layout.time_col])
+        layout.time_format, layout.dayfirst, layout.time_zone, note = infer_time_format(column, layout.time_col, time_format, dayfirst)
         if note:
             layout.notes.append(note)
     elif time_format or dayfirst is not None:
@@ -168,6 +208,7 @@ def _infer_roles(
     static_cols: Optional[Sequence[str]],
     observed_cols: Optional[Sequence[str]],
     wide: bool,
+    dates_given: bool = False,
 ) -> Layout:
     import pandas as pd
 
@@ -183,7 +224,7 @@ def _infer_roles(
     notes: list[str] = []
     if time_col is None:
         time_col = _infer_time_col(df, notes)
-    time_kind = _time_kind(df, time_col)
+    time_kind = _time_kind(df, time_col, notes, dates_given)
 
     claimed = {c for c in (time_col, target_col, id_col) if c} | set(known_cols or []) | set(static_cols or []) | set(observed_cols or [])
     rest = [c for c in cols if c not in claimed]
@@ -203,6 +244,9 @@ def _infer_roles(
         if not series:
             raise UserError(f"no numeric column to forecast (columns: {list_columns(cols)})")
         return Layout(time_col, time_kind, None, None, True, series, notes=notes)
+    if target_col is None and not numeric_rest:
+        for c in (c for c in text_rest if _norm(c) in TARGET_NAMES):
+            _check_target(df, c)  # a target-named column of text: name the value that is not a number
     if target_col is None:
         target_col = _infer_target_col(numeric_rest, cols, id_col, covariates_given, notes)
         if target_col is None:  # several numeric columns, nothing else: each is a series
@@ -245,11 +289,17 @@ def _infer_time_col(df, notes: list[str]) -> Optional[str]:
     return time_col
 
 
-def _time_kind(df, time_col: Optional[str]) -> str:
-    """How the time column is read: "datetime", "year" (integer years), "numeric" or "row" (none)."""
+def _time_kind(df, time_col: Optional[str], notes: Optional[list[str]] = None, dates_given: bool = False) -> str:
+    """How the time column is read: "datetime", "year" (integer years), "numeric" or "row" (none).
+    Numbers are dates with ``--time-format`` (``dates_given``), or in a column named like a time
+    whose every value reads as ``%Y%m%d`` (20240131)."""
     if time_col is None:
         return "row"
     if _parses_as_time(df[time_col]):
+        return "datetime"
+    if _is_numeric(df[time_col]) and (dates_given or (_norm(time_col) in TIME_NAMES or "date" in _norm(time_col)) and _yyyymmdd(df[time_col])):
+        if not dates_given and notes is not None:
+            notes.append(f"time column '{time_col}' holds dates written as numbers (%Y%m%d): read as dates (--time-format '%Y%m%d')")
         return "datetime"
     if _is_numeric(df[time_col]):
         return "year" if _norm(time_col) in ("year", "yr", "years") and _year_like(df[time_col]) else "numeric"

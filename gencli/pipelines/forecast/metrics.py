@@ -30,6 +30,14 @@ def z_scores(levels: Sequence[float]) -> np.ndarray:
     return np.array([_NORMAL.inv_cdf(float(q)) for q in levels])
 
 
+def level_label(q: float) -> str:
+    """A quantile level as the output names it: short (``0.1``, ``1e-05``), but never the same label
+    for two different levels (``0.10000000001`` is not ``0.1``: a short form that rounds is written in full)."""
+    q = float(q)
+    short = f"{q:g}"
+    return short if float(short) == q else repr(q)
+
+
 def interpolate_quantiles(values: np.ndarray, grid: Sequence[float], requested: Sequence[float]) -> np.ndarray:
     """``values (..., G)`` at ``grid`` levels -> ``(..., R)`` at ``requested`` levels (see module doc)."""
     grid = [float(g) for g in grid]

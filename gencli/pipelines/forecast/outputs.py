@@ -13,6 +13,7 @@ import numpy as np
 from gencli.console import Reporter, csv_line, emit_json, open_output
 from gencli.data.calendar import future_timestamps
 from gencli.pipelines.forecast.forecaster import ForecastResult
+from gencli.pipelines.forecast.metrics import level_label
 from gencli.pipelines.forecast.records import format_time
 from gencli.pipelines.forecast.request import ForecastRequest
 
@@ -20,7 +21,7 @@ MAX_PRINTED_EXPLANATIONS = 20
 
 
 def quantile_name(q: float) -> str:
-    return f"q{q:g}"
+    return f"q{level_label(q)}"
 
 
 def format_value(v: float) -> str:
@@ -146,7 +147,7 @@ def json_record(res: ForecastResult, times: Sequence[str], levels: Sequence[floa
         "history_length": rec.length,
         "imputed": rec.imputed,
         "time": times,
-        "quantiles": {f"{q:g}": [json_number(v) for v in res.quantiles[:, j]] for j, q in enumerate(levels)},
+        "quantiles": {level_label(q): [json_number(v) for v in res.quantiles[:, j]] for j, q in enumerate(levels)},
         "median": [json_number(v) for v in res.grid[:, list(grid).index(0.5)]],
     }
     if res.explain is not None:

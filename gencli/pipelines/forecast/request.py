@@ -18,6 +18,14 @@ from gencli.io import ensure_folder_writable, is_in_place, names_stdout, plan_ou
 # (``-``, a pipe, a device), refused for a regular file
 PLOT_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf", ".jpg": "jpeg", ".jpeg": "jpeg"}
 SAVED_MODEL_FILES = ("config.json", "model.safetensors")  # what --save-model writes into its folder
+MAX_FIT_LR = 1.0  # --fit-lr: AdamW steps every weight by about lr; past 1 it only wrecks the model (past 3.4e38, float32 overflows)
+# -o FILE suffixes that name a format the results are not written in (they are CSV, JSON lines with --json)
+OTHER_FORMATS = {
+    **dict.fromkeys((".parquet", ".pq"), "Parquet"),
+    **dict.fromkeys((".feather", ".arrow"), "Arrow"),
+    **dict.fromkeys((".xlsx", ".xls"), "Excel"),
+    **dict.fromkeys((".tsv", ".tab"), "TSV"),
+}
 NO_MATPLOTLIB = "--plot needs matplotlib: pip install 'gencli[plot]' (or pip install matplotlib)"
 
 
@@ -108,6 +116,8 @@ def check_request(req: ForecastRequest) -> None:
         raise UserError(f"--fit-steps must be 0 or more (got {req.fit_steps})")
     if not (math.isfinite(req.fit_lr) and req.fit_lr > 0):
         raise UserError(f"--fit-lr must be a finite number above 0 (got {req.fit_lr:g})")
+    if req.fit_lr > MAX_FIT_LR:
+        raise UserError(f"--fit-lr must be at most {MAX_FIT_LR:g} (got {req.fit_lr:g}): AdamW moves every weight by about the learning rate a step")
     if req.batch_size < 1:
         raise UserError("--batch-size must be at least 1")
     if req.min_length < 1:
@@ -162,6 +172,7 @@ def check_outputs(req: ForecastRequest) -> None:
         raise UserError(f"--plot: '{req.plot}' should end in .png, .svg, .pdf or .jpg (or be - for a PNG on stdout)")
     if req.plot and importlib.util.find_spec("matplotlib") is None:
         raise UserError(NO_MATPLOTLIB)
+    _check_out_suffix(req)
     _check_stdout(req)
     taken: dict[str, str] = {}
     for option, path in output_files(req):
@@ -170,6 +181,23 @@ def check_outputs(req: ForecastRequest) -> None:
     if req.save_model:
         _check_model_folder(req, taken)
     plan_outputs([path for _, path in output_files(req)], req.force)  # each writable (ensure_writable), and pending
+
+
+def _check_out_suffix(req: ForecastRequest) -> None:
+    """``-o FILE`` holds what the run writes (CSV rows; JSON lines with --json; with --backtest and
+    neither, a text table): a file name that says another format is refused, not filled with the wrong one."""
+    if not req.out or is_in_place(req.out):
+        return
+    suffix = os.path.splitext(req.out)[1].lower()
+    if suffix in OTHER_FORMATS:
+        writes = "JSON lines" if req.json else "CSV" if req.csv or not req.backtest else "a text table"
+        raise UserError(f"-o/--out '{req.out}' names a {OTHER_FORMATS[suffix]} file, but forecast writes {writes} there: name it .csv (or .jsonl with --json)")
+    if suffix in (".json", ".jsonl", ".ndjson") and not req.json:
+        raise UserError(f"-o/--out '{req.out}' names a JSON file: add --json to write JSON lines (or name it .csv)")
+    if suffix == ".csv" and req.json:
+        raise UserError(f"-o/--out '{req.out}' names a CSV file, but --json writes JSON lines: name it .jsonl (or drop --json)")
+    if suffix == ".csv" and req.backtest and not req.csv:
+        raise UserError(f"-o/--out '{req.out}' names a CSV file, but --backtest writes a text table: add --csv for per-series CSV rows (or name it .txt)")
 
 
 def _check_stdout(req: ForecastRequest) -> None:

@@ -18,7 +18,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from gencli.errors import UserError
-from gencli.pipelines.forecast.layout import Layout, to_datetimes
+from gencli.pipelines.forecast.layout import Layout, date_text, to_datetimes
 
 STREAM_BYTES = 32 * 2**20  # CSV files larger than this are streamed when their ids are contiguous
 SAMPLE_ROWS = 20000
@@ -35,6 +35,9 @@ class Table:
     sep: str = ","
     frame: Optional["object"] = None  # the whole DataFrame once read
     size: int = 0
+    raw: Optional[bytes] = None  # stdin's bytes (CSV), to read a column again as text
+    text_cols: tuple = ()  # columns read as text, never as numbers (series ids: '007' is not '7')
+    rows_without_id: int = 0  # rows the last pass over the series skipped: their id was empty
 
     @property
     def streamable(self) -> bool:
@@ -43,7 +46,9 @@ class Table:
     def _read_csv(self, **kw):
         import pandas as pd
 
-        src = self.path
+        src = self.path if self.raw is None else io.BytesIO(self.raw)
+        if self.text_cols and "dtype" not in kw:
+            kw["dtype"] = {c: str for c in self.text_cols}
         try:
             return pd.read_csv(src, sep=self.sep, skipinitialspace=True, **kw)
         except pd.errors.EmptyDataError:
@@ -67,6 +72,28 @@ class Table:
 
     def chunks(self, usecols=None, chunksize: int = 200_000):
         return self._read_csv(usecols=usecols, chunksize=chunksize)
+
+    def keep_as_text(self, column: str) -> None:
+        """Read ``column`` as text from now on (and again in the frame already read, when the CSV
+        reader took it for numbers): series ids '007', '7' and '7.0' stay three series, as written."""
+        import pandas as pd
+
+        if column in self.text_cols:
+            return
+        self.text_cols = (*self.text_cols, column)
+        col = self.frame[column] if self.frame is not None and column in self.frame.columns else None
+        if self.kind == "csv" and col is not None and not (pd.api.types.is_object_dtype(col) or pd.api.types.is_string_dtype(col)):
+            again = self._read_csv(usecols=[column], dtype={column: str})[column]
+            if len(again) == len(col):
+                self.frame[column] = again.to_numpy(dtype=object)
+            else:  # cannot happen (the same parser skips the same lines): read it whole
+                self.frame = self._read_csv()
+        self.release()
+
+    def release(self) -> None:
+        """Drop stdin's bytes once the frame read from them is final."""
+        if self.path is None and self.frame is not None:
+            self.raw = None
 
 
 def _read_parquet(source, name: str):
@@ -92,9 +119,9 @@ def open_table(arg: str) -> Table:
             t = Table("stdin", "parquet")
             t.frame = _read_parquet(io.BytesIO(data), "stdin")
             return t
-        t = Table("stdin", "csv")
+        t = Table("stdin", "csv", sep=_sniff_sep(data[:4096].decode("utf-8", "replace")), raw=data)
         try:
-            t.frame = pd.read_csv(io.BytesIO(data), sep=_sniff_sep(data[:4096].decode("utf-8", "replace")), skipinitialspace=True)
+            t.frame = pd.read_csv(io.BytesIO(data), sep=t.sep, skipinitialspace=True)
         except pd.errors.EmptyDataError:
             raise UserError("stdin is empty") from None
         except (pd.errors.ParserError, UnicodeDecodeError) as exc:
@@ -134,6 +161,8 @@ def iter_groups(table: Table, layout: Layout, warn=None) -> Iterator[tuple[str, 
     column. A large CSV file whose ids come in contiguous blocks is streamed chunk by chunk, so
     memory does not grow with the number of series.
     """
+    if layout.id_col is None:
+        table.release()
     if layout.wide:
         df = prepare_frame(table.read(), layout)
         tcols = [layout.time_col, TIME_PARSED] if layout.time_col else []
@@ -144,14 +173,33 @@ def iter_groups(table: Table, layout: Layout, warn=None) -> Iterator[tuple[str, 
     if layout.id_col is None:
         yield str(layout.target_col), prepare_frame(table.read(), layout)
         return
+    table.keep_as_text(layout.id_col)
     if table.streamable and _ids_contiguous(table, layout.id_col):
+        table.rows_without_id = 0
         yield from _stream_groups(table, layout)
+        _warn_missing_ids(table.rows_without_id, layout.id_col, warn)
         return
     if table.streamable and warn is not None:
         warn(f"the rows of each series are not contiguous in '{table.name}': reading it whole (sort it by {layout.id_col} to stream it)")
-    df = prepare_frame(table.read(), layout)
+    table.rows_without_id = 0
+    df = prepare_frame(_drop_missing_ids(table, table.read(), layout.id_col), layout)
+    _warn_missing_ids(table.rows_without_id, layout.id_col, warn)
     for key, sub in df.groupby(layout.id_col, sort=False, dropna=False):
         yield _key(key), sub
+
+
+def _drop_missing_ids(table: Table, df, id_col: str):
+    """``df`` without its rows that name no series (an empty id), counted in ``table.rows_without_id``."""
+    missing = df[id_col].isna()
+    if not missing.any():
+        return df
+    table.rows_without_id += int(missing.sum())
+    return df[~missing]
+
+
+def _warn_missing_ids(n: int, id_col: str, warn) -> None:
+    if n and warn is not None:
+        warn(f"skipped {n} row{'s' if n > 1 else ''} with no series id in column '{id_col}'")
 
 
 TIME_PARSED = "__time_parsed__"
@@ -186,7 +234,7 @@ def _parse_times(col, layout: Layout):
     """The time column as dates, in the format and offset the layout settled on its first rows;
     offsets that appear only further down (rows without one read first) are one UserError."""
     try:
-        return to_datetimes(col, layout.time_format, layout.dayfirst, utc=layout.time_zone is not None)
+        return to_datetimes(date_text(col), layout.time_format, layout.dayfirst, utc=layout.time_zone is not None)
     except ValueError as exc:
         if "timezone" not in str(exc).lower():
             raise
@@ -239,10 +287,10 @@ def _stream_groups(table: Table, layout: Layout) -> Iterator[tuple[str, object]]
         while tail_start > 0 and ids[tail_start - 1] == last_id:
             tail_start -= 1
         complete, pending = chunk.iloc[:tail_start], chunk.iloc[tail_start:]
-        for key, sub in prepare_frame(complete.copy(), layout).groupby(layout.id_col, sort=False, dropna=False):
+        for key, sub in prepare_frame(_drop_missing_ids(table, complete.copy(), layout.id_col), layout).groupby(layout.id_col, sort=False, dropna=False):
             yield _key(key), sub
     if pending is not None and len(pending):
-        for key, sub in prepare_frame(pending.copy(), layout).groupby(layout.id_col, sort=False, dropna=False):
+        for key, sub in prepare_frame(_drop_missing_ids(table, pending.copy(), layout.id_col), layout).groupby(layout.id_col, sort=False, dropna=False):
             yield _key(key), sub
 
 
