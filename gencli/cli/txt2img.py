@@ -67,6 +67,15 @@ EmbeddingOpt = _opt(
     panel="Common options",
 )  # fmt: skip
 EmbeddingsDirOpt = _opt(Optional[str], "--embeddings-dir", help="Embeddings used by name in the prompt (NAME.safetensors).", panel="Common options")
+_CN = "ControlNet"
+ControlNetOpt = _opt(
+    Optional[str], "--controlnet", help="A ControlNet: a diffusers ControlNetModel folder or an A1111 control_*.safetensors file (with --control-image).",
+    panel=_CN,
+)  # fmt: skip
+ControlImageOpt = _opt(Optional[str], "--control-image", help="The image that guides the ControlNet (edges, depth, pose...; resized to the output).", panel=_CN)
+ControlScaleOpt = _opt(Optional[float], "--control-scale", help="How strongly the ControlNet guides, 0 to 10 (default 1).", panel=_CN)
+ControlStartOpt = _opt(Optional[float], "--control-start", help="The fraction of the steps before the ControlNet starts (default 0).", panel=_CN)
+ControlEndOpt = _opt(Optional[float], "--control-end", help="The fraction of the steps after which it stops (default 1).", panel=_CN)
 PromptArg = Annotated[Optional[str], typer.Argument(metavar="PROMPT", help="The prompt ('' = unconditional); - reads it from stdin.", show_default=False)]
 
 
@@ -96,6 +105,22 @@ class DiffusionOptions:
     timestep_spacing: SpacingOpt = None
     embedding: EmbeddingOpt = None
     embeddings_dir: EmbeddingsDirOpt = None
+    controlnet: ControlNetOpt = None
+    control_image: ControlImageOpt = None
+    control_scale: ControlScaleOpt = None
+    control_start: ControlStartOpt = None
+    control_end: ControlEndOpt = None
+
+    def control(self):
+        """The ControlNet the run asks for (checked; its image read), or None."""
+        from gencli.pipelines.diffusion.controlnet import ControlNetSpec, check_control_flags, read_control_image
+
+        check_control_flags(self.controlnet, self.control_image, self.control_scale, self.control_start, self.control_end)
+        if self.controlnet is None:
+            return None
+        read_control_image(self.control_image)  # an unreadable image: one error line before any model loads
+        scale, start, end = self.control_scale, self.control_start, self.control_end
+        return ControlNetSpec(self.controlnet, self.control_image, 1.0 if scale is None else scale, start or 0.0, 1.0 if end is None else end)
 
     def flags(self, **more: Any) -> dict[str, Any]:
         """The sampling settings a prompt's JSON line may override (``diffusion_jobs.check_job_flags``), plus ``more``."""
@@ -124,6 +149,8 @@ def txt2img(
     gencli txt2img -m ./stable-diffusion-v1-5 "a lighthouse at dusk" --steps 25 --sampler "DPM++ 2M Karras" --width 512 --height 512
 
     gencli txt2img --prompts-file prompts.txt --seed 1 --ray --replicas 4 --out-dir renders/
+
+    gencli txt2img -m ./sd15 "a house by a lake" --controlnet ./control_v11p_sd15_canny.safetensors --control-image edges.png
     """
     _run(opts, prompt, settings, settings.flags(), "txt2img", distributed=distributed)
 
@@ -164,11 +191,14 @@ def replay(
     lora_dir: LoraDirOpt = None,
     embedding: EmbeddingOpt = None,
     embeddings_dir: EmbeddingsDirOpt = None,
+    controlnet: ControlNetOpt = None,
+    control_image: ControlImageOpt = None,
     *,
     opts: RunOptions,
 ) -> None:
     """Make an image again from the settings in its PNG 'parameters' (prompt, seed, steps, sampler, CFG
     scale, size, model). With the same checkpoint on the same machine the PNG is the same, byte for byte.
+    A ControlNet image replays with --controlnet and --control-image (its weight and start/end from the PNG).
 
     The model is the one named in the parameters (an embedded default or a path), or --model; a
     different Model hash is a warning. Example:
@@ -181,9 +211,14 @@ def replay(
 
     ddpm = replay_request(image, model=opts.model, seed=opts.seed, out=out, force=force)
     if ddpm is not None:  # a gencli sample ddpm PNG: its pipeline draws it again
-        _replay_ddpm(opts, ddpm, {"--init-image": init_image, "--mask": mask, "--vae": vae, "--lora": lora, "--embedding": embedding})
+        _replay_ddpm(opts, ddpm, {"--init-image": init_image, "--mask": mask, "--vae": vae, "--lora": lora, "--embedding": embedding,
+                                  "--controlnet": controlnet})  # fmt: skip
         return
-    plan = plan_replay(image, model=opts.model, seed=opts.seed, init_image=init_image, mask=mask, out=out, force=force, vae=vae)
+    from gencli.pipelines.diffusion.controlnet import check_control_flags
+
+    check_control_flags(controlnet, control_image, None, None, None)
+    plan = plan_replay(image, model=opts.model, seed=opts.seed, init_image=init_image, mask=mask, out=out, force=force, vae=vae, controlnet=controlnet,
+                       control_image=control_image)  # fmt: skip
     opts.model, opts.seed = plan.model, None  # the seed is in the settings' --seeds
     extra = plan.params.extra
     settings = DiffusionOptions(
@@ -229,6 +264,7 @@ def _run(
     report = opts.report
     out, force, batch_size = settings.out, settings.force, settings.batch_size
     check_binary_stdout(opts, out)
+    control = settings.control()
     if distributed is not None:
         out = _ray_out(distributed, settings.prompts_file, out)
     plan = plan_run(
@@ -246,7 +282,8 @@ def _run(
     embeddings = run_embeddings(settings.embedding or [], settings.embeddings_dir, prompts, allow_pickle=opts.allow_pickle)
     path = resolve_model(opts.model, DEFAULT_MODEL)
     load_kw = {"vae": settings.vae, "variant": settings.variant, **opts.load_options()}
-    load_kw.update(loras=lora_specs, prompt_weighting=not settings.no_weighting, timestep_spacing=settings.timestep_spacing, embeddings=embeddings)
+    load_kw.update(loras=lora_specs, prompt_weighting=not settings.no_weighting, timestep_spacing=settings.timestep_spacing, embeddings=embeddings,
+                   controlnet=control)  # fmt: skip
     if distributed is not None:
         import functools
 

@@ -527,7 +527,9 @@ class UNet2DConditionModel(nn.Module):
     - ``timestep``: a number, a 0-d tensor, or one timestep per sample ``(B,)``;
     - ``encoder_hidden_states``: the text encoder's states ``(B, L, cross_attention_dim)``;
     - ``added_cond_kwargs`` (SDXL, ``addition_embed_type="text_time"``): ``{"text_embeds": (B,
-      pooled width), "time_ids": (B, n)}`` (SDXL base: n = 6, original size, crop top-left, target size).
+      pooled width), "time_ids": (B, n)}`` (SDXL base: n = 6, original size, crop top-left, target size);
+    - ``down_block_additional_residuals`` / ``mid_block_additional_residual``: a ControlNet's outputs,
+      added to the skip connections and to the middle block's output.
 
     ``sample`` and the conditioning are cast to the model's dtype; the noise prediction ``(B,
     out_channels, H, W)`` comes back in ``sample``'s dtype, in contiguous (NCHW) memory.
@@ -640,6 +642,8 @@ class UNet2DConditionModel(nn.Module):
         timestep: torch.Tensor | float | int,
         encoder_hidden_states: torch.Tensor,
         added_cond_kwargs: Optional[Mapping[str, torch.Tensor]] = None,
+        down_block_additional_residuals: Optional[Sequence[torch.Tensor]] = None,
+        mid_block_additional_residual: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         in_dtype = sample.dtype
         x = sample.to(self.device, self.dtype, memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
@@ -660,6 +664,12 @@ class UNet2DConditionModel(nn.Module):
         if self.mid_block is not None:
             check_interrupt()
             x = self.mid_block(x, emb, context)
+        if down_block_additional_residuals is not None:  # a ControlNet's (gencli.models.unet.controlnet)
+            if len(down_block_additional_residuals) != len(skips):
+                raise ValueError(f"{len(down_block_additional_residuals)} residuals for {len(skips)} skip connections")
+            skips = [s + r.to(s.dtype) for s, r in zip(skips, down_block_additional_residuals)]
+        if mid_block_additional_residual is not None:
+            x = x + mid_block_additional_residual.to(x.dtype)
         for i, block in enumerate(self.up_blocks):
             check_interrupt()
             n = len(block.resnets)

@@ -47,6 +47,7 @@ from gencli.errors import CheckpointError, UserError
 from gencli.io import read_json
 from gencli.models.unet.single_file import UNET_PREFIX, prediction_type_hint, unet_family
 from gencli.models.unet.unet_2d_condition import UNet2DConditionModel
+from gencli.pipelines.diffusion.controlnet import ControlNetSpec, LoadedControlNet, load_controlnet
 from gencli.pipelines.diffusion.lora import AppliedLora, LoraSpec, apply_loras, lora_hashes_text, strip_lora_tags
 from gencli.pipelines.diffusion.png_parameters import ImageParameters, files_hash
 from gencli.pipelines.diffusion.prompt_encoding import PromptEmbeddings, PromptEncoder, prompt_encoder_from_pipeline_folder, prompt_encoder_from_single_file
@@ -104,6 +105,7 @@ class StableDiffusion:
     prompt_weighting: bool = True  # A1111's (word:1.2) syntax (long prompts are chunked either way)
     timestep_spacing: Optional[str] = None  # set over the scheduler config's by --timestep-spacing
     embeddings: list[LoadedEmbedding] = field(default_factory=list)  # textual inversion
+    controlnet: Optional[LoadedControlNet] = None  # with its conditioning image (gencli.pipelines.diffusion.controlnet)
     _hashes: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
@@ -226,9 +228,11 @@ def load_pipeline(
     prompt_weighting: bool = True,
     timestep_spacing: Optional[str] = None,
     embeddings: Sequence[EmbeddingSpec] = (),
+    controlnet: Optional[ControlNetSpec] = None,
 ) -> StableDiffusion:
     """A Stable Diffusion pipeline from a diffusers folder or a single-file checkpoint (see the module
-    doc), with ``loras`` merged into its weights (:mod:`gencli.pipelines.diffusion.lora`)."""
+    doc), with ``loras`` merged into its weights (:mod:`gencli.pipelines.diffusion.lora`) and a
+    ``controlnet`` beside its UNet (:mod:`gencli.pipelines.diffusion.controlnet`)."""
     start = time.perf_counter()
     src = open_source(path, allow_pickle=allow_pickle, variant=variant)
     placement = choose_placement(device, dtype, "transformer", threads)
@@ -271,9 +275,13 @@ def load_pipeline(
         scheduler_config = {**scheduler_config, "timestep_spacing": timestep_spacing}
     applied = apply_loras(unet, encoder, loras, allow_pickle=allow_pickle)
     added = apply_embeddings(encoder, embeddings, allow_pickle=allow_pickle)
+    control = None
+    if controlnet is not None:
+        vae_factor = 2 ** (len(autoencoder.model.config.block_out_channels) - 1)
+        control = load_controlnet(controlnet, unet, placement, vae_factor, variant=variant, allow_pickle=allow_pickle)
     return StableDiffusion(
         unet, autoencoder, encoder, scheduler_config, placement, Path(src.path), layout, weights,
-        generation_config, vae_path, time.perf_counter() - start, applied, prompt_weighting, timestep_spacing, added,
+        generation_config, vae_path, time.perf_counter() - start, applied, prompt_weighting, timestep_spacing, added, control,
     )  # fmt: skip
 
 
@@ -418,7 +426,8 @@ class GeneratedImage:
             vae=pipe.vae_override.stem if pipe.vae_override is not None else "", vae_hash=pipe.vae_hash,
             extra={**({"Mask blur": "0"} if self.inpainted else {}), **lora_parameters(pipe.loras), **({} if pipe.prompt_weighting else {"Emphasis": "None"}),
                    **({"Timestep spacing": pipe.timestep_spacing} if pipe.timestep_spacing else {}),
-                   **({"TI hashes": ti_hashes_text(pipe.embeddings)} if pipe.embeddings else {})},
+                   **({"TI hashes": ti_hashes_text(pipe.embeddings)} if pipe.embeddings else {}),
+                   **(pipe.controlnet.parameters() if pipe.controlnet is not None else {})},
         )  # fmt: skip
 
 
@@ -570,12 +579,19 @@ def generate(
     t0 = time.perf_counter()
     cfg = settings.classifier_free_guidance
     total = len(timesteps)
+    control = pipe.controlnet
+    control_image = control.condition(settings.width, settings.height, batch * (2 if cfg else 1)) if control is not None else None
     for i, t in enumerate(timesteps):
         model_input = scheduler.scale_model_input(torch.cat([latents] * 2) if cfg else latents, t)
+        residuals: dict[str, Any] = {}
+        if control is not None and control.scale_at(i, total) > 0:  # (a scale of 0 adds nothing: the call is skipped)
+            down, mid = control.model(model_input, t, context, control_image, control.scale_at(i, total), added_cond_kwargs=added)
+            residuals = {"down_block_additional_residuals": down, "mid_block_additional_residual": mid}
+            timing.model_calls += 1
         if pipe.is_inpainting:
             extra = torch.cat([mask, masked_latents], dim=1)
             model_input = torch.cat([model_input, torch.cat([extra] * 2) if cfg else extra], dim=1)
-        out = pipe.unet(model_input, t, context, added_cond_kwargs=added)
+        out = pipe.unet(model_input, t, context, added_cond_kwargs=added, **residuals)
         _check_finite(
             out,
             f"the UNet's output is not finite (NaN/Inf) at step {i + 1} in {DTYPE_NAMES.get(pipe.unet.dtype)}: "

@@ -48,12 +48,13 @@ def model_hash_warning(expected: str, path: Any, actual: str) -> Optional[str]:
 
 def plan_replay(
     image: str, *, model: Optional[str], seed: Optional[int], init_image: Optional[str], mask: Optional[str], out: Optional[str], force: bool,
-    vae: Optional[str],
+    vae: Optional[str], controlnet: Optional[str] = None, control_image: Optional[str] = None,
 ) -> Replay:  # fmt: skip
     """Read ``image``'s parameters and check them, and the flags given with them, before any model loads.
 
     ``--seed`` replaces the PNG's seed; ``--model`` its model (which must otherwise be found: an
-    embedded default or a path here)."""
+    embedded default or a path here). A PNG made with a ControlNet replays with it when ``controlnet``
+    and ``control_image`` are given (its weight and guidance start/end from the PNG)."""
     from gencli.pipelines.diffusion.jobs import check_job_flags
     from gencli.weights import resolve_model
 
@@ -77,7 +78,11 @@ def plan_replay(
         raise UserError(f"'{name}' was inpainted: pass its source image with --init-image and its mask with --mask")
     if mask is not None and init_image is None:
         raise UserError("--mask needs --init-image (the image the mask applies to)")
-    unapplied = [key for key in params.extra if key in UNAPPLIED_KEYS and changes_the_image(key, params.extra[key], params.sampler)]
+    control = recorded_control(params.extra) if controlnet is not None else None
+    if controlnet is not None and control is None:
+        raise UserError(f"'{name}' was made without a ControlNet (its parameters have no ControlNet 0): drop --controlnet")
+    applied = {"ControlNet 0"} if control is not None else set()
+    unapplied = [k for k in params.extra if k in UNAPPLIED_KEYS and k not in applied and changes_the_image(k, params.extra[k], params.sampler)]
     if unapplied:
         import warnings
 
@@ -91,6 +96,9 @@ def plan_replay(
         sampler=params.sampler, width=params.width or None, height=params.height or None, seeds=str(chosen), clip_skip=params.clip_skip or None,
         out=replay_out(image, out), force=force, vae=vae,
     )  # fmt: skip
+    if control is not None:
+        settings.update(controlnet=controlnet, control_image=control_image, control_scale=control["scale"], control_start=control["start"],
+                        control_end=control["end"])  # fmt: skip
     flags = {k: settings[k] for k in ("steps", "guidance", "guidance_rescale", "sampler", "width", "height", "clip_skip")}
     flags["strength"] = params.denoising_strength
     try:
@@ -98,6 +106,22 @@ def plan_replay(
     except UserError as exc:
         raise from_the_png(name, exc) from None
     return Replay(params, settings, flags, model, params.model_hash)
+
+
+def recorded_control(extra: dict[str, str]) -> Optional[dict[str, float]]:
+    """The weight and guidance start/end of the ControlNet a PNG records (A1111's ControlNet extension's
+    ``ControlNet 0: "Module: ..., Model: ..., Weight: 1, Guidance Start: 0, Guidance End: 1"``), or None."""
+    text = extra.get("ControlNet 0") or extra.get("ControlNet")
+    if not text:
+        return None
+    fields = {k.strip(): v.strip() for k, _, v in (part.partition(":") for part in text.split(","))}
+    out = {}
+    for key, name, default in (("scale", "Weight", 1.0), ("start", "Guidance Start", 0.0), ("end", "Guidance End", 1.0)):
+        try:
+            out[key] = float(fields.get(name, default))
+        except ValueError:
+            raise UserError(f"the PNG's ControlNet 0 {name} is not a number ({fields[name]!r})") from None
+    return out
 
 
 # A1111 settings that change the image and gencli does not implement: a replay says so
