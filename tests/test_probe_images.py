@@ -91,3 +91,28 @@ def test_replay_reads_the_parameters_of_a_jpeg(tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     assert (tmp_path / "again.png").read_bytes() == (tmp_path / "a.png").read_bytes()
     assert np.array_equal(np.asarray(Image.open(tmp_path / "again.png")), np.asarray(Image.open(tmp_path / "a.png")))
+
+
+def test_webp_and_jpeg_carry_the_parameters_in_exif_user_comment(tmp_path, monkeypatch):
+    # a .webp output held no parameters at all, and a JPEG only a comment: A1111 and the image sites
+    # read JPEG/WebP settings from EXIF's UserComment (UNICODE, UTF-16 big-endian, as piexif writes it)
+    from gencli.pipelines.vision.images import EXIF_IFD, EXIF_USER_COMMENT
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("a.png", "a.webp", "a.jpg"):
+        r = invoke("txt2img", "a red star on a blue background", "--steps", "1", "--seed", "3", "-o", name)
+        assert r.exit_code == 0, r.output
+    png_text = Image.open("a.png").info["parameters"]
+    for name in ("a.webp", "a.jpg"):
+        raw = Image.open(name).getexif().get_ifd(EXIF_IFD)[EXIF_USER_COMMENT]
+        assert raw == b"UNICODE\x00" + png_text.encode("utf-16-be"), name
+    r = invoke("replay", "a.webp", "-o", "again.png")
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "again.png").read_bytes() == (tmp_path / "a.png").read_bytes()
+    # a file whose only parameters are a little-endian UserComment (another writer's) replays too
+    exif = Image.Exif()
+    exif.get_ifd(EXIF_IFD)[EXIF_USER_COMMENT] = b"UNICODE\x00" + png_text.encode("utf-16-le")
+    Image.open("a.png").convert("RGB").save("le.jpg", exif=exif.tobytes())
+    r = invoke("replay", "le.jpg", "-o", "le-again.png")
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "le-again.png").read_bytes() == (tmp_path / "a.png").read_bytes()

@@ -171,12 +171,14 @@ def read_parameters(path: str | Path) -> ImageParameters:
     from PIL import Image, UnidentifiedImageError
 
     from gencli.io import input_name, is_stdout, read_input_bytes
+    from gencli.pipelines.vision.images import read_user_comment
 
     source = io.BytesIO(read_input_bytes(path)) if is_stdout(path) else path
     path = input_name(path)
     try:
         with Image.open(source) as im:
             text = im.info.get(PARAMETERS_KEY) or getattr(im, "text", {}).get(PARAMETERS_KEY) or _comment_parameters(im.info.get("comment"))
+            text = text or _comment_parameters(read_user_comment(im))  # JPEG/WebP: EXIF's UserComment (A1111's place)
     except FileNotFoundError:
         raise UserError(f"'{path}' does not exist") from None
     except (UnidentifiedImageError, OSError) as exc:

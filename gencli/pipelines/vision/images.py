@@ -140,8 +140,8 @@ def image_format(path: str | Path) -> str:
 
 def image_bytes(pixels: Any, path: str | Path, text: Optional[dict[str, str]] = None) -> bytes:
     """uint8 RGB ``pixels (H, W, 3)`` (or a PIL image) encoded in the format ``path`` names
-    (:func:`image_format`), deterministic bytes. ``text`` goes into PNG text chunks, and into the
-    comment of a JPEG or GIF."""
+    (:func:`image_format`), deterministic bytes. ``text`` goes into PNG text chunks, the comment of a
+    JPEG or GIF, and the EXIF UserComment of a JPEG or WebP (where A1111 writes its parameters)."""
     import io
 
     fmt = image_format(path)
@@ -156,11 +156,46 @@ def image_bytes(pixels: Any, path: str | Path, text: Optional[dict[str, str]] = 
         options["pnginfo"] = info
     elif fmt in ("JPEG", "GIF") and text:
         options["comment"] = "\n".join(text.values()).encode()
+    if fmt in ("JPEG", "WEBP") and text:  # A1111 and the image sites read JPEG/WebP settings from EXIF's UserComment
+        options["exif"] = exif_user_comment("\n".join(text.values()))
     if fmt == "JPEG":
         options["quality"] = 95
     buf = io.BytesIO()
     image.save(buf, format=fmt, **options)
     return buf.getvalue()
+
+
+EXIF_USER_COMMENT = 0x9286  # in the Exif IFD (0x8769)
+EXIF_IFD = 0x8769
+
+
+def exif_user_comment(text: str) -> bytes:
+    """EXIF bytes holding ``text`` as the UserComment, in the UNICODE (UTF-16 big-endian) encoding
+    piexif's ``UserComment.dump`` writes (what A1111 stores in JPEG and WebP files)."""
+    exif = Image.Exif()
+    exif.get_ifd(EXIF_IFD)[EXIF_USER_COMMENT] = b"UNICODE\x00" + text.encode("utf-16-be")
+    return exif.tobytes()
+
+
+def read_user_comment(image: Image.Image) -> Optional[str]:
+    """The EXIF UserComment of ``image`` as text (UNICODE in either byte order, ASCII, or undefined
+    UTF-8), or None."""
+    try:
+        raw = image.getexif().get_ifd(EXIF_IFD).get(EXIF_USER_COMMENT)
+    except Exception:  # a malformed EXIF block: as none
+        return None
+    if isinstance(raw, str):
+        return raw or None
+    if not isinstance(raw, bytes) or len(raw) < 8:
+        return None
+    head, body = raw[:8], raw[8:]
+    if head == b"UNICODE\x00":  # big-endian is piexif's; some writers use little-endian: the reading with more ASCII wins
+        readings = [body.decode(enc, errors="replace") for enc in ("utf-16-be", "utf-16-le")]
+        return max(readings, key=lambda t: sum(ch.isascii() for ch in t)) or None
+    try:
+        return body.decode("utf-8").rstrip("\x00") or None
+    except UnicodeDecodeError:
+        return None
 
 
 def write_image(path: str | Path, pixels: Any, text: Optional[dict[str, str]] = None, *, force: bool = False) -> Path:
