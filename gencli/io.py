@@ -15,6 +15,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -468,9 +469,16 @@ def read_stdin_text() -> str:
     return decode_text(read_input_bytes(STDOUT), "stdin")
 
 
-def read_stdin_lines() -> list[str]:
-    """Non-empty, stripped lines from stdin (only ever called when the user passed ``-``)."""
-    return [line.strip() for line in read_stdin_text().splitlines() if line.strip()]
+def read_stdin_lines(*, keep_tabs: bool = False) -> list[str]:
+    """Non-empty, stripped lines from stdin (only ever called when the user passed ``-``); with
+    ``keep_tabs`` a line's leading and trailing tabs stay (they separate fields: ``text<TAB>`` is a
+    text with an empty second field)."""
+    return [strip_line(line, keep_tabs=keep_tabs) for line in read_stdin_text().splitlines() if line.strip()]
+
+
+def strip_line(line: str, *, keep_tabs: bool = False) -> str:
+    """``line`` without its leading and trailing whitespace (but its tabs, with ``keep_tabs``)."""
+    return re.sub(r"^[^\S\t]+|[^\S\t]+$", "", line) if keep_tabs else line.strip()
 
 
 _STDIN_BYTES: list[bytes] = []  # stdin read once, as bytes: every reader of ``-`` in a run sees the same data

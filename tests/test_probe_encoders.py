@@ -81,3 +81,15 @@ def test_similarity_short_texts_do_not_warn(red_png):
 def test_embed_of_texts_with_an_image_classifier_names_embed_images():
     line = one_error_line(invoke("embed", "-m", "vit-shapes", "a red star"), "image classifier", "gencli embed --images")
     assert "gencli classify" in line
+
+
+def test_classify_text_a_line_ending_in_a_tab_has_an_empty_pair(tmp_path):
+    # 'text<TAB>' names a pair that is empty; the shared line stripping took the tab, and the text was
+    # classified alone (stdin and --texts-file alike)
+    (tmp_path / "t.txt").write_text("a good movie\t\n")
+    one_error_line(invoke("classify-text", "--texts-file", tmp_path / "t.txt"), "pair of text 1 is empty")
+    one_error_line(invoke("classify-text", "-", input="a good movie\t\n"), "pair of text 1 is empty")
+    ok = invoke("classify-text", "-", "--json", input="  a good movie\tgreat  \n")
+    assert ok.exit_code == 0, ok.output
+    record = json.loads(ok.stdout.splitlines()[0])
+    assert (record["text"], record["pair"]) == ("a good movie", "great")  # the spaces around the line still go

@@ -63,7 +63,7 @@ def classify_text(
     from gencli.errors import UserError
     from gencli.weights import resolve_model
 
-    text_list, pairs = split_pairs(read_texts(texts, texts_file), pair)
+    text_list, pairs = split_pairs(read_texts(texts, texts_file, keep_tabs=pair is None), pair)
     if top_k is not None and top_k < 1:
         raise UserError("-k must be at least 1")
     from gencli.console import emit_json

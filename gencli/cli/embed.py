@@ -25,10 +25,11 @@ class MatrixFormat(str, enum.Enum):
     jsonl = "jsonl"
 
 
-def read_texts(texts: Optional[list[str]], texts_file: Optional[str]) -> list[str]:
-    """The positional texts (``-`` = one text a line from stdin) and the lines of ``--texts-file``."""
+def read_texts(texts: Optional[list[str]], texts_file: Optional[str], *, keep_tabs: bool = False) -> list[str]:
+    """The positional texts (``-`` = one text a line from stdin) and the lines of ``--texts-file``
+    (stripped; their tabs kept with ``keep_tabs``: classify-text's text/pair separator)."""
     from gencli.errors import UserError
-    from gencli.io import check_text, read_lines, read_stdin_lines
+    from gencli.io import check_text, read_lines, read_stdin_lines, strip_line
 
     out: list[str] = []
     stdin_used = False
@@ -37,13 +38,13 @@ def read_texts(texts: Optional[list[str]], texts_file: Optional[str]) -> list[st
             if stdin_used:
                 raise UserError("stdin ('-') can be read only once")
             stdin_used = True
-            out.extend(read_stdin_lines())
+            out.extend(read_stdin_lines(keep_tabs=keep_tabs))
         else:
             out.append(check_text(t, f"text {i + 1}"))
     if texts_file is not None:
         if texts_file == "-" and stdin_used:
             raise UserError("stdin ('-') can be read only once")
-        out.extend(line.strip() for line in read_lines(texts_file, what="--texts-file")[0] if line.strip())
+        out.extend(strip_line(line, keep_tabs=keep_tabs) for line in read_lines(texts_file, what="--texts-file")[0] if line.strip())
     if not out:
         raise UserError("no text given: pass texts as arguments, '-' for one text a line on stdin, or --texts-file")
     return out
