@@ -230,18 +230,24 @@ def free_memory_bytes(device: torch.device) -> Optional[int]:
     return None
 
 
-def check_cache_room(sm: Seq2SeqModel, rows: int, max_new_tokens: int) -> None:
+def check_cache_room(sm: Seq2SeqModel, rows: int, max_new_tokens: int, source_len: int = 0, per_input: int = 1) -> None:
     """The decoder's self-attention cache is allocated for the whole budget at once (T5 has no position
-    limit to bound it): a budget whose cache the device cannot hold is one error line, not an internal
-    error (a size past int64) or the process killed for memory."""
+    limit to bound it), and each of the ``rows`` sequences (``per_input`` a source: beams or sampled copies)
+    holds the encoder's output and its cross-attention keys and values for ``source_len`` positions: what
+    the device cannot hold is one error line, not an internal error (a size past int64) or the process
+    killed for memory."""
     model = sm.model
     ref = model.decoder_embeddings().weight
-    need = 2 * model.num_decoder_layers * rows * model.num_heads * model.head_dim * ref.element_size() * (max_new_tokens + 1)
+    per_position = 2 * model.num_decoder_layers * rows * model.num_heads * model.head_dim * ref.element_size()
+    need = per_position * (max_new_tokens + 1)
+    need += per_position * source_len + rows * source_len * ref.shape[1] * ref.element_size()  # the cross-attention keys/values, the encoder's output
+    need += 4 * rows * ref.shape[0] * 4  # a step's fp32 scores and their copies
     free = free_memory_bytes(ref.device)
     if free is not None and need > free:
+        also = " (or --num-beams / --num-return-sequences)" if per_input > 1 else ""
         raise UserError(
             f"a budget of {max_new_tokens} new tokens (--max-new-tokens) needs {need / 2**30:.3g} GiB for the decoder's cache of {rows} "
-            f"sequence(s), more than the {free / 2**30:.3g} GiB free: lower it"
+            f"sequence(s), more than the {free / 2**30:.3g} GiB free: lower it{also}"
         )
 
 
@@ -259,8 +265,9 @@ def generate(
     model, device = sm.model, sm.placement.device
     # sampled outputs of one input: that many rows of it (as transformers expands the batch)
     copies = settings.num_return_sequences if settings.num_beams == 1 else 1
+    per_input = copies * settings.num_beams
+    check_cache_room(sm, len(inputs) * per_input, settings.max_new_tokens, max(len(ids) for _, ids in inputs), per_input)
     inputs = [x for x in inputs for _ in range(copies)]
-    check_cache_room(sm, len(inputs) * settings.num_beams, settings.max_new_tokens)
     src = _Source.build(inputs, sm.pad_id, device)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     t0 = time.perf_counter()

@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from gencli.errors import UserError
 from gencli.pipelines.text.beam_search import ban_ngrams, beam_search
 from gencli.pipelines.text.generate import Completion, GenerationSettings, PromptBatch, timing_of
 from gencli.pipelines.text.loading import TextModel
@@ -34,6 +35,7 @@ def generate_beams(
     b, k = len(prompts), settings.num_beams
     budgets = [min(settings.max_new_tokens, tm.context_length - len(ids)) for _, ids in prompts]
     longest = max(len(ids) for _, ids in prompts)
+    check_room(tm, b, k, longest + max(budgets), "--num-beams", copied=longest)
     batch = PromptBatch.build(prompts, tm.pad_id, longest + max(budgets), device)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
 
@@ -99,4 +101,25 @@ def generate_beams(
     return completions
 
 
-__all__ = ["generate_beams"]
+def check_room(tm: TextModel, prompts: int, per_prompt: int, positions: int, flag: str, copied: int = 0) -> None:
+    """``prompts x per_prompt`` sequences (beams, or sampled copies of each prompt) of up to ``positions``
+    positions: their KV cache (and a copy of its first ``copied`` positions: the prompts' cache given to the
+    beams) and their scores must fit the device's free memory, else one error line naming ``flag`` (not an
+    internal error for a size past int64, nor the process killed for memory)."""
+    from gencli.pipelines.seq2seq.generate import free_memory_bytes
+
+    model = tm.model
+    rows = prompts * per_prompt  # (Python ints: no overflow)
+    ref = model.get_input_embeddings().weight
+    cache = 2 * model.num_layers * rows * model.num_kv_heads * model.head_dim * (positions + copied) * ref.element_size()
+    scores = 6 * rows * model.vocab_size * 4 + 6 * rows * positions * 8  # the step's fp32 scores and copies, beam search's rows of tokens
+    need = cache + scores
+    free = free_memory_bytes(ref.device)
+    if free is not None and need > free:
+        raise UserError(
+            f"{flag} {per_prompt} makes {rows} sequence(s) of {prompts} prompt(s) of up to {positions} positions, which need {need / 2**30:.3g} GiB "
+            f"(KV cache and scores), more than the {free / 2**30:.3g} GiB free: lower {flag}, --max-new-tokens or --batch-size"
+        )
+
+
+__all__ = ["check_room", "generate_beams"]

@@ -353,6 +353,11 @@ def generate(
         return generate_beams(tm, prompts, settings, generator)
     copies = settings.num_return_sequences  # sampled completions of one prompt: that many rows of it
     if copies > 1:
+        from gencli.pipelines.text.beam_generate import check_room
+
+        longest = max(len(ids) for _, ids in prompts)
+        check_room(tm, len(prompts), copies, longest + min(settings.max_new_tokens, tm.context_length - min(len(ids) for _, ids in prompts)),
+                   "--num-return-sequences")  # fmt: skip
         completions = generate(tm, [p for p in prompts for _ in range(copies)], _one_each(settings), on_text=on_text, generator=generator, on_info=on_info)
         for i, c in enumerate(completions):
             c.index = i % copies

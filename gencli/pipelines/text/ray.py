@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from gencli.console import Reporter, open_output
+from gencli.errors import UserError
 from gencli.pipelines.distributed.replica_warnings import ForwardedWarnings, ReplicaReporter
 from gencli.pipelines.distributed.runtime import RayOptions, check_options, prepare_out_dir, ray_runtime, ray_task_errors, shard_name
 
@@ -42,9 +43,14 @@ class TextReplica:
         from gencli.pipelines.text.generate import resolve_settings
 
         self.report = ReplicaReporter(json=json_lines)
-        with self.report.collecting():
-            self.tm = load()
-            self.settings = resolve_settings(self.tm.generation_config, **settings, warn=self.report.warn)
+        self.error = ""  # a UserError here or in a batch goes back in the batch's row (Ray drops the exception's cause)
+        try:
+            with self.report.collecting():
+                self.tm = load()
+                self.settings = resolve_settings(self.tm.generation_config, **settings, warn=self.report.warn)
+        except UserError as exc:
+            self.error = str(exc)
+            return
         self.seed = seed if not self.settings.sampling.greedy else None
         self.chat, self.system, self.out_dir = chat, system, out_dir
         self.echo, self.many, self.write = echo, many, write
@@ -56,16 +62,23 @@ class TextReplica:
 
         rows = []
         for index, prompts_json in zip(frame["batch"].tolist(), frame["prompts"].tolist()):
-            with self.report.collecting():
-                encoded = [(p, encode_prompt(self.tm, p, chat=self.chat, system=self.system)) for p in json.loads(prompts_json)]
-                completions = generate(self.tm, encoded, self.settings, generator=batch_generator(self.seed, index))
-                if self.out_dir is not None:
-                    suffix = ".jsonl" if self.report.json else ".txt"
-                    with open_output(str(Path(self.out_dir) / shard_name((index,), suffix)), True) as fh:
-                        batch = (completions, str(self.tm.path), self.tm.context_length, self.seed)
-                        self.write([batch], self.report, fh, echo=self.echo, many=self.many)
+            if self.error:
+                rows.append({"batch": index, "completions": b"", "warnings": self.report.take(), "error": self.error, "model": "", "context": 0, "seed": -1})
+                continue
+            try:
+                with self.report.collecting():
+                    encoded = [(p, encode_prompt(self.tm, p, chat=self.chat, system=self.system)) for p in json.loads(prompts_json)]
+                    completions = generate(self.tm, encoded, self.settings, generator=batch_generator(self.seed, index))
+                    if self.out_dir is not None:
+                        suffix = ".jsonl" if self.report.json else ".txt"
+                        with open_output(str(Path(self.out_dir) / shard_name((index,), suffix)), True) as fh:
+                            batch = (completions, str(self.tm.path), self.tm.context_length, self.seed)
+                            self.write([batch], self.report, fh, echo=self.echo, many=self.many)
+            except UserError as exc:
+                rows.append({"batch": index, "completions": b"", "warnings": self.report.take(), "error": str(exc), "model": "", "context": 0, "seed": -1})
+                continue
             model = {"model": str(self.tm.path), "context": self.tm.context_length, "seed": -1 if self.seed is None else self.seed}
-            rows.append({"batch": index, "completions": pickle.dumps(completions), "warnings": self.report.take(), **model})
+            rows.append({"batch": index, "completions": pickle.dumps(completions), "warnings": self.report.take(), "error": "", **model})
         return pd.DataFrame(rows)
 
 
@@ -105,6 +118,8 @@ def generate_prompts(
         forward = ForwardedWarnings(report)
         for row in ds.iter_rows():  # in prompt order (the runtime preserves it)
             forward(row["warnings"])
+            if row["error"]:
+                raise UserError(row["error"])
             seed = int(row["seed"])
             yield pickle.loads(row["completions"]), row["model"], int(row["context"]), None if seed < 0 else seed
 
