@@ -178,3 +178,15 @@ def test_cli_refuses_what_cannot_hold(checkpoints):
     one_error_line(run_cli("generate", "-m", folder, "x", "--length-penalty", "0.5", "--temperature", "0"), "--length-penalty", "--num-beams")
     one_error_line(run_cli("generate", "-m", folder, "x", "--num-beams", "0"), "--num-beams")
     one_error_line(run_cli("generate", "-m", folder, "x", "--no-repeat-ngram-size", "-1"), "--no-repeat-ngram-size")
+
+
+def test_a_generation_configs_returns_are_named_as_its_own():
+    from gencli.errors import UserError
+    from gencli.pipelines.text.generate import resolve_settings
+
+    with pytest.raises(UserError, match=r"generation_config.json's num_return_sequences \(2\) needs sampling.*--num-return-sequences 1"):
+        resolve_settings({"num_return_sequences": 2})
+    with pytest.raises(UserError, match=r"^--num-return-sequences \(2\) needs sampling"):
+        resolve_settings({}, num_return_sequences=2)
+    with pytest.raises(UserError, match=r"generation_config.json's num_return_sequences \(5\) is more than the 3 beam"):
+        resolve_settings({"num_beams": 3, "num_return_sequences": 5})

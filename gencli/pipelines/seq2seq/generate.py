@@ -110,7 +110,7 @@ def resolve_settings(
     returns = int(_first(num_return_sequences, gen_cfg.get("num_return_sequences"), 1))
     if beams < 1:
         raise UserError(f"the generation config's num_beams must be at least 1 (got {beams})")
-    check_returns(beams, returns, base.sampling.greedy)
+    check_returns(beams, returns, base.sampling.greedy, returns_from_config=num_return_sequences is None)
     min_new = int(_first(min_new_tokens, gen_cfg.get("min_new_tokens"), 0))
     if min_new_tokens is None and gen_cfg.get("min_length"):
         min_new = max(min_new, int(gen_cfg["min_length"]) - 1)

@@ -87,15 +87,17 @@ def check_decoding_flags(*, stop: Optional[Sequence[str]] = None, **values: Opti
     check_min_new_tokens(values.get("min_new_tokens"), values.get("max_new_tokens"))
 
 
-def check_returns(beams: int, returns: int, greedy: bool) -> None:
+def check_returns(beams: int, returns: int, greedy: bool, returns_from_config: bool = False) -> None:
     """Several outputs an input come from beam search (at most one a beam) or from sampling (as many as
-    asked); greedy decoding has one."""
+    asked); greedy decoding has one. ``returns_from_config``: the number came from the checkpoint's
+    generation config, not the flag (the message says so)."""
+    what = f"generation_config.json's num_return_sequences ({returns})" if returns_from_config else f"--num-return-sequences ({returns})"
     if beams > 1 and returns > beams:
-        raise UserError(f"--num-return-sequences ({returns}) is more than the {beams} beam(s): at most one sequence per beam (raise --num-beams)")
+        raise UserError(f"{what} is more than the {beams} beam(s): at most one sequence per beam (raise --num-beams)")
     if beams == 1 and returns > 1 and greedy:
         raise UserError(
-            f"--num-return-sequences {returns} needs sampling (--temperature above 0) or beam search (--num-beams {returns} or more): "
-            "greedy decoding gives one output"
+            f"{what} needs sampling (--temperature above 0) or beam search (--num-beams {returns} or more): greedy decoding gives one output"
+            + (" (or give --num-return-sequences 1)" if returns_from_config else "")
         )
 
 

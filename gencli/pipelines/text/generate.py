@@ -157,7 +157,7 @@ def resolve_settings(
     settings = GenerationSettings(max_new_tokens, sampling, [s for s in stop if s], ignore_eos, seed)
     settings.num_beams = int(_configured(num_beams, gen_cfg, "num_beams", 1))
     settings.num_return_sequences = int(_configured(num_return_sequences, gen_cfg, "num_return_sequences", 1))
-    check_returns(settings.num_beams, settings.num_return_sequences, sampling.greedy)
+    check_returns(settings.num_beams, settings.num_return_sequences, sampling.greedy, returns_from_config=num_return_sequences is None)
     if settings.num_beams > 1 and settings.stop:
         raise UserError("--stop ends greedy or sampled text as it streams; beam search chooses whole sequences at the end: drop --stop or use --num-beams 1")
     beam_only = [name for name, flag in (("--length-penalty", length_penalty), ("--early-stopping", early_stopping)) if flag is not None]
