@@ -302,9 +302,12 @@ def _run(
     for line in lora_hash_warnings(loras[1].get("Lora hashes", ""), pipe.loras) if loras is not None else []:
         report.warn(line)
     report.debug(f"loaded in {pipe.load_seconds:.2f}s")
-    from gencli.pipelines.diffusion.replay import model_hash_warning
+    from gencli.pipelines.diffusion.replay import control_hash_warning, model_hash_warning
 
     warning = model_hash_warning(expect_hash, path, pipe.model_hash)
+    if warning:
+        report.warn(warning)
+    warning = control_hash_warning(loras[1], pipe.controlnet) if loras is not None else None  # a replay: the PNG's ControlNet hash
     if warning:
         report.warn(warning)
     _generate(opts, pipe, jobs, batch_size, plan.init, plan.mask, force)

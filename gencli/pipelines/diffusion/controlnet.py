@@ -116,6 +116,26 @@ class LoadedControlNet:
         keep = not (step / steps < self.start or (step + 1) / steps > self.end)
         return self.scale if keep else 0.0
 
+    def residuals(self, model_input: torch.Tensor, t: Any, context: torch.Tensor, image: torch.Tensor, added: Optional[dict[str, torch.Tensor]],
+                  step: int, steps: int, cfg: bool) -> dict[str, Any]:  # fmt: skip
+        """The UNet's ``down_block_additional_residuals`` / ``mid_block_additional_residual`` keywords for
+        step ``step`` of ``steps`` (none outside [start, end] or at scale 0: the ControlNet is not run).
+        A ``global_pool_conditions`` ControlNet (shuffle) under classifier-free guidance runs on the
+        conditional half only and the unconditional half gets zeros (diffusers' guess mode, A1111's)."""
+        scale = self.scale_at(step, steps)
+        if scale <= 0:
+            return {}
+        pooled = cfg and self.model.control_config.global_pool_conditions
+        if pooled:
+            half = model_input.shape[0] // 2
+            model_input, context, image = model_input[half:], context[half:], image[half:]
+            added = {k: v[half:] for k, v in added.items()} if added is not None else None
+        down, mid = self.model(model_input, t, context, image, scale, added_cond_kwargs=added)
+        if pooled:
+            down = [torch.cat([torch.zeros_like(d), d]) for d in down]
+            mid = torch.cat([torch.zeros_like(mid), mid])
+        return {"down_block_additional_residuals": down, "mid_block_additional_residual": mid}
+
     def parameters(self) -> dict[str, str]:
         """A1111's ControlNet extension's key (the image itself is not stored; replay names it unapplied)."""
         return {"ControlNet 0": f"Module: none, Model: {self.name} [{self.hash}], Weight: {self.scale:g}, Guidance Start: {self.start:g}, "
@@ -133,6 +153,14 @@ def resolve_controlnet(name: str) -> Path:
     if re.fullmatch(r"[A-Za-z0-9_.-]+", name) and (embedded / "config.json").is_file():
         return embedded
     raise UserError(f"--controlnet '{name}' does not exist (neither a path nor an embedded ControlNet)")
+
+
+def _open(path: Path, *, allow_pickle: bool, variant: Optional[str]) -> Any:
+    # --variant is the pipeline's: a ControlNet folder without that variant loads its default weights (as a pipeline's components do)
+    src = open_source(path, allow_pickle=allow_pickle, variant=variant if path.is_dir() else None, variant_fallback=True)
+    if src.kind == "diffusers-pipeline":
+        raise UserError(f"--controlnet '{path}' is a diffusers pipeline, not a ControlNet (a ControlNetModel folder or a control_*.safetensors file)")
+    return src
 
 
 def _hint_layout(shapes: dict[str, tuple[int, ...]]) -> tuple[str, list[int], int, tuple[int, ...]]:
@@ -158,6 +186,24 @@ def _single_file_keymap(config: dict[str, Any], prefix: str, hint: list[int]) ->
     return KeyMap(rules, "original ControlNet") + original_unet_keymap(config, prefix="")
 
 
+def _check_single_file_fit(shapes: dict[str, tuple[int, ...]], prefix: str, unet: UNet2DConditionModel, where: Any) -> None:
+    """An original-layout file takes the UNet's architecture: one made for another base (an SDXL file beside
+    an SD 1.x UNet) is told as such, before its tensors fail to fit one by one."""
+    base = unet.config
+    first = shapes.get(prefix + "input_blocks.0.0.weight")
+    context = next((v[1] for k, v in shapes.items() if k.startswith(prefix + "input_blocks.") and k.endswith("attn2.to_k.weight") and len(v) == 2), None)
+    for what, mine, theirs in (
+        ("first block width", first[0] if first is not None and len(first) == 4 else None, base.block_out_channels[0]),
+        ("text-embedding width (cross_attention_dim)", context, base.context_dim),
+        ("added embeddings (SDXL, label_emb)", "text_time" if any(k.startswith(prefix + "label_emb.") for k in shapes) else None,
+         base.addition_embed_type if base.addition_embed_type == "text_time" else None),
+    ):  # fmt: skip
+        if mine is not None or what.startswith("added"):
+            if mine != theirs:
+                raise UserError(f"the ControlNet '{where}' was made for another base model: its {what} {mine} differ from this UNet's {theirs} "
+                                "(an SD 1.x ControlNet needs an SD 1.x model, an SDXL one SDXL)")  # fmt: skip
+
+
 def _build(config: dict[str, Any], origin: Any) -> ControlNetConfig:
     try:
         return ControlNetConfig.from_dict(config)
@@ -181,6 +227,8 @@ def _check_fit(control: ControlNetConfig, unet: UNet2DConditionModel, vae_factor
         if same(a) != same(b):
             raise UserError(f"the ControlNet '{where}' was made for another base model: its {what} {a} differ from this UNet's {b} "
                             "(an SD 1.x ControlNet needs an SD 1.x model, an SDXL one SDXL)")  # fmt: skip
+    if mine.in_channels != base.out_channels:  # it reads the noisy latents alone, also beside an inpainting UNet
+        raise UserError(f"the ControlNet '{where}' reads {mine.in_channels} latent channels, this model's latents have {base.out_channels}: they do not fit")
     factor = 2 ** (len(control.conditioning_embedding_out_channels) - 1)
     if factor != vae_factor:
         raise UserError(f"the ControlNet '{where}' reads its image at 1/{factor} of the size, this model's latents are 1/{vae_factor}: they do not fit")
@@ -193,7 +241,7 @@ def load_controlnet(
     ``placement``, with its conditioning image."""
     image = read_control_image(spec.image)
     path = resolve_controlnet(spec.path)
-    src = open_source(path, allow_pickle=allow_pickle, variant=variant if path.is_dir() else None)
+    src = _open(path, allow_pickle=allow_pickle, variant=variant)
     with TensorReader(src, allow_pickle=allow_pickle) as reader:
         shapes = {k: tuple(reader.shape(k)) for k in reader.keys()}
         if "controlnet_cond_embedding.conv_in.weight" in shapes:  # diffusers' own layout (config.json beside it)
@@ -206,7 +254,10 @@ def load_controlnet(
                 prefix, hint, channels, widths = _hint_layout(shapes)
             except CheckpointError as exc:
                 raise CheckpointError(f"'{path}' is not a ControlNet: {exc}") from None
-            config = {**unet.config.to_dict(), "conditioning_channels": channels, "conditioning_embedding_out_channels": list(widths)}
+            _check_single_file_fit(shapes, prefix, unet, path)
+            first = shapes.get(prefix + "input_blocks.0.0.weight")  # the latents it reads (4, also beside an inpainting UNet's 9)
+            config = {**unet.config.to_dict(), "conditioning_channels": channels, "conditioning_embedding_out_channels": list(widths),
+                      "in_channels": int(first[1]) if first is not None and len(first) == 4 else unet.config.out_channels}  # fmt: skip
             keymap = _single_file_keymap(config, prefix, hint)
         cfg = _build(config, path)
         _check_fit(cfg, unet, vae_factor, path)
@@ -216,4 +267,7 @@ def load_controlnet(
     return LoadedControlNet(model.eval(), path, list(src.weight_files), image, spec.scale, spec.start, spec.end)
 
 
-__all__ = ["ControlNetSpec", "LoadedControlNet", "MAX_CONTROL_SCALE", "check_control_flags", "load_controlnet", "read_control_image", "resolve_controlnet"]
+__all__ = [
+    "ControlNetSpec", "LoadedControlNet", "MAX_CONTROL_SCALE", "check_control_flags", "load_controlnet", "read_control_image",
+    "resolve_controlnet",
+]  # fmt: skip

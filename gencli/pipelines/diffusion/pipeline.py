@@ -583,10 +583,8 @@ def generate(
     control_image = control.condition(settings.width, settings.height, batch * (2 if cfg else 1)) if control is not None else None
     for i, t in enumerate(timesteps):
         model_input = scheduler.scale_model_input(torch.cat([latents] * 2) if cfg else latents, t)
-        residuals: dict[str, Any] = {}
-        if control is not None and control.scale_at(i, total) > 0:  # (a scale of 0 adds nothing: the call is skipped)
-            down, mid = control.model(model_input, t, context, control_image, control.scale_at(i, total), added_cond_kwargs=added)
-            residuals = {"down_block_additional_residuals": down, "mid_block_additional_residual": mid}
+        residuals = control.residuals(model_input, t, context, control_image, added, i, total, cfg) if control is not None else {}
+        if residuals:  # (a scale of 0 adds nothing: the call is skipped)
             timing.model_calls += 1
         if pipe.is_inpainting:
             extra = torch.cat([mask, masked_latents], dim=1)

@@ -81,8 +81,11 @@ def plan_replay(
     control = recorded_control(params.extra) if controlnet is not None else None
     if controlnet is not None and control is None:
         raise UserError(f"'{name}' was made without a ControlNet (its parameters have no ControlNet 0): drop --controlnet")
-    applied = {"ControlNet 0"} if control is not None else set()
-    unapplied = [k for k in params.extra if k in UNAPPLIED_KEYS and k not in applied and changes_the_image(k, params.extra[k], params.sampler)]
+    applied = {"ControlNet 0" if "ControlNet 0" in params.extra else "ControlNet"} if control is not None else set()
+    unapplied = [k for k in params.extra if (k in UNAPPLIED_KEYS or re.fullmatch(r"ControlNet \d+", k)) and k not in applied
+                 and changes_the_image(k, params.extra[k], params.sampler)]  # fmt: skip
+    if control is not None:
+        _check_recorded_control(name, control, controlnet, control_image)
     if unapplied:
         import warnings
 
@@ -108,7 +111,7 @@ def plan_replay(
     return Replay(params, settings, flags, model, params.model_hash)
 
 
-def recorded_control(extra: dict[str, str]) -> Optional[dict[str, float]]:
+def recorded_control(extra: dict[str, str]) -> Optional[dict[str, Any]]:
     """The weight and guidance start/end of the ControlNet a PNG records (A1111's ControlNet extension's
     ``ControlNet 0: "Module: ..., Model: ..., Weight: 1, Guidance Start: 0, Guidance End: 1"``), or None."""
     text = extra.get("ControlNet 0") or extra.get("ControlNet")
@@ -121,7 +124,40 @@ def recorded_control(extra: dict[str, str]) -> Optional[dict[str, float]]:
             out[key] = float(fields.get(name, default))
         except ValueError:
             raise UserError(f"the PNG's ControlNet 0 {name} is not a number ({fields[name]!r})") from None
+    m = re.search(r"\[([0-9a-fA-F]{8,})\]\s*$", fields.get("Model", ""))
+    out.update(hash=m.group(1).lower() if m else "", mode=fields.get("Control Mode", ""))  # type: ignore[dict-item]
     return out
+
+
+def _check_recorded_control(name: str, control: dict[str, Any], controlnet: Optional[str], control_image: Optional[str]) -> None:
+    """The PNG's ControlNet weight, start and end in range (an error naming the PNG's key, not a flag), and
+    a warning where it records an A1111 setting gencli does not apply (a Control Mode other than Balanced)."""
+    import warnings
+
+    from gencli.errors import Notice
+    from gencli.pipelines.diffusion.controlnet import check_control_flags
+
+    try:
+        check_control_flags("-", "-", control["scale"], control["start"], control["end"])
+    except UserError as exc:
+        message = str(exc)
+        for flag, key in (("--control-scale", "Weight"), ("--control-start", "Guidance Start"), ("--control-end", "Guidance End")):
+            message = message.replace(flag, f"the PNG's ControlNet 0 {key}")
+        raise UserError(f"'{name}': {message} (the value comes from the image's parameters, not from a flag)") from None
+    mode = control.get("mode") or ""
+    if mode and mode.lower() != "balanced":
+        warnings.warn(f"'{name}' records ControlNet Control Mode '{mode}', which gencli does not apply (it draws Balanced): the replay will differ",
+                      Notice, stacklevel=3)  # fmt: skip
+
+
+def control_hash_warning(extra: dict[str, str], control: Any) -> Optional[str]:
+    """The warning a replay gives when the loaded ControlNet's hash is not the one the PNG records (None
+    when they agree, or when the PNG records none or no ControlNet was loaded)."""
+    recorded = recorded_control(extra) if control is not None else None
+    expected = recorded.get("hash") if recorded else ""
+    if not expected or expected == control.hash:
+        return None
+    return f"the image was made with ControlNet hash {expected}, '{control.path}' has {control.hash}: the image will differ"
 
 
 # A1111 settings that change the image and gencli does not implement: a replay says so
@@ -159,4 +195,4 @@ def from_the_png(name: str, exc: UserError) -> UserError:
     return UserError(f"'{name}': {message} (the value comes from the image's parameters, not from a flag)")
 
 
-__all__ = ["model_hash_warning", "Replay", "plan_replay", "from_the_png", "PNG_KEYS"]
+__all__ = ["control_hash_warning", "model_hash_warning", "Replay", "plan_replay", "from_the_png", "PNG_KEYS"]
