@@ -25,10 +25,12 @@ The recipe (Zhang et al. 2023, as diffusers' ``train_controlnet.py``):
     python scripts/train_controlnet.py --out runs/controlnet-shapes --threads 2 --time-budget 2400
     python scripts/train_controlnet.py --out runs/controlnet-shapes --export weights/controlnet-shapes
     python scripts/train_controlnet.py --out runs/controlnet-shapes --evaluate 200
+    python scripts/train_controlnet.py --grid docs/txt2img-controlnet-grid.png
 
 ``--evaluate N`` draws N held-out single-object prompts (test split; colour, shape and background named,
 never size or position) with and without the ControlNet and measures how well the drawn object covers
-the outline's shape (intersection over union of the object's pixels and the scene's mask).
+the outline's shape (intersection over union of the object's pixels and the scene's mask; the distance
+of their centres), and whether the prompt's colour and background are still drawn.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gencli.backend.device import Placement  # noqa: E402
 from gencli.data import shapes  # noqa: E402
-from gencli.data.shapes_txt2img import _interior, object_mask, train_caption, training_scenes  # noqa: E402
+from gencli.data.shapes_txt2img import judge_image, object_mask, outline, train_caption, training_scenes  # noqa: E402
 from gencli.io import atomic_path  # noqa: E402
 from gencli.models.unet.controlnet import ControlNetModel  # noqa: E402
 from gencli.pipelines.diffusion.prompt_encoding import load_prompt_encoder  # noqa: E402
@@ -58,18 +60,6 @@ from scripts.train_lora import encode_scenes, load_unet  # noqa: E402
 from scripts.train_txt2img import CaptionCache, min_snr_weights  # noqa: E402
 
 CONDITIONING_WIDTHS = [16, 32, 64]  # two stride-2 steps: the latents are 1/4 of the image
-
-
-def outline(scene: shapes.Scene, side: int = 64) -> np.ndarray:
-    """``(side, side)`` uint8: 255 on the outlines of the scene's objects (two pixels wide), 0 elsewhere."""
-    inside = shapes.render_mask(scene, side) > 0
-    edge = inside & ~_interior(inside)
-    grown = edge.copy()  # one pixel more, inwards and outwards
-    grown[1:] |= edge[:-1]
-    grown[:-1] |= edge[1:]
-    grown[:, 1:] |= edge[:, :-1]
-    grown[:, :-1] |= edge[:, 1:]
-    return (grown * 255).astype(np.uint8)
 
 
 def control_tensor(maps: torch.Tensor) -> torch.Tensor:
@@ -144,7 +134,7 @@ def evaluate_drawings(folder: Path, base: Path, n: int, threads: int) -> dict:
     result: dict = {"prompts": n}
     with tempfile.TemporaryDirectory() as tmp:
         for name in ("without", "with"):
-            ious, centre = [], []
+            ious, centre, colour, background = [], [], [], []
             plain = load_pipeline(base, device="cpu", dtype="float32")
             for i, scene in enumerate(scenes):
                 obj = scene.objects[0]
@@ -159,14 +149,49 @@ def evaluate_drawings(folder: Path, base: Path, n: int, threads: int) -> dict:
                 drawn, _ = object_mask(image)
                 truth = shapes.render_mask(scene, 64) > 0
                 ious.append(float((drawn & truth).sum() / max(1, (drawn | truth).sum())))
+                judged = judge_image(image, obj.shape)
+                colour.append(judged["colour"] == obj.colour)
+                background.append(judged["background"] == scene.background)
                 ys, xs = np.nonzero(drawn)
                 ty, tx = np.nonzero(truth)
                 centre.append(float(np.hypot(ys.mean() - ty.mean(), xs.mean() - tx.mean())) if len(ys) else 64.0)
                 pipe.controlnet = None
             result[name] = {"mean_iou": round(float(np.mean(ious)), 4), "iou_above_0.5": round(float(np.mean(np.array(ious) > 0.5)), 4),
-                            "median_centre_error_px": round(float(np.median(centre)), 2)}  # fmt: skip
+                            "median_centre_error_px": round(float(np.median(centre)), 2), "colour": round(float(np.mean(colour)), 4),
+                            "background": round(float(np.mean(background)), 4)}  # fmt: skip
             print(name, json.dumps(result[name]), flush=True)
     return result
+
+
+def write_grid(folder: Path, base: Path, path: Path, n: int = 4, scale: int = 3) -> None:
+    """A picture for the docs: for ``n`` held-out prompts, the outline, the image without the ControlNet
+    and with it (rows), side by side (columns), each ``scale`` times its size."""
+    import tempfile
+
+    from PIL import Image
+
+    from gencli.pipelines.diffusion.controlnet import ControlNetSpec, load_controlnet
+    from gencli.pipelines.diffusion.pipeline import generate, load_pipeline, resolve_settings
+
+    pipe = load_pipeline(base, device="cpu", dtype="float32")
+    scenes = [shapes.make_scene(s, n_objects=1) for s in shapes.split_seeds("test", n, offset=60_000)]
+    rows: list[list[np.ndarray]] = [[], [], []]
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, scene in enumerate(scenes):
+            obj = scene.objects[0]
+            prompt = f"a {obj.colour} {obj.shape} on a {scene.background} background"
+            edges = np.repeat(outline(scene)[..., None], 3, axis=2)
+            Image.fromarray(edges).save(Path(tmp) / "c.png")
+            pipe.controlnet = None
+            rows[0].append(edges)
+            rows[1].append(generate(pipe, [prompt], [i], resolve_settings(pipe))[0].pixels)
+            pipe.controlnet = load_controlnet(ControlNetSpec(str(folder), str(Path(tmp) / "c.png")), pipe.unet, pipe.placement, 4)
+            rows[2].append(generate(pipe, [prompt], [i], resolve_settings(pipe))[0].pixels)
+            print(f"column {i + 1}: {prompt!r}, seed {i}")
+    gap = np.full((64, 2, 3), 255, np.uint8)
+    grid = np.concatenate([np.concatenate([x for img in row for x in (img, gap)][:-1], axis=1) for row in rows], axis=0)
+    Image.fromarray(grid).resize((grid.shape[1] * scale, grid.shape[0] * scale), Image.NEAREST).save(path, optimize=True)
+    print(f"wrote {path}")
 
 
 def main() -> None:
@@ -187,11 +212,15 @@ def main() -> None:
     p.add_argument("--stop-after", type=int, default=None, help="stop (resumably) after this step")
     p.add_argument("--export", type=Path, default=None, help="only write the last checkpoint as a diffusers ControlNet folder")
     p.add_argument("--evaluate", type=int, default=None, help="only measure an exported folder (--export's) on N held-out prompts")
+    p.add_argument("--grid", type=Path, default=None, help="only draw the docs' picture of an exported folder (--export's) to this PNG")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     ckpt_path = args.out / "ckpt.pt"
+    if args.grid is not None:
+        write_grid(args.export or weights_dir() / "controlnet-shapes", args.base, args.grid)
+        return
     if args.evaluate is not None:
         folder = args.export or weights_dir() / "controlnet-shapes"
         print(json.dumps(evaluate_drawings(folder, args.base, args.evaluate, args.threads)))

@@ -184,3 +184,16 @@ def judge_image(image: np.ndarray, shape: str) -> dict[str, str | None]:
 def score(named: dict[str, str], judged: dict[str, str | None]) -> dict[str, bool]:
     """Per named attribute, whether the judged image shows it."""
     return {k: judged.get(k) == v for k, v in named.items()}
+
+
+def outline(scene: shapes.Scene, side: int = 64) -> np.ndarray:
+    """``(side, side)`` uint8: 255 on the outlines of the scene's objects (two pixels wide), 0 elsewhere: the
+    conditioning image of the embedded ControlNet (``weights/controlnet-shapes``, ``scripts/train_controlnet.py``)."""
+    inside = shapes.render_mask(scene, side) > 0
+    edge = inside & ~_interior(inside)
+    grown = edge.copy()  # one pixel more, inwards and outwards
+    grown[1:] |= edge[:-1]
+    grown[:-1] |= edge[1:]
+    grown[:, 1:] |= edge[:, :-1]
+    grown[:, :-1] |= edge[:, 1:]
+    return (grown * 255).astype(np.uint8)
