@@ -213,7 +213,6 @@ class _Source:
         return cls(input_ids.to(device), None if bool(mask.all()) else mask.to(device))
 
 
-@torch.inference_mode()
 def free_memory_bytes(device: torch.device) -> Optional[int]:
     """The memory a new allocation on ``device`` can have (the CPU's MemAvailable, a GPU's free memory);
     None where it cannot be told."""
@@ -251,6 +250,7 @@ def check_cache_room(sm: Seq2SeqModel, rows: int, max_new_tokens: int, source_le
         )
 
 
+@torch.inference_mode()
 def generate(
     sm: Seq2SeqModel,
     inputs: Sequence[tuple[str, list[int]]],
