@@ -22,7 +22,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gencli.backend.interrupt import check_interrupt
 from gencli.backend.layers import Conv2d
 from gencli.models.unet.unet_2d_condition import (
     CrossAttnDownBlock2D,
@@ -122,6 +121,7 @@ class ControlNetModel(nn.Module):
     device = UNet2DConditionModel.device
     _timesteps = UNet2DConditionModel._timesteps
     time_embed = UNet2DConditionModel.time_embed
+    down_path = UNet2DConditionModel.down_path
 
     def use_channels_last(self, enabled: bool = True, *, weights: bool = True) -> "ControlNetModel":
         """As :meth:`UNet2DConditionModel.use_channels_last`."""
@@ -148,15 +148,7 @@ class ControlNetModel(nn.Module):
         if self.config.center_input_sample:
             x = 2 * x - 1.0
         emb = self.time_embed(timestep, x.shape[0], added_cond_kwargs)
-        x = self.conv_in(x) + self.controlnet_cond_embedding(cond)
-        skips: list[torch.Tensor] = [x]
-        for block in self.down_blocks:
-            check_interrupt()
-            x, res = block(x, emb, context)
-            skips.extend(res)
-        if self.mid_block is not None:
-            check_interrupt()
-            x = self.mid_block(x, emb, context)
+        x, skips = self.down_path(self.conv_in(x) + self.controlnet_cond_embedding(cond), emb, context)
         down = [conv(s) * conditioning_scale for s, conv in zip(skips, self.controlnet_down_blocks)]
         mid = self.controlnet_mid_block(x) * conditioning_scale
         if self.control_config.global_pool_conditions:

@@ -636,6 +636,19 @@ class UNet2DConditionModel(nn.Module):
         return emb
 
     # -- forward --------------------------------------------------------------------------------
+    def down_path(self, x: torch.Tensor, emb: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The down blocks and the middle block from ``conv_in``'s output ``x``: the middle block's output
+        and the skip connections (``x`` first), as the up path (or a ControlNet's zero convolutions) takes them."""
+        skips: list[torch.Tensor] = [x]
+        for block in self.down_blocks:
+            check_interrupt()
+            x, res = block(x, emb, context)
+            skips.extend(res)
+        if self.mid_block is not None:
+            check_interrupt()
+            x = self.mid_block(x, emb, context)
+        return x, skips
+
     def forward(
         self,
         sample: torch.Tensor,
@@ -655,15 +668,7 @@ class UNet2DConditionModel(nn.Module):
         factor = 2**self.num_upsamplers
         odd_size = any(s % factor for s in x.shape[-2:])
 
-        x = self.conv_in(x)
-        skips: list[torch.Tensor] = [x]
-        for block in self.down_blocks:
-            check_interrupt()
-            x, res = block(x, emb, context)
-            skips.extend(res)
-        if self.mid_block is not None:
-            check_interrupt()
-            x = self.mid_block(x, emb, context)
+        x, skips = self.down_path(self.conv_in(x), emb, context)
         if down_block_additional_residuals is not None:  # a ControlNet's (gencli.models.unet.controlnet)
             if len(down_block_additional_residuals) != len(skips):
                 raise ValueError(f"{len(down_block_additional_residuals)} residuals for {len(skips)} skip connections")
