@@ -105,8 +105,9 @@ def export(state: dict, folder: Path) -> None:
 
     cn = new_controlnet(load_unet(Path(state["base"])))
     cn.load_state_dict(state["controlnet"])
-    config = {"_class_name": "ControlNetModel", "_diffusers_version": "0.30.0", **cn.config.to_dict()}
-    for key in ("up_block_types", "out_channels", "conv_out_kernel", "reverse_transformer_layers_per_block", "center_input_sample"):
+    base = json.loads((Path(state["base"]) / "unet" / "config.json").read_text())  # the UNet's own fields, as diffusers writes them
+    config = {**base, "_class_name": "ControlNetModel", "_diffusers_version": "0.30.0"}
+    for key in ("up_block_types", "out_channels", "center_input_sample", "sample_size"):
         config.pop(key, None)
     config.update(conditioning_channels=3, conditioning_embedding_out_channels=CONDITIONING_WIDTHS, controlnet_conditioning_channel_order="rgb",
                   global_pool_conditions=False)  # fmt: skip

@@ -189,6 +189,8 @@ def test_cli_draws_with_a_controlnet_and_refuses_bad_input(tmp_path_factory, tmp
     cn = random_controlnet(ref.unet)
     save_file(to_original(cn, dict(ref.unet.config)), str(tmp_path / "control_tiny.safetensors"))
     image = control_image(tmp_path / "edges.png")
+    info = run_cli("info", str(tmp_path / "control_tiny.safetensors"))
+    assert info.returncode == 0 and "ControlNetModel (single file, original layout)" in info.stdout, info.stdout + info.stderr
     common = ["-m", str(folder), "a green circle", "--steps", "2", "--width", "16", "--height", "16", "--seed", "1"]
     r = run_cli("txt2img", *common, "--controlnet", str(tmp_path / "control_tiny.safetensors"), "--control-image", str(image), "--control-scale", "0.7",
                 "--control-end", "0.5", "-o", str(tmp_path / "a.png"))  # fmt: skip

@@ -35,3 +35,28 @@ def test_the_outline_places_the_shape(tmp_path):
             if control is not None:
                 assert judge_image(image, obj.shape)["colour"] == obj.colour, prompt  # the prompt still picks the colour
     assert np.mean(with_iou) > 0.5 and np.mean(with_iou) > np.mean(without_iou) + 0.3, (with_iou, without_iou)
+
+
+def test_diffusers_reads_the_folder_and_computes_the_same_residuals(tmp_path):
+    import torch
+
+    diffusers = pytest.importorskip("diffusers")
+    from gencli.backend.device import Placement
+    from gencli.pipelines.diffusion.controlnet import ControlNetSpec, load_controlnet
+    from gencli.pipelines.diffusion.unet_loading import load_unet_from_folder
+    from gencli.weights import weights_dir
+
+    ref = diffusers.ControlNetModel.from_pretrained(str(weights_dir() / "controlnet-shapes")).eval()
+    cpu = Placement(torch.device("cpu"), torch.float32)
+    scene = shapes.make_scene(shapes.split_seeds("test", 1, offset=70_000)[0], n_objects=1)
+    Image.fromarray(outline(scene)).convert("RGB").save(tmp_path / "c.png")
+    unet = load_unet_from_folder(weights_dir() / "txt2img-shapes" / "unet", cpu)
+    ours = load_controlnet(ControlNetSpec("controlnet-shapes", str(tmp_path / "c.png")), unet, cpu, 4)
+    g = torch.Generator().manual_seed(0)
+    x, ctx = torch.randn(1, 4, 16, 16, generator=g), torch.randn(1, 77, 128, generator=g)
+    cond = ours.condition(64, 64, 1)
+    with torch.no_grad():
+        want_down, want_mid = ref(x, 500, ctx, cond, return_dict=False)
+        down, mid = ours.model(x, 500, ctx, cond)
+    assert max(float((a - b).abs().max()) for a, b in zip(down, want_down)) < 1e-4
+    assert float((mid - want_mid).abs().max()) < 1e-4 and float(want_mid.abs().max()) > 1e-3

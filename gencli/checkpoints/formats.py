@@ -226,6 +226,13 @@ def _has_prefix(keys: set[str], *prefixes: str) -> bool:
 
 
 def _builtin_detectors() -> None:
+    def controlnet(keys: set[str], _cfg):
+        if _has_prefix(keys, "control_model.input_hint_block.", "input_hint_block."):  # before the SD file a full one also holds
+            return "ControlNetModel (single file, original layout)"
+        if _has_prefix(keys, "controlnet_cond_embedding."):
+            return "ControlNetModel"
+        return None
+
     def sd_single_file(keys: set[str], _cfg):
         if _has_prefix(keys, "model.diffusion_model."):
             if _has_prefix(keys, "conditioner.embedders."):
@@ -276,6 +283,7 @@ def _builtin_detectors() -> None:
         return None
 
     for name, det in [
+        ("controlnet", controlnet),
         ("sd-single-file", sd_single_file),
         ("gpt2", gpt2),
         ("llama", llama),
@@ -339,6 +347,7 @@ _COMMAND_FOR = {
         ("CLIPTextModel", "CLIPTextModelWithProjection"), ("a CLIP text encoder", "gencli txt2img, as the text encoder of a Stable Diffusion pipeline")
     ),
     "UNet2DConditionModel": ("a Stable Diffusion UNet", "gencli txt2img, with the pipeline folder it belongs to"),
+    "ControlNetModel": ("a ControlNet", "gencli txt2img --controlnet, beside the Stable Diffusion model it was made for"),
     **dict.fromkeys(("DDPMPipeline", "DDIMPipeline"), ("a pixel-space diffusion pipeline", "gencli sample ddpm")),
     "UNet2DModel": ("a pixel-space diffusion UNet", "gencli sample ddpm, with the pipeline folder it belongs to"),
     **dict.fromkeys(("SegformerForSemanticSegmentation", "UNetSegmenter"), ("a segmentation model", "gencli segment")),
