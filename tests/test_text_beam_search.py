@@ -60,6 +60,8 @@ CASES = [
     {"num_beams": 3, "length_penalty": 1.5, "early_stopping": "never"},
     {"num_beams": 2, "repetition_penalty": 1.4},
     {"no_repeat_ngram_size": 2},  # greedy, one step a call with the ban
+    {"min_new_tokens": 9},  # greedy: the end token banned for 9 steps, then native bursts
+    {"num_beams": 3, "min_new_tokens": 9},
 ]
 
 
@@ -86,6 +88,8 @@ def test_token_ids_equal_transformers(checkpoints, name, ends):
         assert got == _reference_rows(out, width, eos), case
         distinct.update(tuple(g) for g in got)
         ended += sum(1 for g in got if g[-1] == eos)
+        if ends and "min_new_tokens" in case:
+            assert all(len(g) >= case["min_new_tokens"] for g in got), case
     assert len(distinct) > 6  # the settings change the outputs
     assert (ended > 0) == ends  # outputs did end on the end token
 
@@ -178,6 +182,7 @@ def test_cli_refuses_what_cannot_hold(checkpoints):
     one_error_line(run_cli("generate", "-m", folder, "x", "--length-penalty", "0.5", "--temperature", "0"), "--length-penalty", "--num-beams")
     one_error_line(run_cli("generate", "-m", folder, "x", "--num-beams", "0"), "--num-beams")
     one_error_line(run_cli("generate", "-m", folder, "x", "--no-repeat-ngram-size", "-1"), "--no-repeat-ngram-size")
+    one_error_line(run_cli("generate", "-m", folder, "x", "-n", "5", "--min-new-tokens", "9"), "--min-new-tokens (9)", "--max-new-tokens (5)")
 
 
 def test_a_generation_configs_returns_are_named_as_its_own():

@@ -43,6 +43,10 @@ def generate(
     length_penalty: LengthPenalty = None,
     early_stopping: EarlyStopping = None,
     no_repeat_ngram_size: NoRepeat = None,
+    min_new_tokens: Annotated[
+        Optional[int], option("--min-new-tokens", help="Fewest new tokens before an end token may come (default: generation_config.json, else 0).",
+                              show_default=False)
+    ] = None,
     stop: Annotated[
         Optional[list[str]], typer.Option("--stop", help="Stop when this string appears (repeatable); it is not printed.", show_default=False)
     ] = None,
@@ -98,7 +102,7 @@ def generate(
     from gencli.pipelines.text.quantization import check_quantization_flags
 
     beam_flags = dict(num_beams=num_beams, num_return_sequences=num_return_sequences, length_penalty=length_penalty, early_stopping=early_stopping,
-                      no_repeat_ngram_size=no_repeat_ngram_size)  # fmt: skip
+                      no_repeat_ngram_size=no_repeat_ngram_size, min_new_tokens=min_new_tokens)  # fmt: skip
     check_decoding_flags(
         max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, stop=stop,
         **{k: v for k, v in beam_flags.items() if k != "early_stopping"},

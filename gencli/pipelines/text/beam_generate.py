@@ -74,6 +74,8 @@ def generate_beams(
     seen = batch.seen_tokens(prompts, longest).repeat_interleave(k, dim=0) if params.repetition_penalty != 1.0 else None
 
     def process(log_probs: torch.Tensor, generated: torch.Tensor, g: int) -> torch.Tensor:
+        if g < settings.min_new_tokens and eos_ids:
+            log_probs[:, eos_ids] = float("-inf")
         if seen is not None:
             log_probs = apply_repetition_penalty(log_probs, torch.cat((seen, generated), dim=1), params.repetition_penalty)
         if settings.no_repeat_ngram_size:

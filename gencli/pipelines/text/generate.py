@@ -22,7 +22,7 @@ from gencli.backend.streamed_linear import StreamedLinear
 from gencli.errors import UserError
 from gencli.pipelines.text.beam_search import ban_ngrams
 from gencli.pipelines.text.decode_step import compiled, decode_step, static_capacity, wants_static
-from gencli.pipelines.text.flags import check_decoding_flags, check_returns
+from gencli.pipelines.text.flags import check_decoding_flags, check_min_new_tokens, check_returns
 from gencli.pipelines.text.loading import TextModel
 from gencli.pipelines.text.sampling import SamplingParams, loaded_native_sampler, native_settings, next_tokens
 from gencli.tokenizers.stream import IncrementalDetokenizer, StopStringMatcher
@@ -104,6 +104,7 @@ class GenerationSettings:
     length_penalty: float = 1.0
     early_stopping: Union[bool, str] = False
     no_repeat_ngram_size: int = 0
+    min_new_tokens: int = 0  # end tokens banned before this many new tokens (transformers' MinNewTokensLength)
 
 
 def resolve_settings(
@@ -123,6 +124,7 @@ def resolve_settings(
     length_penalty: Optional[float] = None,
     early_stopping: Optional[bool] = None,
     no_repeat_ngram_size: Optional[int] = None,
+    min_new_tokens: Optional[int] = None,
     warn: Callable[[str], None] = lambda m: None,
 ) -> GenerationSettings:
     """Flags override ``generation_config.json``, which overrides transformers' defaults.
@@ -134,7 +136,7 @@ def resolve_settings(
     """
     check_decoding_flags(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
                          num_beams=num_beams, num_return_sequences=num_return_sequences, length_penalty=length_penalty,
-                         no_repeat_ngram_size=no_repeat_ngram_size)  # fmt: skip
+                         no_repeat_ngram_size=no_repeat_ngram_size, min_new_tokens=min_new_tokens)  # fmt: skip
     do_sample = bool(gen_cfg.get("do_sample", False))
     if temperature is None:
         if do_sample:
@@ -152,6 +154,7 @@ def resolve_settings(
         min_p=float(min_p if min_p is not None else (gen_cfg.get("min_p") or 0.0)),
         repetition_penalty=float(repetition_penalty if repetition_penalty is not None else (gen_cfg.get("repetition_penalty") or 1.0)),
     )
+    max_new_tokens_given = max_new_tokens is not None
     if max_new_tokens is None:
         max_new_tokens = int(gen_cfg.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS)
     settings = GenerationSettings(max_new_tokens, sampling, [s for s in stop if s], ignore_eos, seed)
@@ -168,6 +171,9 @@ def resolve_settings(
     if settings.early_stopping not in (True, False, "never"):
         raise UserError(f'the generation config\'s early_stopping must be true, false or "never" (got {settings.early_stopping!r})')
     settings.no_repeat_ngram_size = int(_configured(no_repeat_ngram_size, gen_cfg, "no_repeat_ngram_size", 0))
+    settings.min_new_tokens = int(_configured(min_new_tokens, gen_cfg, "min_new_tokens", 0))
+    budget = "--max-new-tokens" if max_new_tokens_given else "the budget of new tokens (generation_config.json, else 256)"
+    check_min_new_tokens(settings.min_new_tokens, settings.max_new_tokens, budget)
     return settings
 
 
@@ -372,6 +378,8 @@ def generate(
     longest = batch.input_ids.shape[1]
     rows = [_Row(tm, Completion(text, list(ids)), settings, budget) for (text, ids), budget in zip(prompts, budgets)]
     eos = set() if settings.ignore_eos else set(tm.eos_ids)
+    min_new = settings.min_new_tokens if eos else 0  # the end tokens banned for the first steps (one a call)
+    in_python = bool(ngram or min_new)  # processors that need each step's logits here: no screens
     seen = batch.seen_tokens(prompts, longest + steps) if params.repetition_penalty != 1.0 else None
     static, compile_step = wants_static(device, settings.compile, settings.static_cache, steps)
     capacity = static_capacity(longest + steps) if static else longest + steps
@@ -379,15 +387,19 @@ def generate(
     if attention_mask is not None and capacity > attention_mask.shape[1]:  # the slots past the run: never seen
         attention_mask = torch.nn.functional.pad(attention_mask, (0, capacity - attention_mask.shape[1]), value=False)
     cache = model.new_cache(b, capacity, static=static)
-    native_screen = not static and not ngram and screens_natively(tm, params, steps)
-    head = None if static or native_screen or ngram else screen_for(tm, params, steps)
+    native_screen = not static and not in_python and screens_natively(tm, params, steps)
+    head = None if static or native_screen or in_python else screen_for(tm, params, steps)
     one_token = decode_step(model, cache, attention_mask) if static else None
     if one_token is not None and compile_step:
         one_token = compiled(one_token, on_info)
     slot = torch.zeros(1, dtype=torch.long, device=device)  # the static step's cache position, written in place
-    plain_greedy = params.greedy and params.repetition_penalty == 1.0 and not ngram  # the argmax of the raw logits
+    plain_greedy = params.greedy and params.repetition_penalty == 1.0 and not in_python  # the argmax of the raw logits
+    chosen = [0]  # tokens chosen so far a row
 
     def choose(logits: torch.Tensor, seen_so_far: Optional[torch.Tensor]) -> torch.Tensor:
+        if chosen[0] < min_new:
+            logits[:, sorted(eos)] = float("-inf")
+        chosen[0] += 1
         if ngram:  # each row's prompt and the tokens it has taken
             ban_ngrams(logits, [r.c.prompt_ids + r.c.token_ids for r in rows], ngram)
         return next_tokens(logits, params, generator, seen_so_far)
@@ -416,8 +428,9 @@ def generate(
     decode_steps = 0
     t1 = time.perf_counter()
     # several steps a native call: plain greedy (argmax in the step), else where the native sampler chooses
-    bursts = head is None and not static and not ngram and (plain_greedy or loaded_native_sampler() is not None)
-    burst = _Burst(None if plain_greedy else params, generator, screen=native_screen) if bursts else None
+    raw_greedy = params.greedy and params.repetition_penalty == 1.0
+    bursts = head is None and not static and not ngram and (raw_greedy or loaded_native_sampler() is not None)
+    burst = _Burst(None if raw_greedy else params, generator, screen=native_screen) if bursts else None
     ahead: list[list[int]] = []  # the choices of the steps a burst ran, after the one being taken
     for step in range(steps):
         for i, row in enumerate(rows):
@@ -434,7 +447,7 @@ def generate(
         pos = (batch.next_pos.view(b, 1) + step).clamp_(max=tm.context_length - 1) if batch.padded else None
         if seen is not None:
             seen[:, cur] = tokens
-        if burst is not None:
+        if burst is not None and step + 1 >= min_new:  # (past the end-token ban: the native steps choose)
             left = [0 if r.done else r.budget - len(r.c.token_ids) for r in rows]
             so_far = seen[:, : cur + 1] if seen is not None else None
             block = burst.run(model, tokens.view(b, 1), cache, steps - 1 - step, left, eos, pos, attention_mask, tm.context_length - 1, so_far)
