@@ -23,14 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gencli.backend.layers import Conv2d
-from gencli.models.unet.unet_2d_condition import (
-    CrossAttnDownBlock2D,
-    DownBlock2D,
-    TimestepEmbedding,
-    UNet2DConditionConfig,
-    UNet2DConditionModel,
-    UNetMidBlock2DCrossAttn,
-)
+from gencli.models.unet.unet_2d_condition import UNet2DConditionConfig, UNet2DConditionModel, build_down_path
 
 
 @dataclass
@@ -94,25 +87,11 @@ class ControlNetModel(nn.Module):
         self.control_config = cfg
         self.config = u = cfg.unet
         ch = u.block_out_channels
-        self.conv_in = Conv2d(u.in_channels, ch[0], kernel_size=u.conv_in_kernel, padding=(u.conv_in_kernel - 1) // 2)
-        self.time_embedding = TimestepEmbedding(ch[0], u.time_embed_dim, u.act_fn, u.timestep_post_act)
-        if u.addition_embed_type == "text_time":
-            self.add_embedding: Optional[TimestepEmbedding] = TimestepEmbedding(int(u.projection_class_embeddings_input_dim), u.time_embed_dim)
-        else:
-            self.add_embedding = None
+        build_down_path(self, u)  # the UNet's own modules and names
         self.controlnet_cond_embedding = ControlNetConditioningEmbedding(ch[0], cfg.conditioning_channels, cfg.conditioning_embedding_out_channels)
-
-        self.down_blocks = nn.ModuleList()
-        self.controlnet_down_blocks = nn.ModuleList([Conv2d(ch[0], ch[0], kernel_size=1)])
-        out = ch[0]
-        for i, kind in enumerate(u.down_block_types):
-            cin, out = out, ch[i]
-            block = CrossAttnDownBlock2D if kind == "CrossAttnDownBlock2D" else DownBlock2D
-            last = i == u.num_levels - 1
-            self.down_blocks.append(block(u, i, cin, out, add_downsample=not last))
-            for _ in range(u.layers_per_block[i] + (0 if last else 1)):
-                self.controlnet_down_blocks.append(Conv2d(out, out, kernel_size=1))
-        self.mid_block = UNetMidBlock2DCrossAttn(u) if u.mid_block_type == "UNetMidBlock2DCrossAttn" else None
+        # a 1x1 zero convolution for each skip connection: conv_in's, each layer's, each downsampler's
+        widths = [ch[0]] + [c for i, c in enumerate(ch) for _ in range(u.layers_per_block[i] + (1 if i < u.num_levels - 1 else 0))]
+        self.controlnet_down_blocks = nn.ModuleList([Conv2d(c, c, kernel_size=1) for c in widths])
         self.controlnet_mid_block = Conv2d(ch[-1], ch[-1], kernel_size=1)
         self.channels_last = False
 

@@ -515,6 +515,23 @@ class TimestepEmbedding(nn.Module):
 
 
 # -- the model -----------------------------------------------------------------------------------
+def build_down_path(module: nn.Module, cfg: UNet2DConditionConfig) -> None:
+    """The input convolution, the time (and SDXL's added) embeddings, the down blocks and the middle block of
+    ``cfg``, as ``module``'s attributes under diffusers' names: the UNet's, and a ControlNet's copy of them."""
+    ch = cfg.block_out_channels
+    module.conv_in = Conv2d(cfg.in_channels, ch[0], kernel_size=cfg.conv_in_kernel, padding=(cfg.conv_in_kernel - 1) // 2)
+    module.time_embedding = TimestepEmbedding(ch[0], cfg.time_embed_dim, cfg.act_fn, cfg.timestep_post_act)
+    text_time = cfg.addition_embed_type == "text_time"
+    module.add_embedding = TimestepEmbedding(int(cfg.projection_class_embeddings_input_dim), cfg.time_embed_dim) if text_time else None
+    module.down_blocks = nn.ModuleList()
+    out = ch[0]
+    for i, kind in enumerate(cfg.down_block_types):
+        cin, out = out, ch[i]
+        block = CrossAttnDownBlock2D if kind == "CrossAttnDownBlock2D" else DownBlock2D
+        module.down_blocks.append(block(cfg, i, cin, out, add_downsample=i < cfg.num_levels - 1))
+    module.mid_block = UNetMidBlock2DCrossAttn(cfg) if cfg.mid_block_type == "UNetMidBlock2DCrossAttn" else None
+
+
 class UNet2DConditionModel(nn.Module):
     """diffusers' ``UNet2DConditionModel`` for SD 1.x / 2.x / SDXL (see the module docstring).
 
@@ -540,21 +557,7 @@ class UNet2DConditionModel(nn.Module):
         cfg = config if isinstance(config, UNet2DConditionConfig) else UNet2DConditionConfig.from_dict(config)
         self.config = cfg
         ch = cfg.block_out_channels
-        self.conv_in = Conv2d(cfg.in_channels, ch[0], kernel_size=cfg.conv_in_kernel, padding=(cfg.conv_in_kernel - 1) // 2)
-        self.time_embedding = TimestepEmbedding(ch[0], cfg.time_embed_dim, cfg.act_fn, cfg.timestep_post_act)
-        if cfg.addition_embed_type == "text_time":
-            self.add_embedding: Optional[TimestepEmbedding] = TimestepEmbedding(int(cfg.projection_class_embeddings_input_dim), cfg.time_embed_dim)
-        else:
-            self.add_embedding = None
-
-        self.down_blocks = nn.ModuleList()
-        out = ch[0]
-        for i, kind in enumerate(cfg.down_block_types):
-            cin, out = out, ch[i]
-            block = CrossAttnDownBlock2D if kind == "CrossAttnDownBlock2D" else DownBlock2D
-            self.down_blocks.append(block(cfg, i, cin, out, add_downsample=i < cfg.num_levels - 1))
-
-        self.mid_block = UNetMidBlock2DCrossAttn(cfg) if cfg.mid_block_type == "UNetMidBlock2DCrossAttn" else None
+        build_down_path(self, cfg)
 
         self.up_blocks = nn.ModuleList()
         rev = list(reversed(ch))
@@ -688,6 +691,7 @@ class UNet2DConditionModel(nn.Module):
 __all__ = [
     "UNet2DConditionConfig",
     "UNet2DConditionModel",
+    "build_down_path",
     "Transformer2DModel",
     "BasicTransformerBlock",
     "FeedForward",
