@@ -10,6 +10,7 @@ import pytest
 import torch
 from _text_fixtures import gpt2_checkpoint, llama_checkpoint
 from conftest import one_error_line, run_cli
+from test_text_beam_search import _batch
 
 pytest.importorskip("transformers")
 
@@ -36,12 +37,7 @@ def _run(tm, prompts, seed=None, **kw):
 
 def _reference(ref, tm, prompts, eos, seed=None, **kw):
     """transformers' rows for the left-padded batch of ``prompts``: the new tokens, up to an end token."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), tm.pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :] = torch.tensor(p)
-        mask[i, width - len(p) :] = 1
+    ids, mask, width = _batch(tm, prompts)
     if seed is not None:
         torch.manual_seed(seed)
     with torch.inference_mode():
